@@ -1,0 +1,444 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Run this node's share of a multi-node torch all-reduce gate under a hard bound."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: allreduce
+short_description: Run this node's part of a bounded multi-node torch all-reduce
+description:
+  - Launches C(python -m torch.distributed.run) with a static rendezvous at O(master_addr):O(master_port),
+    C(--role <host>: --tee 3) so every log line carries C([host:rank]), and the all-reduce worker shipped by
+    the C(allreduce) role.
+  - Every node of the play must run this task at the same time (Ansible runs one task on all hosts of a play
+    concurrently); node O(node_rank) 0 hosts the rendezvous.
+  - The whole process tree gets O(hard_timeout) seconds of wall clock. On expiry the stacks of every live rank
+    are dumped with C(py-spy dump) (hang stacks), then the tree is killed, including workers that started their
+    own sessions, so nothing is left behind.
+  - Returns each local rank's result (stage reached, correctness, bandwidth, versions, error) and the
+    prefixed log, and findings in the shape C({status, found, expected, fix}).
+version_added: "1.0.0"
+options:
+  python:
+    description: The training environment's Python on this node (must import torch).
+    type: path
+    required: true
+  worker_source:
+    description: Source text of the worker script; written to a scratch directory on the node.
+    type: str
+    required: true
+  nnodes:
+    description: Number of nodes taking part.
+    type: int
+    required: true
+  node_rank:
+    description: This node's index (0 hosts the rendezvous).
+    type: int
+    required: true
+  nproc_per_node:
+    description: Ranks on this node (one per GPU with NCCL).
+    type: int
+    required: true
+  master_addr:
+    description: Address of node rank 0 on the inter-node network.
+    type: str
+    required: true
+  master_port:
+    description: Rendezvous port on the master.
+    type: int
+    default: 6000
+  backend:
+    description: Collective backend for the worker.
+    type: str
+    choices: [gloo, nccl]
+    default: gloo
+  timeout:
+    description: Seconds for the rendezvous, C(init_process_group) and every collective.
+    type: float
+    default: 30
+  hard_timeout:
+    description: Wall-clock bound in seconds for the whole launch on this node.
+    type: float
+    default: 120
+  sizes:
+    description: All-reduce sizes in bytes for the bandwidth stage.
+    type: list
+    elements: int
+    default: [1048576, 4194304, 16777216]
+  iters:
+    description: Timed iterations per size.
+    type: int
+    default: 5
+  warmup:
+    description: Untimed iterations per size.
+    type: int
+    default: 2
+  min_busbw_gbps:
+    description: Minimum bus bandwidth in GB/s at the largest size; 0 reports without gating.
+    type: float
+    default: 0
+  role:
+    description: Log prefix; lines read C([<role>:<local_rank>]). Defaults to the short hostname.
+    type: str
+  socket_ifname:
+    description:
+      - Interface the collectives must use; sets C(GLOO_SOCKET_IFNAME=<name>) and C(NCCL_SOCKET_IFNAME==<name>).
+    type: str
+  env:
+    description: Extra environment for torchrun and the ranks.
+    type: dict
+    default: {}
+  py_spy:
+    description: Path of C(py-spy) for hang stacks; looked up next to O(python) and on PATH when unset.
+    type: path
+  scratch_dir:
+    description: Parent directory for the scratch directory (default the system temp directory).
+    type: path
+  keep_scratch:
+    description: Keep the scratch directory (worker, rank results, log) for inspection.
+    type: bool
+    default: false
+  log_max_bytes:
+    description: At most this many bytes of the log are returned (the tail).
+    type: int
+    default: 262144
+  selftest_fault:
+    description: Self-test of the gate; make rank O(selftest_rank) exit, hang or corrupt its data.
+    type: str
+    choices: [none, exit, hang, corrupt]
+    default: none
+  selftest_rank:
+    description: Global rank the self-test fault applies to.
+    type: int
+    default: -1
+attributes:
+  check_mode:
+    support: full
+    details: The gate is a probe; it runs in check mode too and leaves nothing behind on the node.
+  diff_mode:
+    support: none
+notes:
+  - The scratch directory is removed unless O(keep_scratch) is set.
+author:
+  - Cluster preflight maintainers
+"""
+
+EXAMPLES = r"""
+- name: Run this node's share of the all-reduce gate.
+  allreduce:
+    python: /opt/train/venv/bin/python
+    worker_source: "{{ lookup('ansible.builtin.file', 'allreduce_worker.py') }}"
+    nnodes: 2
+    node_rank: 0
+    nproc_per_node: 8
+    master_addr: 10.0.0.1
+    master_port: 6000
+    backend: nccl
+    socket_ifname: ib0
+"""
+
+RETURN = r"""
+rc:
+  description: torchrun's exit code on this node (null when it was killed on timeout).
+  returned: always
+  type: int
+timed_out:
+  description: Whether the hard timeout expired.
+  returned: always
+  type: bool
+elapsed:
+  description: Seconds the launch took on this node.
+  returned: always
+  type: float
+ranks:
+  description: One entry per expected local rank with rank, local_rank, stage, status, exitcode, error, correct,
+    correctness, bandwidth, versions, and on timeout the process state and its py-spy stack.
+  returned: always
+  type: list
+  elements: dict
+log:
+  description: The node's torchrun output, every line prefixed with C([host:rank]) (tail of O(log_max_bytes)).
+  returned: always
+  type: str
+argv:
+  description: The torchrun command line that was run.
+  returned: always
+  type: list
+  elements: str
+checks:
+  description: Findings C({status, found, expected, fix}) keyed by check name.
+  returned: always
+  type: dict
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import uuid
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.preflight_checks import failed, passed
+from ansible.module_utils.preflight_proc import (cmdline_of, descendants, environ_of, proc_stat, py_spy_dump,
+                                                 run_bounded)
+
+WORKER_NAME = "allreduce_worker.py"
+# torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : 3 (pid: 123)".
+_SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*(?:\[[^\]]*\])?\s*"
+                         r"exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def build_argv(params, worker_path, out_dir, role):
+    argv = [
+        params["python"], "-m", "torch.distributed.run",
+        "--role", "%s:" % role, "--tee", "3",
+        "--nnodes", str(params["nnodes"]),
+        "--nproc-per-node", str(params["nproc_per_node"]),
+        "--node-rank", str(params["node_rank"]),
+        "--master-addr", params["master_addr"],
+        "--master-port", str(params["master_port"]),
+        "--max-restarts", "0",
+        "--monitor-interval", "0.5",
+        "--rdzv-conf", "timeout=%d" % max(1, int(params["timeout"])),
+        worker_path,
+        "--out", out_dir,
+        "--backend", params["backend"],
+        "--timeout", str(params["timeout"]),
+        "--sizes", ",".join(str(size) for size in params["sizes"]),
+        "--iters", str(params["iters"]),
+        "--warmup", str(params["warmup"]),
+    ]
+    if params["selftest_fault"] != "none":
+        argv += ["--selftest-fault", params["selftest_fault"], "--selftest-rank", str(params["selftest_rank"])]
+    return argv
+
+
+def build_env(params):
+    env = dict(os.environ)
+    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")})
+    # torch warns at import when numpy is absent; noise in every node's log.
+    env.setdefault("PYTHONWARNINGS", "ignore:Failed to initialize NumPy")
+    if params["socket_ifname"]:
+        env["GLOO_SOCKET_IFNAME"] = params["socket_ifname"]
+        env["NCCL_SOCKET_IFNAME"] = "=" + params["socket_ifname"]
+    env.update({str(key): str(value) for key, value in params["env"].items()})
+    return env
+
+
+def parse_exitcodes(log_text):
+    """{global_rank: exitcode} from torchrun's ChildFailedError summary."""
+    return {int(rank): int(code) for rank, _local, code in _SUMMARY_RE.findall(log_text)}
+
+
+def read_rank_files(out_dir):
+    results = {}
+    if not os.path.isdir(out_dir):
+        return results
+    for name in os.listdir(out_dir):
+        match = re.match(r"rank(\d+)\.json$", name)
+        if match:
+            try:
+                with open(os.path.join(out_dir, name)) as handle:
+                    results[int(match.group(1))] = json.load(handle)
+            except (OSError, ValueError):
+                continue
+    return results
+
+
+def collect_stacks(root_pid, worker_path, py_spy):
+    """Stacks of every live rank under ``root_pid``: {global_rank: {pid, state, stack}}."""
+    stacks = {}
+    for pid in descendants(root_pid):
+        if worker_path not in cmdline_of(pid):
+            continue
+        env = environ_of(pid)
+        rank = int(env.get("RANK", -1))
+        stat = proc_stat(pid)
+        state = stat[0] if stat else "gone"
+        stack = py_spy_dump(pid, py_spy) if py_spy else "py-spy not found on this node"
+        stacks[rank] = {"pid": pid, "state": state, "stack": stack}
+    return stacks
+
+
+STATE_NAMES = {"R": "running", "S": "sleeping", "D": "uninterruptible (I/O)", "T": "stopped (SIGSTOP)",
+               "t": "stopped by a tracer", "Z": "zombie"}
+
+
+def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
+    first = params["node_rank"] * params["nproc_per_node"]
+    ranks = []
+    for local in range(params["nproc_per_node"]):
+        rank = first + local
+        data = rank_files.get(rank, {})
+        entry = {
+            "rank": rank,
+            "local_rank": local,
+            "stage": data.get("stage", "not started"),
+            "status": data.get("status", "missing"),
+            "correct": data.get("correct"),
+            "correctness": data.get("correctness"),
+            "bandwidth": data.get("bandwidth", []),
+            "versions": data.get("versions"),
+            "error": data.get("error"),
+            "exitcode": exitcodes.get(rank),
+            "pid": data.get("pid"),
+        }
+        if entry["status"] == "running":
+            # The worker never wrote a final status: it was killed, crashed or hung.
+            entry["status"] = "hung" if timed_out else "died"
+        if rank in stacks:
+            entry.update(process_state=STATE_NAMES.get(stacks[rank]["state"], stacks[rank]["state"]),
+                         stack=stacks[rank]["stack"])
+        ranks.append(entry)
+    return ranks
+
+
+def node_checks(params, host, rc, timed_out, elapsed, ranks):
+    checks = {}
+    bad = [r for r in ranks if r["status"] != "ok"]
+    if not bad and rc == 0:
+        checks["allreduce_ranks"] = passed(
+            "%d rank(s) on %s completed init, correctness, barrier and bandwidth in %.1f s"
+            % (len(ranks), host, elapsed), "every rank reaches stage done")
+    else:
+        described = []
+        for r in bad:
+            text = "rank %d (local %d) %s at stage %s" % (r["rank"], r["local_rank"], r["status"], r["stage"])
+            if r.get("exitcode") is not None:
+                text += " exit code %d" % r["exitcode"]
+            if r.get("process_state"):
+                text += " process %s" % r["process_state"]
+            if r.get("error"):
+                text += ": %s" % r["error"].splitlines()[0][:300]
+            described.append(text)
+        if timed_out:
+            found = "no result after the %.0f s hard timeout on %s; %s" % (
+                params["hard_timeout"], host, "; ".join(described) or "torchrun never started the ranks")
+            fix = ("read the hang stacks in the run directory (py-spy dump per rank); a rank stuck in init means "
+                   "it cannot reach %s:%d (firewall, wrong interface, master down); a rank stuck in a collective "
+                   "points at its peer or the network" % (params["master_addr"], params["master_port"]))
+        else:
+            found = "torchrun exited %s on %s; %s" % (rc, host, "; ".join(described) or "no rank started")
+            fix = ("read this node's log in the run directory for the first failing rank's traceback; if the "
+                   "ranks never started check that %s imports torch and that port %d is free on the master"
+                   % (params["python"], params["master_port"]))
+        checks["allreduce_ranks"] = failed(found, "every rank on %s reaches stage done and exits 0" % host, fix)
+    wrong = [r for r in ranks if r.get("correctness") and r["correctness"].get("wrong")]
+    if wrong:
+        r = wrong[0]
+        checks["allreduce_correctness"] = failed(
+            "rank %d on %s saw %d wrong element(s) after all-reduce; first %s" % (
+                r["rank"], host, r["correctness"]["wrong"], json.dumps(r["correctness"]["first_wrong"])),
+            "every element equals sum over ranks of (rank+1)*(i%13+1)",
+            "silent data corruption: drain %s and run the vendor's diagnostics (GPU memory, NIC, PCIe)" % host)
+    elif any(r.get("correct") for r in ranks):
+        checks["allreduce_correctness"] = passed("every element correct on every rank of %s" % host,
+                                                 "exact all-reduce result")
+    rows = [r["bandwidth"][-1] for r in ranks if r.get("bandwidth")]
+    if rows:
+        slowest = min(rows, key=lambda row: row["busbw_gbps"])
+        found = "busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes on %s" % (
+            slowest["busbw_gbps"], slowest["algbw_gbps"], slowest["size_bytes"], host)
+        minimum = params["min_busbw_gbps"]
+        if minimum and slowest["busbw_gbps"] < minimum:
+            checks["allreduce_bandwidth"] = failed(
+                found, "busbw >= %.3f GB/s" % minimum,
+                "check the chosen interface (NCCL_SOCKET_IFNAME), link speed and MTU on %s; run with "
+                "allreduce_env NCCL_DEBUG=INFO to see which transport NCCL picked" % host)
+        else:
+            checks["allreduce_bandwidth"] = passed(
+                found, ("busbw >= %.3f GB/s" % minimum) if minimum else "reported (no minimum set)")
+    return checks
+
+
+def find_py_spy(params):
+    if params["py_spy"]:
+        return params["py_spy"]
+    sibling = os.path.join(os.path.dirname(params["python"]), "py-spy")
+    if os.access(sibling, os.X_OK):
+        return sibling
+    return shutil.which("py-spy")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            python=dict(type="path", required=True),
+            worker_source=dict(type="str", required=True),
+            nnodes=dict(type="int", required=True),
+            node_rank=dict(type="int", required=True),
+            nproc_per_node=dict(type="int", required=True),
+            master_addr=dict(type="str", required=True),
+            master_port=dict(type="int", default=6000),
+            backend=dict(type="str", default="gloo", choices=["gloo", "nccl"]),
+            timeout=dict(type="float", default=30),
+            hard_timeout=dict(type="float", default=120),
+            sizes=dict(type="list", elements="int", default=[1048576, 4194304, 16777216]),
+            iters=dict(type="int", default=5),
+            warmup=dict(type="int", default=2),
+            min_busbw_gbps=dict(type="float", default=0),
+            role=dict(type="str"),
+            socket_ifname=dict(type="str"),
+            env=dict(type="dict", default={}),
+            py_spy=dict(type="path"),
+            scratch_dir=dict(type="path"),
+            keep_scratch=dict(type="bool", default=False),
+            log_max_bytes=dict(type="int", default=262144),
+            selftest_fault=dict(type="str", default="none", choices=["none", "exit", "hang", "corrupt"]),
+            selftest_rank=dict(type="int", default=-1),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    problems = []
+    if not 1 <= params["master_port"] <= 65535:
+        problems.append("master_port %d is outside 1-65535" % params["master_port"])
+    if params["nproc_per_node"] < 1:
+        problems.append("nproc_per_node must be at least 1, got %d" % params["nproc_per_node"])
+    if not 0 <= params["node_rank"] < max(params["nnodes"], 1):
+        problems.append("node_rank %d is outside 0..nnodes-1 (nnodes=%d)" % (params["node_rank"], params["nnodes"]))
+    if params["timeout"] <= 0 or params["hard_timeout"] <= params["timeout"]:
+        problems.append("need 0 < timeout < hard_timeout, got timeout=%s hard_timeout=%s"
+                        % (params["timeout"], params["hard_timeout"]))
+    if problems:
+        module.fail_json(msg="; ".join(problems))
+
+    host = socket.gethostname().split(".")[0]
+    role = params["role"] or host
+    scratch = tempfile.mkdtemp(prefix="preflight-allreduce-", dir=params["scratch_dir"])
+    try:
+        worker_path = os.path.join(scratch, WORKER_NAME)
+        with open(worker_path, "w") as handle:
+            handle.write(params["worker_source"])
+        out_dir = os.path.join(scratch, "ranks")
+        log_path = os.path.join(scratch, "torchrun.log")
+        argv = build_argv(params, worker_path, out_dir, role)
+        py_spy = find_py_spy(params)
+        stacks = {}
+
+        def on_timeout(pid):
+            stacks.update(collect_stacks(pid, worker_path, py_spy))
+
+        rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params), cwd=scratch,
+                                             stdout_path=log_path, marker=uuid.uuid4().hex, on_timeout=on_timeout)
+        with open(log_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - params["log_max_bytes"]))
+            log_text = handle.read().decode(errors="replace")
+        ranks = summarize_ranks(params, read_rank_files(out_dir), parse_exitcodes(log_text), stacks, timed_out)
+        checks = node_checks(params, host, rc, timed_out, elapsed, ranks)
+    finally:
+        if not params["keep_scratch"]:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    module.exit_json(changed=False, rc=rc, timed_out=timed_out, elapsed=elapsed, ranks=ranks, log=log_text,
+                     argv=argv, hostname=host, scratch=scratch if params["keep_scratch"] else None, checks=checks)
+
+
+if __name__ == "__main__":
+    main()

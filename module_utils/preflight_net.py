@@ -1,0 +1,371 @@
+# -*- coding: utf-8 -*-
+"""Network pieces of the preflight: how a TCP connect failed, who holds a
+port, and what a whole node-to-node port mesh says about each node.
+
+Result names used for one TCP connect from one node to another
+(``RESULTS``):
+
+* ``open``       - connected and the preflight listener of the right node
+                   answered.
+* ``refused``    - RST: nothing listens there, or a REJECT rule.
+* ``timeout``    - no answer at all: packets dropped (firewall DROP,
+                   security group, node down behind a router).
+* ``no_route``   - EHOSTUNREACH / ENETUNREACH: no route, the host does not
+                   answer ARP, or an ICMP host-prohibited reject.
+* ``wrong_host`` - something answered, but not the node that was meant.
+* ``error``      - anything else; the errno name is kept alongside.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import ipaddress
+import os
+import socket
+import time
+
+from ansible.module_utils.preflight_checks import failed, passed, skipped
+
+RESULTS = ("open", "refused", "timeout", "no_route", "wrong_host", "error")
+
+_NO_ROUTE = {_errno.EHOSTUNREACH, _errno.ENETUNREACH, getattr(_errno, "EHOSTDOWN", -1),
+             getattr(_errno, "ENETDOWN", -1)}
+_TIMEOUT = {_errno.ETIMEDOUT}
+_REFUSED = {_errno.ECONNREFUSED}
+
+# /proc/net/tcp "st" column values (include/net/tcp_states.h).
+TCP_LISTEN = 0x0A
+TCP_CLOSE = 0x07
+TCP_TIME_WAIT = 0x06
+
+
+def errno_name(number):
+    """``ECONNREFUSED`` for 111; ``None`` when there is no errno."""
+    if number is None:
+        return None
+    return _errno.errorcode.get(number, "E%d" % number)
+
+
+def classify_errno(exc):
+    """Classify an exception raised by ``connect``.
+
+    Returns ``(result, errno_name)`` where ``result`` is one of ``RESULTS``
+    (never ``open`` or ``wrong_host``) and ``errno_name`` is for example
+    ``"ECONNREFUSED"``, or ``None`` when the exception carries no errno
+    (a Python-side timeout).
+    """
+    number = getattr(exc, "errno", None)
+    if isinstance(exc, socket.timeout) and number is None:
+        return "timeout", None
+    if number in _REFUSED or isinstance(exc, ConnectionRefusedError):
+        return "refused", errno_name(number if number is not None else _errno.ECONNREFUSED)
+    if number in _TIMEOUT:
+        return "timeout", errno_name(number)
+    if number in _NO_ROUTE:
+        return "no_route", errno_name(number)
+    if isinstance(exc, TimeoutError):
+        return "timeout", errno_name(number)
+    return "error", errno_name(number)
+
+
+# ---------------------------------------------------------------- port holder
+
+def _parse_proc_addr(text):
+    """``0100007F:1770`` -> (IPv4Address('127.0.0.1'), 6000); tcp6 too."""
+    addr_hex, port_hex = text.split(":")
+    raw = bytes.fromhex(addr_hex)
+    # The kernel prints each 32-bit word in host (little-endian) order.
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    if len(words) == 4:
+        addr = ipaddress.IPv4Address(words)
+    else:
+        addr = ipaddress.IPv6Address(words)
+        if addr.ipv4_mapped is not None:
+            addr = addr.ipv4_mapped
+    return addr, int(port_hex, 16)
+
+
+def parse_proc_net_tcp(text):
+    """Parse the text of /proc/net/tcp or /proc/net/tcp6.
+
+    Returns a list of ``{addr, port, state, inode}`` (addr as a string,
+    state as an int such as ``TCP_LISTEN``).  Malformed lines are skipped.
+    """
+    sockets = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        try:
+            addr, port = _parse_proc_addr(fields[1])
+            state = int(fields[3], 16)
+            inode = int(fields[9])
+        except ValueError:
+            continue
+        sockets.append({"addr": str(addr), "port": port, "state": state, "inode": inode})
+    return sockets
+
+
+def _overlaps(bound, wanted):
+    """Would binding ``wanted`` collide with a socket bound to ``bound``?"""
+    if wanted is None:
+        return True
+    bound_ip = ipaddress.ip_address(bound)
+    wanted_ip = ipaddress.ip_address(wanted)
+    return bound_ip.is_unspecified or wanted_ip.is_unspecified or bound_ip == wanted_ip
+
+
+def _port_sockets(port, proc_root, addr):
+    """Inodes of the sockets on ``port`` that can block a bind, best first."""
+    found = []
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(proc_root, "net", name)) as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        for sock in parse_proc_net_tcp(text):
+            if sock["port"] != port or sock["inode"] == 0 or sock["state"] == TCP_TIME_WAIT:
+                continue
+            # A listener blocks a bind; a bound socket that does not listen
+            # (state CLOSE) blocks it when it lacks SO_REUSEADDR; an
+            # accepted connection shares its listener's port.
+            rank = {TCP_LISTEN: 0, TCP_CLOSE: 2}.get(sock["state"], 4)
+            if not _overlaps(sock["addr"], addr):
+                rank += 1
+            found.append((rank, sock))
+    found.sort(key=lambda item: (item[0], item[1]["inode"]))
+    return [sock for _, sock in found]
+
+
+def _read_comm(proc_root, pid):
+    try:
+        with open(os.path.join(proc_root, str(pid), "comm")) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def find_port_holder(port, proc_root="/proc", addr=None, deadline=None):
+    """Which process holds TCP ``port`` (so a bind to it fails)?
+
+    Reads ``<proc_root>/net/tcp`` and ``tcp6`` for a socket on ``port``
+    (a LISTEN socket first, on an address overlapping ``addr`` first), then
+    scans ``<proc_root>/<pid>/fd/*`` for the link ``socket:[<inode>]``.
+
+    Returns ``None`` when no socket on the port is found, else
+    ``{pid, pids, comm, inode, addr, state}``; ``pid``/``comm`` are
+    ``None`` when no visible process owns the socket (another user's process
+    without root, or the scan ran past ``deadline``, a ``time.monotonic()``
+    value).
+    """
+    candidates = _port_sockets(port, proc_root, addr)
+    if not candidates:
+        return None
+    wanted = {"socket:[%d]" % sock["inode"]: sock for sock in candidates}
+    owners = {}
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        entries = []
+    for entry in sorted((e for e in entries if e.isdigit()), key=int):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        fd_dir = os.path.join(proc_root, entry, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target in wanted:
+                owners.setdefault(wanted[target]["inode"], []).append(int(entry))
+                break
+    for sock in candidates:
+        pids = sorted(set(owners.get(sock["inode"], [])))
+        if pids:
+            return {"pid": pids[0], "pids": pids, "comm": _read_comm(proc_root, pids[0]),
+                    "inode": sock["inode"], "addr": sock["addr"], "state": _state_name(sock["state"])}
+    best = candidates[0]
+    return {"pid": None, "pids": [], "comm": None, "inode": best["inode"], "addr": best["addr"],
+            "state": _state_name(best["state"])}
+
+
+def _state_name(state):
+    return {TCP_LISTEN: "LISTEN", TCP_CLOSE: "CLOSE"}.get(state, "0x%02X" % state)
+
+
+def describe_holder(port, holder):
+    """``port 6000 in use by pid 1234 (python3)``."""
+    if not holder:
+        return "port %d in use by a process that could not be identified" % port
+    if holder.get("pid") is None:
+        return "port %d in use by a process not visible here (socket inode %s; run as root to see it)" % (
+            port, holder.get("inode"))
+    return "port %d in use by pid %d (%s)" % (port, holder["pid"], holder.get("comm") or "?")
+
+
+# ---------------------------------------------------------------- checks
+
+def listen_check(node, addr, port, listen):
+    """The ``port_listen`` check from a probe's ``listen`` dict."""
+    status = listen.get("status")
+    expected = "node %s can listen on %s:%d for the rendezvous" % (node, addr, port)
+    if status == "ok":
+        return passed("%s listens on %s:%d" % (node, addr, port), expected)
+    if status == "disabled":
+        return skipped("listening switched off on %s (listen: false)" % node, expected)
+    if status == "in_use":
+        holder = listen.get("holder") or {}
+        if holder.get("pid") is not None:
+            fix = ("stop pid %d (%s) on %s (ss -ltnp 'sport = :%d' shows it) or choose another "
+                   "preflight_master_port" % (holder["pid"], holder.get("comm") or "?", node, port))
+        else:
+            fix = ("find the owner on %s as root (ss -ltnp 'sport = :%d') and stop it, or choose another "
+                   "preflight_master_port" % (node, port))
+        return failed("%s on %s" % (describe_holder(port, holder), node), expected, fix,
+                      holder=listen.get("holder"))
+    if status == "addr_not_available":
+        return failed("%s is not an address of %s (EADDRNOTAVAIL)" % (addr, node), expected,
+                      "set %s's inter-node address to one of its own addresses (ip -4 addr show on %s), "
+                      "or bring up the interface that carries %s" % (node, node, addr))
+    return failed("cannot listen on %s:%d on %s: %s" % (addr, port, node, listen.get("detail")), expected,
+                  "fix the error on %s, or choose another preflight_master_port (ports below 1024 need root)"
+                  % node)
+
+
+def reach_check(result):
+    """The ``port_reach_<peer>`` check from one outgoing probe result."""
+    src, dst, addr, port = result["source"], result["destination"], result["addr"], result["port"]
+    expected = "TCP connect from %s to %s on %d succeeds" % (src, dst, port)
+    outcome = result["result"]
+    open_it = ("open TCP %d inbound on %s: iptables -I INPUT -p tcp --dport %d -j ACCEPT on %s (and persist "
+               "it in the node's firewall configuration), or allow TCP %d between the nodes in the cloud "
+               "security group / network ACL" % (port, dst, port, dst, port))
+    details = {"source": src, "destination": dst, "result": outcome}
+    if outcome == "open":
+        return passed("%s (%s:%d) answered %s in %.2f s" % (dst, addr, port, src, result["elapsed"]),
+                      expected, **details)
+    if outcome == "timeout":
+        fix = open_it + "; also check that %s allows outbound TCP %d" % (src, port)
+    elif outcome == "refused":
+        fix = ("check %s's port_listen result (its probe must listen on %s:%d); if it listened, a REJECT rule "
+               "on %s blocks the port: %s" % (dst, addr, port, dst, open_it))
+    elif outcome == "no_route":
+        fix = ("make %s reachable from %s: ip route get %s on %s, check that %s is up with %s on its "
+               "inter-node interface; if a firewall on %s rejects with icmp-host-prohibited, %s"
+               % (addr, src, addr, src, dst, addr, dst, open_it))
+    elif outcome == "wrong_host":
+        fix = ("fix the inter-node address of %s in the inventory: %s does not belong to %s (two nodes share "
+               "it, or another program holds port %d on %s)" % (dst, addr, dst, port, dst))
+    elif result.get("connected"):
+        fix = ("another program holds port %d on %s and does not answer the probe: see %s's port_listen check "
+               "(ss -ltnp 'sport = :%d' on %s), stop it or choose another preflight_master_port" % (
+                   port, dst, dst, port, dst))
+    else:
+        fix = "fix the error on %s (%s), then re-run the preflight" % (src, result.get("errno") or "unknown")
+    return failed(result["detail"], expected, fix, **details)
+
+
+# ---------------------------------------------------------------- mesh summary
+
+def _host_results(value):
+    if isinstance(value, dict):
+        return value.get("results") or []
+    return value or []
+
+
+def mesh_summary(results_by_host):
+    """Summarise a whole mesh from every node's probe results.
+
+    ``results_by_host`` maps a node name to that node's probe return (a dict
+    with ``results``) or directly to its list of outgoing results.
+
+    Returns ``{port, matrix, failing, suspects, suspect_nodes, silent,
+    messages}``:
+
+    * ``matrix``: ``{src: {dst: result}}``.
+    * ``failing``: ``[{source, destination, addr, result, detail}]``.
+    * ``suspects``: ``[{node, direction, peers, message}]`` where
+      ``direction`` is ``inbound`` (no peer reaches the node: its firewall
+      or address is the likely cause) or ``outbound`` (the node reaches no
+      peer although others reach them).  ``peers`` maps peer -> result.
+    * ``suspect_nodes``: sorted node names from ``suspects``.
+    * ``silent``: nodes probed by others that returned no results of their
+      own (not in ``results_by_host``).
+    """
+    matrix = {}
+    rows = []
+    ports = set()
+    for host in sorted(results_by_host):
+        for row in _host_results(results_by_host[host]):
+            src = row.get("source") or host
+            matrix.setdefault(src, {})[row["destination"]] = row["result"]
+            rows.append(dict(row, source=src))
+            if row.get("port") is not None:
+                ports.add(row["port"])
+    port = ports.pop() if len(ports) == 1 else None
+    port_text = "port %d" % port if port is not None else "the probed port"
+
+    failing = [{"source": row["source"], "destination": row["destination"], "addr": row.get("addr"),
+                "result": row["result"], "detail": row.get("detail", "")}
+               for row in rows if row["result"] != "open"]
+    failing.sort(key=lambda item: (item["source"], item["destination"]))
+
+    incoming = {}
+    for src, row in matrix.items():
+        for dst, outcome in row.items():
+            incoming.setdefault(dst, {})[src] = outcome
+
+    inbound_bad = set()
+    suspects = []
+    for node in sorted(incoming):
+        peers = incoming[node]
+        if not peers or any(outcome == "open" for outcome in peers.values()):
+            continue
+        inbound_bad.add(node)
+        kinds = set(peers.values())
+        listing = ", ".join("%s: %s" % (peer, peers[peer]) for peer in sorted(peers))
+        if kinds == {"timeout"}:
+            what = "%s drops %s from every peer (%s): firewall DROP on %s or a security group" % (
+                node, port_text, listing, node)
+        elif kinds == {"refused"}:
+            what = "%s refuses %s from every peer (%s): nothing listens there or a REJECT rule on %s" % (
+                node, port_text, listing, node)
+        elif kinds == {"wrong_host"}:
+            what = "%s's address answers as another node for every peer (%s): wrong address in the inventory" % (
+                node, listing)
+        else:
+            what = "no peer reaches %s on %s (%s)" % (node, port_text, listing)
+        if len(peers) == 1:
+            what += "; with a single peer this cannot be told apart from %s blocking outbound" % next(iter(peers))
+        suspects.append({"node": node, "direction": "inbound", "peers": dict(peers), "message": what})
+
+    for node in sorted(matrix):
+        peers = matrix[node]
+        if not peers or any(outcome == "open" for outcome in peers.values()):
+            continue
+        # When every destination is itself unreachable for everyone, the
+        # destinations explain the failures and this node is not to blame.
+        if all(dst in inbound_bad for dst in peers):
+            continue
+        listing = ", ".join("%s: %s" % (peer, peers[peer]) for peer in sorted(peers))
+        suspects.append({"node": node, "direction": "outbound", "peers": dict(peers),
+                         "message": "%s cannot reach any peer on %s (%s) although other nodes reach them: "
+                                    "outbound firewall or routing on %s" % (node, port_text, listing, node)})
+
+    silent = sorted(set(incoming) - set(results_by_host) - set(matrix))
+    messages = [item["message"] for item in suspects]
+    messages.extend("%s returned no probe results (was it in the play?)" % node for node in silent)
+    return {
+        "port": port,
+        "matrix": matrix,
+        "failing": failing,
+        "suspects": suspects,
+        "suspect_nodes": sorted({item["node"] for item in suspects}),
+        "silent": silent,
+        "messages": messages,
+    }

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""All-reduce gate worker: one process per rank, launched by torchrun.
+
+What every rank does, in order (each stage is recorded in its JSON result as
+it is reached, so a rank that hangs or dies is known by the last stage it
+entered):
+
+1. ``init``        init_process_group with a bounded timeout.
+2. ``correctness`` an all-reduce whose expected result is exact and differs per
+                   element and per rank; every element is compared.
+3. ``barrier``     monitored_barrier (gloo names the ranks that did not
+                   arrive); on NCCL a side gloo group carries it.
+4. ``bandwidth``   timed all-reduce at a few sizes, algbw and busbw as
+                   nccl-tests computes them.
+5. ``done``
+
+The result file is ``<out>/rank<RANK>.json``; it is rewritten atomically at
+every stage.  The self-test options (--selftest-fault) let an operator prove
+that the gate catches a bad rank; they are off by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+import warnings
+
+STAGES = ("start", "init", "correctness", "barrier", "bandwidth", "done")
+# float32 represents every integer below 2**24 exactly, so sums of the pattern
+# below are exact for any realistic world size and element count.
+PATTERN_PERIOD = 13
+
+
+def expected_value(index, world_size):
+    """Element ``index`` of the reduced tensor: sum over ranks r of (r + 1) * (index % P + 1)."""
+    return (index % PATTERN_PERIOD + 1) * world_size * (world_size + 1) // 2
+
+
+def rank_value(index, rank):
+    """What rank ``rank`` contributes at element ``index``."""
+    return (rank + 1) * (index % PATTERN_PERIOD + 1)
+
+
+def algbw_gbps(size_bytes, seconds):
+    """Algorithm bandwidth in GB/s (1e9 bytes), as nccl-tests reports it."""
+    if seconds <= 0:
+        return 0.0
+    return size_bytes / seconds / 1e9
+
+
+def busbw_gbps(size_bytes, seconds, world_size):
+    """All-reduce bus bandwidth: algbw * 2(n-1)/n (nccl-tests' formula)."""
+    if world_size <= 1:
+        return algbw_gbps(size_bytes, seconds)
+    return algbw_gbps(size_bytes, seconds) * 2 * (world_size - 1) / world_size
+
+
+class Recorder:
+    """Writes this rank's result file atomically after every change."""
+
+    def __init__(self, out_dir, rank):
+        self.path = os.path.join(out_dir, "rank%d.json" % rank)
+        self.data = {
+            "rank": rank,
+            "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+            "node_rank": int(os.environ.get("GROUP_RANK", 0)),
+            "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "stage": "start",
+            "stages": {},
+            "status": "running",
+        }
+        self._t0 = time.monotonic()
+        self.write()
+
+    def stage(self, name):
+        self.data["stage"] = name
+        self.data["stages"][name] = round(time.monotonic() - self._t0, 4)
+        self.write()
+
+    def write(self):
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump(self.data, handle, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def versions(torch):
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "nccl": None,
+        "cuda_available": torch.cuda.is_available(),
+        "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+    if torch.cuda.is_available():
+        try:
+            version = torch.cuda.nccl.version()
+            info["nccl"] = ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
+        except Exception as exc:  # NCCL missing from this build: report, don't die
+            info["nccl"] = "unavailable: %s" % exc
+    return info
+
+
+def check_correctness(torch, dist, device, world_size, rank, numel, corrupt=False):
+    """All-reduce a rank- and index-dependent tensor; count wrong elements."""
+    index = torch.arange(numel, dtype=torch.int64, device=device)
+    pattern = (index % PATTERN_PERIOD + 1).to(torch.float32)
+    tensor = pattern * float(rank + 1)
+    if corrupt:
+        tensor[numel // 2] += 1.0
+    dist.all_reduce(tensor)
+    expected = pattern * float(world_size * (world_size + 1) // 2)
+    wrong = (tensor != expected).nonzero().flatten()
+    first = None
+    if wrong.numel():
+        bad = int(wrong[0])
+        first = {"index": bad, "got": float(tensor[bad]), "expected": float(expected[bad])}
+    return int(wrong.numel()), first
+
+
+def measure(torch, dist, device, world_size, size_bytes, iters, warmup, sync):
+    numel = max(1, size_bytes // 4)
+    tensor = torch.ones(numel, dtype=torch.float32, device=device)
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor)
+    sync()
+    seconds = (time.perf_counter() - start) / iters
+    size = numel * 4
+    return {
+        "size_bytes": size,
+        "time_us": round(seconds * 1e6, 1),
+        "algbw_gbps": round(algbw_gbps(size, seconds), 4),
+        "busbw_gbps": round(busbw_gbps(size, seconds, world_size), 4),
+    }
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=".", help="directory for rank<N>.json")
+    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    parser.add_argument("--timeout", type=float, default=30.0,
+                        help="seconds for init_process_group and every collective")
+    parser.add_argument("--sizes", default="1048576,4194304,16777216",
+                        help="comma list of all-reduce sizes in bytes for the bandwidth stage")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--check-elements", type=int, default=1 << 20,
+                        help="elements in the correctness all-reduce")
+    parser.add_argument("--selftest-fault", default="none", choices=("none", "exit", "hang", "corrupt"),
+                        help="self-test: make --selftest-rank misbehave to prove the gate catches it")
+    parser.add_argument("--selftest-rank", type=int, default=-1)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    os.makedirs(args.out, exist_ok=True)
+    rec = Recorder(args.out, rank)
+    faulty = args.selftest_fault != "none" and rank == args.selftest_rank
+
+    # torch warns at import when numpy is absent; numpy is not needed here.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch
+    import torch.distributed as dist
+
+    rec.data["versions"] = versions(torch)
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    rec.data["backend"] = backend
+    timeout = datetime.timedelta(seconds=args.timeout)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    try:
+        rec.stage("init")
+        dist.init_process_group(backend=backend, timeout=timeout)
+        barrier_group = None
+        if backend != "gloo":
+            # monitored_barrier exists only on gloo; a side group names missing ranks.
+            barrier_group = dist.new_group(backend="gloo", timeout=timeout)
+
+        if faulty and args.selftest_fault == "exit":
+            print("selftest: rank %d exits with code 3 after init" % rank, flush=True)
+            os._exit(3)
+        if faulty and args.selftest_fault == "hang":
+            print("selftest: rank %d hangs before the correctness all-reduce" % rank, flush=True)
+            while True:
+                time.sleep(1)
+
+        rec.stage("correctness")
+        wrong, first = check_correctness(torch, dist, device, world_size, rank, args.check_elements,
+                                         corrupt=faulty and args.selftest_fault == "corrupt")
+        rec.data["correctness"] = {"elements": args.check_elements, "wrong": wrong, "first_wrong": first}
+        rec.data["correct"] = wrong == 0
+
+        rec.stage("barrier")
+        dist.monitored_barrier(group=barrier_group, timeout=timeout, wait_all_ranks=True)
+
+        rec.stage("bandwidth")
+        sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
+        rec.data["bandwidth"] = [measure(torch, dist, device, world_size, size, args.iters, args.warmup, sync)
+                                 for size in sizes]
+        rec.stage("done")
+        rec.data["status"] = "ok" if rec.data["correct"] else "wrong"
+        if rank == 0:
+            info = rec.data["versions"]
+            print("preflight: world_size=%d backend=%s torch=%s cuda=%s nccl=%s correct=%s" % (
+                world_size, backend, info["torch"], info["cuda"], info["nccl"], rec.data["correct"]), flush=True)
+            for row in rec.data["bandwidth"]:
+                print("preflight: all_reduce %10d bytes  %9.1f us  algbw %.3f GB/s  busbw %.3f GB/s" % (
+                    row["size_bytes"], row["time_us"], row["algbw_gbps"], row["busbw_gbps"]), flush=True)
+    except Exception as exc:
+        rec.data["status"] = "error"
+        rec.data["error"] = "%s: %s" % (type(exc).__name__, exc)
+        rec.data["traceback"] = traceback.format_exc()
+        rec.write()
+        print("preflight: rank %d failed at stage %s: %s" % (rank, rec.data["stage"], rec.data["error"]),
+              file=sys.stderr, flush=True)
+        return 2
+    finally:
+        rec.write()
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # tearing down after a peer died must not mask the real error
+                pass
+    return 0 if rec.data["correct"] else 4
+
+
+if __name__ == "__main__":
+    sys.exit(main())
