@@ -202,7 +202,6 @@ def build_argv(params, worker_path, out_dir, role):
         "--master-addr", params["master_addr"],
         "--master-port", str(params["master_port"]),
         "--max-restarts", "0",
-        "--monitor-interval", "0.5",
         "--rdzv-conf", "timeout=%d" % max(1, int(params["timeout"])),
         worker_path,
         "--out", out_dir,
