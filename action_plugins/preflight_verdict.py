@@ -93,6 +93,12 @@ def find_suspects(rank_rows):
             if row["rank"] in named:
                 suspects.append({"host": row["host"], "rank": row["rank"],
                                  "reason": "named by its peers as missing from the monitored barrier"})
+    if not suspects and any(row.get("status") == "error" for row in rank_rows):
+        for row in rank_rows:
+            if row.get("status") == "hung":
+                suspects.append({"host": row["host"], "rank": row["rank"],
+                                 "reason": "hung at stage %s while its peers timed out waiting for it (stack in "
+                                           "%s.stacks.txt)" % (row.get("stage"), row["host"])})
     if not suspects:
         failed = [row for row in rank_rows if row.get("status") != "ok"]
         own = [row for row in failed if not PEER_LOST_RE.search(row.get("error") or "")]

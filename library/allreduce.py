@@ -140,8 +140,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-rc:
-  description: torchrun's exit code on this node (null when it was killed on timeout).
+torchrun_rc:
+  description:
+    - torchrun's exit code on this node (null when it was killed on timeout). Not named C(rc), which Ansible
+      would read as the task failing; findings go to the verdict instead.
   returned: always
   type: int
 timed_out:
@@ -287,8 +289,10 @@ def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
             "pid": data.get("pid"),
         }
         if entry["status"] == "running":
-            # The worker never wrote a final status: it was killed, crashed or hung.
-            entry["status"] = "hung" if timed_out else "died"
+            # The worker never wrote a final status. Alive when its stack was
+            # taken (a peer failed, or the hard timeout expired): it hung.
+            # Otherwise it was killed or crashed.
+            entry["status"] = "hung" if (timed_out or rank in stacks) else "died"
         if rank in stacks:
             entry.update(process_state=STATE_NAMES.get(stacks[rank]["state"], stacks[rank]["state"]),
                          stack=stacks[rank]["stack"])
@@ -422,8 +426,17 @@ def main():
         def on_timeout(pid):
             stacks.update(collect_stacks(pid, worker_path, py_spy))
 
+        def poll(pid):
+            # A rank that failed lingers a moment (the worker's --linger) so the
+            # stacks of its still-running peers can be taken before torchrun
+            # tears them down: the peer stuck in a collective is the story.
+            if not stacks and any(data.get("status") in ("error", "wrong")
+                                  for data in read_rank_files(out_dir).values()):
+                stacks.update(collect_stacks(pid, worker_path, py_spy))
+
         rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params), cwd=scratch,
-                                             stdout_path=log_path, marker=uuid.uuid4().hex, on_timeout=on_timeout)
+                                             stdout_path=log_path, marker=uuid.uuid4().hex, on_timeout=on_timeout,
+                                             poll=poll)
         with open(log_path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
@@ -435,7 +448,7 @@ def main():
         if not params["keep_scratch"]:
             shutil.rmtree(scratch, ignore_errors=True)
 
-    module.exit_json(changed=False, rc=rc, timed_out=timed_out, elapsed=elapsed, ranks=ranks, log=log_text,
+    module.exit_json(changed=False, torchrun_rc=rc, timed_out=timed_out, elapsed=elapsed, ranks=ranks, log=log_text,
                      argv=argv, hostname=host, scratch=scratch if params["keep_scratch"] else None, checks=checks)
 
 

@@ -125,10 +125,13 @@ def kill_tree(root_pid, marker=None, grace=3.0, proc_root="/proc"):
     return sorted(members | set(survivors))
 
 
-def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None, on_timeout=None):
+def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None, on_timeout=None,
+                poll=None, poll_interval=0.25):
     """Run ``argv`` in its own session for at most ``timeout`` seconds.
 
     Output (stdout and stderr together) goes to ``stdout_path`` when given.
+    ``poll(pid)`` runs every ``poll_interval`` seconds while the tree lives (to
+    catch the moment a rank fails while its peers are still there to inspect).
     On expiry ``on_timeout(pid)`` runs first (to collect stacks while the tree
     is still alive), then the whole tree is killed.  Returns
     ``(returncode, timed_out, elapsed_seconds)``; returncode is None on timeout.
@@ -138,16 +141,24 @@ def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None
         env[MARKER_ENV] = marker
     out = open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL
     start = time.monotonic()
+    deadline = start + timeout
     try:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-            rc, timed_out = proc.returncode, False
-        except subprocess.TimeoutExpired:
-            if on_timeout:
-                on_timeout(proc.pid)
-            rc, timed_out = None, True
+        rc, timed_out = None, False
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if on_timeout:
+                    on_timeout(proc.pid)
+                timed_out = True
+                break
+            try:
+                rc = proc.wait(timeout=min(poll_interval, remaining) if poll else remaining)
+                break
+            except subprocess.TimeoutExpired:
+                if poll:
+                    poll(proc.pid)
         # Even a clean exit may leave strays (a worker that ignored SIGTERM).
         kill_tree(proc.pid, marker=marker, grace=3.0)
         try:

@@ -162,6 +162,8 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--check-elements", type=int, default=1 << 20,
                         help="elements in the correctness all-reduce")
+    parser.add_argument("--linger", type=float, default=2.0,
+                        help="seconds a failed rank waits before exiting, so its peers' stacks can be taken")
     parser.add_argument("--selftest-fault", default="none", choices=("none", "exit", "hang", "corrupt"),
                         help="self-test: make --selftest-rank misbehave to prove the gate catches it")
     parser.add_argument("--selftest-rank", type=int, default=-1)
@@ -242,6 +244,7 @@ def main(argv=None):
         rec.write()
         print("preflight: rank %d failed at stage %s: %s" % (rank, rec.data["stage"], rec.data["error"]),
               file=sys.stderr, flush=True)
+        time.sleep(args.linger)
         return 2
     finally:
         rec.write()

@@ -1,0 +1,52 @@
+"""Run the project's real playbooks through ansible-runner and read the verdict."""
+
+import json
+import os
+import sys
+import types
+
+import ansible_runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def run_playbook(tmp_path, playbook="preflight.yml", inventory=None, extravars=None, limit=None, timeout=900,
+                 check=False, diff=False):
+    """Returns an object with rc, status, stats, events, stdout, verdict (or None), results_dir."""
+    results_dir = str(tmp_path / "results")
+    private = tmp_path / "runner"
+    private.mkdir(exist_ok=True)
+    extravars = dict(extravars or {})
+    extravars.setdefault("preflight_results_dir", results_dir)
+    os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
+    cmdline = []
+    if check:
+        cmdline.append("--check")
+    if diff:
+        cmdline.append("--diff")
+    run = ansible_runner.run(
+        private_data_dir=str(private), project_dir=ROOT, playbook=os.path.join(ROOT, playbook),
+        inventory=os.path.abspath(inventory or os.path.join(ROOT, "inventory")), extravars=extravars,
+        envvars={"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0",
+                 "PATH": os.environ["PATH"]},
+        limit=limit, timeout=timeout, quiet=True, cmdline=" ".join(cmdline) or None)
+    events = list(run.events)
+    stdout = run.stdout.read()
+    verdict_path = os.path.join(results_dir, "latest", "verdict.json")
+    verdict = None
+    if os.path.exists(verdict_path):
+        with open(verdict_path) as handle:
+            verdict = json.load(handle)
+    return types.SimpleNamespace(rc=run.rc, status=run.status, stats=run.stats, events=events, stdout=stdout,
+                                 verdict=verdict, results_dir=results_dir)
+
+
+def task_results(result, task_substring, event="runner_on_ok"):
+    """Per-host results of the tasks whose name contains task_substring."""
+    found = {}
+    for item in result.events:
+        data = item.get("event_data", {})
+        if item.get("event") == event and task_substring in data.get("task", ""):
+            found[data["host"]] = data.get("res", {})
+    return found

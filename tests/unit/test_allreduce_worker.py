@@ -1,0 +1,91 @@
+"""Worker math and correctness logic (no process group needed: a fake all-reduce sums real tensors)."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+WORKER = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "allreduce", "files", "allreduce_worker.py")
+spec = importlib.util.spec_from_file_location("allreduce_worker", WORKER)
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8, 16, 1024])
+def test_expected_value_is_the_sum_of_rank_values(world_size):
+    for index in (0, 1, 12, 13, 99):
+        assert worker.expected_value(index, world_size) == sum(
+            worker.rank_value(index, rank) for rank in range(world_size))
+
+
+def test_expected_value_differs_per_element_and_world_size():
+    assert worker.expected_value(0, 2) != worker.expected_value(1, 2)
+    assert worker.expected_value(0, 2) != worker.expected_value(0, 3)
+
+
+def test_busbw_uses_nccl_tests_formula():
+    # 1 GB in 1 s is algbw 1 GB/s; busbw = algbw * 2(n-1)/n.
+    assert worker.algbw_gbps(1e9, 1.0) == pytest.approx(1.0)
+    assert worker.busbw_gbps(1e9, 1.0, 2) == pytest.approx(1.0)
+    assert worker.busbw_gbps(1e9, 1.0, 8) == pytest.approx(1.75)
+    assert worker.busbw_gbps(1e9, 0.5, 4) == pytest.approx(3.0)
+    assert worker.busbw_gbps(1e9, 1.0, 1) == pytest.approx(1.0)
+    assert worker.algbw_gbps(1e9, 0) == 0.0
+
+
+class FakeDist:
+    """all_reduce that sums what every simulated rank contributes at the same call."""
+
+    def __init__(self, world_size, corrupt_rank=None):
+        self.world_size = world_size
+        self.corrupt_rank = corrupt_rank
+
+    def all_reduce(self, tensor):
+        index = torch.arange(tensor.numel())
+        pattern = (index % worker.PATTERN_PERIOD + 1).to(torch.float32)
+        total = sum(pattern * float(rank + 1) for rank in range(self.world_size))
+        if self.corrupt_rank is not None:
+            total[7] += 1.0
+        tensor.copy_(total)
+
+
+def test_check_correctness_passes_on_exact_sum():
+    wrong, first = worker.check_correctness(torch, FakeDist(4), torch.device("cpu"), 4, 0, 1000)
+    assert (wrong, first) == (0, None)
+
+
+def test_check_correctness_counts_and_locates_a_wrong_element():
+    wrong, first = worker.check_correctness(torch, FakeDist(4, corrupt_rank=2), torch.device("cpu"), 4, 0, 1000)
+    assert wrong == 1
+    assert first["index"] == 7
+    assert first["got"] == first["expected"] + 1
+
+
+def test_recorder_writes_stage_atomically(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    rec = worker.Recorder(str(tmp_path), 5)
+    rec.stage("init")
+    import json
+    data = json.loads((tmp_path / "rank5.json").read_text())
+    assert data["rank"] == 5 and data["local_rank"] == 1 and data["stage"] == "init"
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_worker_runs_single_rank_for_real(tmp_path, monkeypatch):
+    """A world of one through the real gloo path: init, correctness, barrier, bandwidth."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    rc = worker.main(["--out", str(tmp_path), "--sizes", "4096", "--iters", "1", "--warmup", "0",
+                      "--check-elements", "1000", "--timeout", "20"])
+    import json
+    data = json.loads((tmp_path / "rank0.json").read_text())
+    assert rc == 0
+    assert data["stage"] == "done" and data["status"] == "ok" and data["correct"] is True
+    assert data["bandwidth"][0]["size_bytes"] == 4096
+    assert data["versions"]["torch"].startswith("2.")
