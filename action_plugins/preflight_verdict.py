@@ -196,7 +196,9 @@ def build_verdict(hosts, facts_by_host, run_id, run_dir):
         node["status"] = status if status in ("fail", "warn") else "pass"
         node["reachable"] = reached[host]
     failed = [host for host in hosts if nodes[host]["status"] == "fail"]
-    healthy = [host for host in hosts if nodes[host]["status"] == "pass"]
+    # Healthy = may take a job: warnings (drift under a warn policy, a peer's
+    # failure) do not stop a node; warn_hosts lists them.
+    healthy = [host for host in hosts if nodes[host]["status"] != "fail"]
     status = "fail" if failed or allreduce["status"] == "fail" else "pass"
     if allreduce["status"] == "skipped" and status == "pass":
         # A gate that could not run is not a pass.

@@ -160,6 +160,11 @@ rdma_devices:
   description: RDMA device name -> {name, driver, kind, pci, netdevs, ports[{port, state, phys_state, rate, rate_gbps, link_layer, netdevs}]}.
   returned: always
   type: dict
+read_warnings:
+  description: What could not be read or attributed (also shown as warnings).
+  returned: always
+  type: list
+  elements: str
 addr_source:
   description: Where the addresses came from (ip, ip_json_file or proc).
   returned: always
@@ -218,23 +223,26 @@ def main():
     elif source == "auto":
         source = "ip" if live else "proc"
 
-    links, used = None, "proc"
+    links, used, fallback_reason = None, "proc", None
     if source == "ip":
         links, used = _ip_links(module)
         if links is None:
             if params["addr_source"] == "ip":
                 module.fail_json(msg="addr_source=ip but %s" % used)
-            module.warn("Reading addresses from %s instead: %s" % (params["proc_root"], used))
+            fallback_reason = "Read addresses from %s instead of ip: %s" % (params["proc_root"], used)
             used = "proc"
 
     try:
         nics, rdma, warnings = gather_nics(params["sysfs_root"], params["proc_root"], links)
     except Exception as exc:  # pylint: disable=broad-except
         module.fail_json(msg="reading interfaces under %s failed: %s" % (params["sysfs_root"], exc))
+    if fallback_reason:
+        warnings.insert(0, fallback_reason)
     for warning in warnings:
         module.warn(warning)
     module.exit_json(
         changed=False,
+        read_warnings=warnings,
         ansible_facts={"preflight_nics": nics, "preflight_rdma_devices": rdma},
         nics=nics,
         rdma_devices=rdma,

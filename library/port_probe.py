@@ -104,7 +104,9 @@ author:
 EXAMPLES = r"""
 - name: Collect every node's name and inter-node address.
   ansible.builtin.set_fact:
-    preflight_mesh_nodes: "{{ preflight_mesh_nodes | default([]) + [{'name': item, 'addr': hostvars[item].preflight_node_addr}] }}"
+    preflight_mesh_nodes: >-
+      {{ preflight_mesh_nodes | default([])
+         + [{'name': item, 'addr': hostvars[item].preflight_node_addr}] }}
   loop: "{{ ansible_play_hosts }}"
 
 - name: Check that the rendezvous port is open between every pair of nodes.

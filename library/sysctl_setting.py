@@ -354,13 +354,17 @@ def main():
             runtime_fix = corepattern.destination(runtime_now)["override"]
         checks[short] = check(policy, "running %s" % _describe_value(key, runtime_now), desired, runtime_fix)
 
+    expected_persisted = "%s = %s in %s" % (key, desired, dropin)
     if persisted_now == desired:
-        checks[short + "_persisted"] = passed("%s sets %s" % (dropin, desired), "%s = %s in %s" % (key, desired, dropin))
+        checks[short + "_persisted"] = passed("%s sets %s" % (dropin, desired), expected_persisted)
     else:
-        checks[short + "_persisted"] = check(
-            policy, "%s %s" % (dropin, "sets %s" % persisted_now if persisted_now is not None
-                                else ("has no %s" % key if dropin_before is not None and not applied else "does not exist")),
-            "%s = %s in %s" % (key, desired, dropin), fix)
+        if persisted_now is not None:
+            found = "%s sets %s" % (dropin, persisted_now)
+        elif dropin_before is not None:
+            found = "%s has no %s" % (dropin, key)
+        else:
+            found = "%s does not exist" % dropin
+        checks[short + "_persisted"] = check(policy, found, expected_persisted, fix)
 
     expected_boot = "%s = %s applied last at boot" % (key, desired)
     if conflicts:

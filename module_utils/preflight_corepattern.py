@@ -251,11 +251,14 @@ def find_matches(base, absolute, regexes, time_window=None, limit=64):
     ``base`` (relative).  ``time_window`` is ``(low, high)`` for ``%t``."""
     start = "/" if absolute else base
     parts = list(regexes)
-    if absolute and parts and parts[0].pattern == "^$":
-        parts = parts[1:]
     candidates = [start]
     for depth, regex in enumerate(parts):
         last = depth == len(parts) - 1
+        if not last and regex.pattern in ("^$", "^\\.$"):
+            continue  # "//" and "/./" name the same directory
+        if not last and regex.pattern == "^\\.\\.$":
+            candidates = [os.path.dirname(path.rstrip("/")) or "/" for path in candidates]
+            continue
         following = []
         for directory in candidates:
             try:

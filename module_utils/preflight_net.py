@@ -213,7 +213,7 @@ def describe_holder(port, holder):
 def listen_check(node, addr, port, listen):
     """The ``port_listen`` check from a probe's ``listen`` dict."""
     status = listen.get("status")
-    expected = "node %s can listen on %s:%d for the rendezvous" % (node, addr, port)
+    expected = "%s can listen on %s:%d for the rendezvous" % (node, addr, port)
     if status == "ok":
         return passed("%s listens on %s:%d" % (node, addr, port), expected)
     if status == "disabled":
@@ -369,3 +369,56 @@ def mesh_summary(results_by_host):
         "silent": silent,
         "messages": messages,
     }
+
+
+def mesh_checks(probes_by_host, hosts):
+    """Per-node findings for the verdict from every node's probe return.
+
+    The blame goes where the fault most likely is: a node no peer reaches (or
+    that reaches no one while others can) fails; its peers' failed
+    connections to it are explained by it and do not fail them.  A failed
+    pair that no suspect explains fails its destination (an inbound firewall
+    is the usual cause) with the source named.  Returns
+    ``(checks_by_host, summary, ok)``.
+    """
+    summary = mesh_summary({host: probes_by_host[host] for host in hosts if probes_by_host.get(host)})
+    port = summary["port"]
+    suspects = {}
+    for item in summary["suspects"]:
+        suspects.setdefault(item["node"], []).append(item)
+    rows_into = {}
+    for host in hosts:
+        for row in _host_results(probes_by_host.get(host) or {}):
+            rows_into.setdefault(row["destination"], []).append(row)
+    checks = {host: {} for host in hosts}
+    ok = not summary["failing"]
+    for host in hosts:
+        probe = probes_by_host.get(host) or {}
+        if probe.get("checks", {}).get("port_listen"):
+            checks[host]["port_listen"] = probe["checks"]["port_listen"]
+            if probe["checks"]["port_listen"]["status"] == "fail":
+                ok = False
+        expected = "every peer connects to %s on port %s and %s connects to every peer" % (host, port, host)
+        if host in suspects:
+            failing_in = [row for row in rows_into.get(host, []) if row["result"] != "open"]
+            fix = reach_check(failing_in[0])["fix"] if failing_in else (
+                "check outbound firewall rules and routes on %s (iptables -S OUTPUT; ip route)" % host)
+            checks[host]["port_mesh"] = failed("; ".join(item["message"] for item in suspects[host]), expected,
+                                               fix, peers={item["direction"]: item["peers"]
+                                                           for item in suspects[host]})
+            continue
+        unexplained = [row for row in rows_into.get(host, [])
+                       if row["result"] != "open" and row["source"] not in suspects]
+        if unexplained:
+            found = "; ".join("%s cannot reach %s: %s" % (row["source"], host, row["detail"]) for row in unexplained)
+            checks[host]["port_mesh"] = failed(found, expected, reach_check(unexplained[0])["fix"])
+            continue
+        outgoing = _host_results(probe)
+        blamed = sorted({row["destination"] for row in outgoing if row["result"] != "open"})
+        found = "%s reaches %d peer(s) on port %s and is reached by %d" % (
+            host, len([row for row in outgoing if row["result"] == "open"]), port,
+            len([row for row in rows_into.get(host, []) if row["result"] == "open"]))
+        if blamed:
+            found += "; failures to %s are blamed on %s" % (", ".join(blamed), ", ".join(blamed))
+        checks[host]["port_mesh"] = passed(found, expected)
+    return checks, summary, ok

@@ -531,14 +531,20 @@ def gather_nics(sysfs_root="/sys", proc_root="/proc", links=None):
 # --------------------------------------------------------------------------
 
 def usable_ipv4(nic):
-    """IPv4 CIDRs of a netdev that can carry inter-node traffic."""
+    """IPv4 CIDRs of a netdev that can carry inter-node traffic.
+
+    Loopback addresses count only on the loopback device itself, which the
+    automatic choice never picks: only an explicit override (a single-node run
+    on ``lo``) reaches it.
+    """
     result = []
+    loopback_device = (nic or {}).get("class") == "loopback"
     for cidr in (nic or {}).get("ipv4") or []:
         try:
             iface = ipaddress.ip_interface(cidr)
         except ValueError:
             continue
-        if iface.ip.is_loopback or iface.ip in LINK_LOCAL_V4:
+        if (iface.ip.is_loopback and not loopback_device) or iface.ip in LINK_LOCAL_V4:
             continue
         result.append(str(iface))
     return result
@@ -663,7 +669,7 @@ def evaluate_candidate(ifname, nics_by_host, reach=None, mgmt_addr_by_host=None)
         problems.append("no carrier on %s" % _hosts_text(no_carrier))
     no_addr = [h for h in present if not usable_ipv4(nics_by_host[h][ifname])]
     if no_addr:
-        problems.append("no IPv4 address on %s" % _hosts_text(no_addr))
+        problems.append("no usable IPv4 address on %s" % _hosts_text(no_addr))
     unreachable = _unreachable_pairs(ifname, nics_by_host, reach or {})
     if unreachable:
         problems.append("isolated: %s unreachable" % ", ".join(unreachable))
@@ -727,13 +733,23 @@ def _usable_fabrics(nics, rdma):
     return kinds
 
 
+def _capped(parts, limit=12):
+    """Join at most ``limit`` parts: a Kubernetes node can hold hundreds of veths."""
+    text = "; ".join(parts[:limit])
+    if len(parts) > limit:
+        text += "; ... and %d more" % (len(parts) - limit)
+    return text
+
+
 def _nic_summary(nics):
     parts = []
     for name in sorted(nics or {}):
         nic = nics[name]
+        if nic.get("class") == "loopback":
+            continue
         parts.append("%s (%s, %s%s)" % (name, nic.get("class"), "UP" if nic.get("is_up") else "DOWN",
                                         ", " + ",".join(usable_ipv4(nic)) if usable_ipv4(nic) else ""))
-    return "; ".join(parts) or "no interfaces"
+    return _capped(parts) or "no interfaces besides loopback"
 
 
 def _override_checks(names, nics_by_host):
@@ -747,7 +763,8 @@ def _override_checks(names, nics_by_host):
             elif not nic.get("is_up"):
                 problems.append("%s is DOWN (operstate %s)" % (name, nic.get("operstate")))
             elif not usable_ipv4(nic):
-                problems.append("%s has no IPv4 address" % name)
+                problems.append("%s has no usable IPv4 address (link-local does not count, nor loopback "
+                                "addresses outside lo)" % name)
         expected = "%s UP with an IPv4 address on every node (interface override)" % ", ".join(names)
         if problems:
             checks[host] = failed(
@@ -923,8 +940,8 @@ def select_interface(nics_by_host, master=None, override=None, reachability=None
                     "%s: %s (%s) with %s" % (host, best["ifname"], nic.get("class"), ",".join(usable_ipv4(nic))),
                     expected)
         else:
-            blockers = "; ".join("%s %s" % (c["ifname"], c["why"]) for c in candidates
-                                 if c["class"] not in EXCLUDED_CLASSES) or "no interfaces"
+            blockers = _capped(["%s %s" % (c["ifname"], c["why"]) for c in candidates
+                                if c["class"] not in EXCLUDED_CLASSES]) or "only loopback, bridges and container devices"
             reason = "no interface is usable on every node: " + blockers
             for host in hosts:
                 checks[host]["nic_common_interface"] = failed(

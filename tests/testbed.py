@@ -399,6 +399,8 @@ _LIVE_BEDS = []
 
 def _down_live_beds():
     for bed in list(_LIVE_BEDS):
+        if bed.owner_pid != os.getpid():
+            continue  # a forked child exiting must not tear down its parent's bed
         with contextlib.suppress(Exception):
             bed.down()
 
@@ -467,9 +469,9 @@ class Testbed:
         self.known_hosts = None
         self.cp_dir = None
         self._own_workdir = workdir is None
+        self.owner_pid = os.getpid()
         self._launchers = {}
         self._state = None
-        self._up = False
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -481,9 +483,12 @@ class Testbed:
 
     def up(self):
         """Create the bed; on any failure remove what was created and raise."""
+        if self.runid is not None:
+            raise TestbedError(f"bed {self.runid} is already up")
         reason = unavailable_reason()
         if reason:
             raise TestbedError(reason)
+        self.owner_pid = os.getpid()
         cleanup_stale()
         try:
             self._allocate()
@@ -514,7 +519,6 @@ class Testbed:
         self._launchers.clear()
         if self in _LIVE_BEDS:
             _LIVE_BEDS.remove(self)
-        self._up = False
         if errors:
             raise TestbedError("teardown incomplete: " + "; ".join(errors))
         self.runid = None
@@ -537,7 +541,8 @@ class Testbed:
             while True:
                 runid = secrets.token_hex(2)
                 if (not os.path.exists(_state_path(runid))
-                        and not any(n.startswith(f"{PREFIX}{runid}") for n in _link_names())):
+                        and not any(n.startswith(f"{PREFIX}{runid}") for n in _link_names())
+                        and not any(n.startswith(f"{PREFIX}-{runid}-") for n in _netns_list())):
                     break
             self.runid = runid
             if self._workdir_arg:
@@ -668,6 +673,10 @@ class Testbed:
     def _prepare_files(self):
         os.makedirs(self.workdir, exist_ok=True)
         os.chmod(self.workdir, 0o711)
+        if not self._own_workdir:
+            # A reused --workdir must not carry an earlier run's /etc changes.
+            for sub in ("nodes", "controller"):
+                shutil.rmtree(os.path.join(self.workdir, sub), ignore_errors=True)
         controller = os.path.join(self.workdir, "controller")
         os.makedirs(controller, mode=0o700, exist_ok=True)
         self.ssh_key = os.path.join(controller, "id_ed25519")
@@ -1093,7 +1102,9 @@ def _cmd_up(args):
         print(f"ssh: {shlex.join(bed.ssh_argv(bed.nodes[0]))}", flush=True)
         print(f"inventory: {bed.inventory_path}", flush=True)
         while True:
-            signal.pause()
+            # sleep, not signal.pause(): a signal landing just before pause()
+            # would leave it blocked for good; sleep bounds that to a second.
+            time.sleep(1)
     except KeyboardInterrupt:
         pass
     finally:

