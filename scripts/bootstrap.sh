@@ -33,11 +33,19 @@ bootstrap_venv() {
   want="$(cat "$req" "$PREFLIGHT_ROOT/requirements.txt" | sha256sum | cut -d' ' -f1)"
   if [ ! -x "$PREFLIGHT_VENV/bin/python" ]; then
     echo "bootstrap: creating $PREFLIGHT_VENV" >&2
-    "$PREFLIGHT_PYTHON" -m venv "$PREFLIGHT_VENV"
+    if ! "$PREFLIGHT_PYTHON" -m venv "$PREFLIGHT_VENV"; then
+      # Debian's system Python ships venv separately.
+      rm -rf "$PREFLIGHT_VENV"
+      bootstrap_apt python3-venv
+      "$PREFLIGHT_PYTHON" -m venv "$PREFLIGHT_VENV"
+    fi
   fi
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "bootstrap: installing $1 into $PREFLIGHT_VENV (first run takes a few minutes)" >&2
-    "$PREFLIGHT_VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
+    # pip's notes about absent local index directories are noise; errors still show.
+    "$PREFLIGHT_VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$req" 2>&1 \
+      | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "bootstrap: pip install failed" >&2; return 1; }
     echo "$want" >"$stamp"
   fi
   export PATH="$PREFLIGHT_VENV/bin:$PATH"

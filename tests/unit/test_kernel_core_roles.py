@@ -70,6 +70,7 @@ def play(tmp_path, sandbox, check=False, **extra):
         "out": str(out), "ansible_python_interpreter": sys.executable,
         "kernel_debug_sysctl_root": str(sandbox), "core_dumps_root": str(sandbox),
         "core_dumps_probe_enabled": False, "core_dumps_drift_policy": "fail",
+        "kernel_debug_ptrace_scope_enabled": True,
     }
     variables.update(extra)
     argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
@@ -142,3 +143,16 @@ def test_pipe_pattern_is_refused_by_the_role(tmp_path):
     assert proc.returncode != 0
     assert "pipes cores to a program" in proc.stdout
     assert checks is None
+
+
+def test_ptrace_relaxation_is_opt_in(tmp_path):
+    """Secure by default: without kernel_debug_ptrace_scope_enabled nothing is written, and the check says why."""
+    sandbox = tmp_path / "root"
+    sandbox_tree(sandbox, yama=True)
+    before = hashes(sandbox)
+    proc, _changed, checks = play(tmp_path, sandbox, core_dumps_enabled=False,
+                                  kernel_debug_ptrace_scope_enabled=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check = checks["kernel_debug"]["ptrace_scope"]
+    assert check["status"] == "skipped" and "kernel_debug_ptrace_scope_enabled is false" in check["found"]
+    assert hashes(sandbox) == before
