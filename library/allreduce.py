@@ -9,9 +9,9 @@ DOCUMENTATION = r"""
 module: allreduce
 short_description: Run this node's part of a bounded multi-node torch all-reduce
 description:
-  - Launches C(python -m torch.distributed.run) with a static rendezvous at O(master_addr):O(master_port),
+  - "Launches C(python -m torch.distributed.run) with a static rendezvous at O(master_addr):O(master_port),
     C(--role <host>: --tee 3) so every log line carries C([host:rank]), and the all-reduce worker shipped by
-    the C(allreduce) role.
+    the C(allreduce) role."
   - Every node of the play must run this task at the same time (Ansible runs one task on all hosts of a play
     concurrently); node O(node_rank) 0 hosts the rendezvous.
   - The whole process tree gets O(hard_timeout) seconds of wall clock. On expiry the stacks of every live rank

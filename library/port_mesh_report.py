@@ -9,10 +9,10 @@ DOCUMENTATION = r"""
 module: port_mesh_report
 short_description: Name the node that breaks the rendezvous port mesh
 description:
-  - Runs once on the controller after C(port_probe) ran on every node. Builds the (source, destination)
+  - "Runs once on the controller after C(port_probe) ran on every node. Builds the (source, destination)
     matrix, names the node that no peer reaches (or that reaches no one while others can), and returns
     per-node findings C({status, found, expected, fix}) where a healthy node's failed connections to the bad
-    node are explained by the bad node instead of failing the healthy one.
+    node are explained by the bad node instead of failing the healthy one."
 version_added: "1.0.0"
 options:
   probes_by_host:
