@@ -50,15 +50,15 @@ ok:
   returned: always
   type: bool
 checks_by_host:
-  description: Node name to C({port_listen, port_mesh}) findings.
+  description: "Node name to C({port_listen, port_mesh}) findings."
   returned: always
   type: dict
 matrix:
-  description: C({source: {destination: result}}) with results open, refused, timeout, no_route, wrong_host, error.
+  description: "C({source: {destination: result}}) with results open, refused, timeout, no_route, wrong_host, error."
   returned: always
   type: dict
 failing:
-  description: Every failed pair C({source, destination, addr, result, detail}).
+  description: "Every failed pair C({source, destination, addr, result, detail})."
   returned: always
   type: list
   elements: dict
