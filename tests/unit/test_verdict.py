@@ -112,3 +112,31 @@ def test_write_run_dir_and_latest_link(tmp_path):
     assert "main (w.py:1)" in (run / "n1.stacks.txt").read_text()
     verdict.write_run_dir(v, data, str(tmp_path), str(tmp_path / "second"))
     assert os.readlink(tmp_path / "latest") == "second"
+
+
+def _run_cli(*args):
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "verdict")
+    done = subprocess.run([sys.executable, script] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=30)
+    return done.returncode, done.stdout
+
+
+def test_cli_exit_codes_and_drain_list(tmp_path):
+    n1 = [rank("n1", 0), rank("n1", 1)]
+    n2 = [rank("n2", 2, "died", "correctness", exitcode=-9), rank("n2", 3, "died", "correctness", exitcode=-15)]
+    data = {"n1": facts(n1), "n2": facts(n2)}
+    bad = verdict.build_verdict(["n1", "n2"], data, "r1", str(tmp_path / "r1"))
+    verdict.write_run_dir(bad, data, str(tmp_path), bad["run_dir"])
+    code, out = _run_cli(str(tmp_path / "r1"))
+    assert code == 2 and "n2 allreduce_suspect_rank_2" in out
+    assert _run_cli("--drain-list", str(tmp_path / "r1")) == (2, "n2\n")
+    code, out = _run_cli("--nhc", str(tmp_path / "r1"))
+    assert out.startswith("n2 ERROR: nhc: Health check failed: preflight allreduce_suspect_rank_2")
+
+    good_data = {"n1": facts([rank("n1", 0), rank("n1", 1)]), "n2": facts([rank("n2", 2), rank("n2", 3)])}
+    good = verdict.build_verdict(["n1", "n2"], good_data, "r2", str(tmp_path / "r2"))
+    verdict.write_run_dir(good, good_data, str(tmp_path), good["run_dir"])
+    assert _run_cli(str(tmp_path / "latest"))[0] == 0
+    assert _run_cli(str(tmp_path / "missing"))[0] == 3
