@@ -260,7 +260,9 @@ def collect_stacks(root_pid, worker_path, py_spy):
         rank = int(env.get("RANK", -1))
         stat = proc_stat(pid)
         state = stat[0] if stat else "gone"
-        stack = py_spy_dump(pid, py_spy) if py_spy else "py-spy not found on this node"
+        # A stopped rank cannot be paused again by py-spy; it cannot move either.
+        stack = (py_spy_dump(pid, py_spy, nonblocking=state in ("T", "t")) if py_spy
+                 else "py-spy not found on this node")
         stacks[rank] = {"pid": pid, "state": state, "stack": stack}
     return stacks
 

@@ -172,11 +172,17 @@ def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None
     return rc, timed_out, round(time.monotonic() - start, 3)
 
 
-def py_spy_dump(pid, py_spy, timeout=15.0, native=False):
-    """``py-spy dump`` of one process, bounded; returns the text or the reason it failed."""
+def py_spy_dump(pid, py_spy, timeout=15.0, native=False, nonblocking=False):
+    """``py-spy dump`` of one process, bounded; returns the text or the reason it failed.
+
+    ``nonblocking`` reads the stack without pausing the process through ptrace:
+    py-spy cannot pause a process that is already stopped (SIGSTOP, a tracer),
+    and such a process cannot change while it is read, so nothing is lost."""
     argv = [py_spy, "dump", "--pid", str(pid)]
     if native:
         argv.append("--native")
+    if nonblocking:
+        argv.append("--nonblocking")
     try:
         done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout,
                               stdin=subprocess.DEVNULL)

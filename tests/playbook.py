@@ -28,7 +28,9 @@ def run_playbook(tmp_path, playbook="preflight.yml", inventory=None, extravars=N
     run = ansible_runner.run(
         private_data_dir=str(private), project_dir=ROOT, playbook=os.path.join(ROOT, playbook),
         inventory=os.path.abspath(inventory or os.path.join(ROOT, "inventory")), extravars=extravars,
+        # ansible-runner turns host-key checking off unless told: keep it on, as ansible.cfg says.
         envvars={"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0",
+                 "ANSIBLE_HOST_KEY_CHECKING": "True",
                  "PATH": os.environ["PATH"]},
         limit=limit, timeout=timeout, quiet=True, cmdline=" ".join(cmdline) or None)
     events = list(run.events)

@@ -102,7 +102,9 @@ class TestbedError(RuntimeError):
 
 def _run(argv, timeout=20, check=True, **kwargs):
     """Run argv with a bound; raise TestbedError naming the command on failure."""
-    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    if kwargs.get("input") is None:
+        kwargs.pop("input", None)
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
     try:
@@ -869,6 +871,8 @@ class Testbed:
                 "ansible_python_interpreter": self.training_python,
                 "preflight_training_python": self.training_python,
                 "preflight_node_addr": node.node_addr,
+                # The node's sshd runs from the bed's directory, not /etc/ssh.
+                "ssh_trust_sshd_config": os.path.join(node.dir, "sshd_config"),
             }
             hostvars.update(merged_host_vars.get(node.name, {}))
             hosts[node.name] = hostvars

@@ -1,0 +1,172 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Read this node's own SSH host public keys and the names it calls itself by."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: ssh_host_keys
+short_description: Read a node's SSH host public keys from the node itself
+description:
+  - Reads the public half of every host key the node's sshd serves, from the node's own files, so a
+    cluster known-hosts set can be built without an unauthenticated C(ssh-keyscan) of the network.
+    The connection that runs this module is itself host-key checked, which is what makes the keys
+    trustworthy.
+  - The key files are the C(HostKey) lines of O(sshd_config) (following its C(Include) lines, up to
+    the first C(Match) block), or sshd's default list when it names none, each with C(.pub)
+    appended. O(host_key_files) replaces that discovery.
+  - A host key without its C(.pub) file is derived with C(ssh-keygen -y); the private key is read by
+    ssh-keygen only and never returned.
+  - Also returns the node's host name and FQDN as the node reports them, so no fact gathering is
+    needed.
+  - Never fails for a finding; a node with no readable host key gets a failing C(ssh_host_keys) check.
+version_added: "1.0.0"
+author: Cluster preflight maintainers
+options:
+  sshd_config:
+    description: The sshd configuration whose C(HostKey) lines name the keys.
+    type: path
+    default: /etc/ssh/sshd_config
+  host_key_files:
+    description:
+      - Host key files to read instead of the ones O(sshd_config) names; a private key path or its
+        C(.pub). For an sshd started with C(-f) or C(-h) elsewhere.
+    type: list
+    elements: path
+    default: []
+  root:
+    description: Prefix for every path above; tests point it at a sandbox tree. Reported paths stay logical.
+    type: path
+    default: /
+attributes:
+  check_mode:
+    support: full
+    description: Only reads, in check mode too; RV(check_mode) tells the caller whether the run is an audit.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Read this node's SSH host public keys.
+  ssh_host_keys:
+  register: ssh_trust_host_keys
+"""
+
+RETURN = r"""
+hostname:
+  description: The node's host name (C(hostname)).
+  returned: always
+  type: str
+  sample: gpu017
+fqdn:
+  description: The node's fully qualified name as its resolver reports it (C(hostname -f)).
+  returned: always
+  type: str
+  sample: gpu017.cluster.example.org
+short_name:
+  description: The host name up to the first dot.
+  returned: always
+  type: str
+keys:
+  description: One entry per host key type; RV(keys[].public_key) is C(TYPE BASE64) without comment.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {type: ssh-ed25519, public_key: "ssh-ed25519 AAAAC3...", fingerprint: "SHA256:8mbU...", path: /etc/ssh/ssh_host_ed25519_key.pub}
+host_key_files:
+  description: The private key paths considered, in order.
+  returned: always
+  type: list
+  elements: str
+problems:
+  description: Key files that could not be read or parsed, with the reason.
+  returned: always
+  type: list
+  elements: str
+check_mode:
+  description: Whether the task ran in check mode (play-level check_mode is not visible as ansible_check_mode).
+  returned: always
+  type: bool
+checks:
+  description: C(ssh_host_keys), pass when at least one host public key was read.
+  returned: always
+  type: dict
+"""
+
+import os
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.preflight_checks import failed, passed
+from ansible.module_utils.preflight_ssh import (SshTrustError, parse_public_key, read_text, rooted,
+                                                sshd_host_key_paths)
+
+
+def read_key(module, root, path):
+    """``(key dict or None, problem or None)`` for one host key path (private or .pub)."""
+    private = path[:-4] if path.endswith(".pub") else path
+    public = private + ".pub"
+    text = read_text(rooted(root, public))
+    source = public
+    if text is None:
+        if not os.path.exists(rooted(root, private)):
+            return None, "%s: no such host key (neither it nor %s exists)" % (private, public)
+        keygen = module.get_bin_path("ssh-keygen")
+        if not keygen:
+            return None, "%s has no .pub and ssh-keygen is not installed to derive it" % private
+        rc, out, err = module.run_command([keygen, "-y", "-f", rooted(root, private)],
+                                          environ_update={"LANG": "C", "LC_ALL": "C"})
+        if rc != 0:
+            return None, "%s: ssh-keygen -y failed: %s" % (private, (err or "").strip()[:200])
+        text, source = out, private + " (public half derived with ssh-keygen -y)"
+    try:
+        key = parse_public_key(text)
+    except SshTrustError as exc:
+        return None, "%s: %s" % (public, exc)
+    return {"type": key["type"], "public_key": "%s %s" % (key["type"], key["blob"]),
+            "fingerprint": key["fingerprint"], "path": source}, None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            sshd_config=dict(type="path", default="/etc/ssh/sshd_config"),
+            host_key_files=dict(type="list", elements="path", default=[]),
+            root=dict(type="path", default="/"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    root = params["root"]
+    try:
+        paths = params["host_key_files"] or sshd_host_key_paths(root, params["sshd_config"])
+    except SshTrustError as exc:
+        module.fail_json(msg="%s. Fix: point ssh_trust_sshd_config at the configuration the node's sshd runs with, "
+                             "or list its keys in ssh_trust_host_key_files" % exc)
+    keys, problems = [], []
+    for path in paths:
+        key, problem = read_key(module, root, path)
+        if problem:
+            problems.append(problem)
+        elif key["type"] not in [k["type"] for k in keys]:
+            keys.append(key)
+    hostname = socket.gethostname()
+    fqdn = socket.getfqdn() or hostname
+    if keys:
+        check = passed("%d host key(s) on %s: %s" % (len(keys), hostname,
+                                                     ", ".join("%s %s" % (k["type"], k["fingerprint"]) for k in keys)),
+                       "at least one readable host public key")
+    else:
+        check = failed("no readable host public key on %s (%s)" % (hostname, "; ".join(problems) or "none named"),
+                       "at least one readable host public key",
+                       "check the HostKey lines of %s on %s (ssh-keygen -A creates the default keys), or set "
+                       "ssh_trust_host_key_files" % (params["sshd_config"], hostname))
+    module.exit_json(changed=False, hostname=hostname, fqdn=fqdn, short_name=hostname.split(".")[0], keys=keys,
+                     host_key_files=[p[:-4] if p.endswith(".pub") else p for p in paths], problems=problems,
+                     check_mode=module.check_mode, checks={"ssh_host_keys": check})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""The ssh_trust role on the namespace test bed: node-to-node ssh with host-key checking on.
+
+Three nodes with their own /etc and /root (so each has its own ssh_known_hosts, ~/.ssh and
+authorized_keys), a fabric network, real sshd.  The steps run in file order on one bed:
+before bring-up the node-to-node matrix fails (host keys unknown); bring-up makes it pass and a
+re-run changes nothing; a regenerated host key is named with both fingerprints and is never
+replaced without ssh_trust_accept_changed.  Every audit is in check mode and must leave every
+file of every node as it was.
+"""
+
+import hashlib
+import os
+import subprocess
+
+import pytest
+
+import testbed as tb
+from playbook import run_playbook, task_results
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+APPLY = os.path.join(HERE, "playbooks", "ssh_trust_apply.yml")
+AUDIT = os.path.join(HERE, "playbooks", "ssh_trust_audit.yml")
+PUBLISH_TASK = "Publish the ssh trust results as ssh_trust_checks"
+MESH_TASK = "Check ssh from this node to every other node"
+STOP_TASK = "Stop this node when its host key changed"
+RUN_TIMEOUT = 240
+
+pytestmark = [
+    pytest.mark.multinode,
+    pytest.mark.skipif(tb.unavailable_reason() is not None,
+                       reason=f"test bed unavailable: {tb.unavailable_reason()}"),
+]
+
+
+def _write_plain_shell(bed):
+    """Give each node's root a plain ~/.bashrc.  The nodes' /root is an overlay of this
+    machine's, whose shell start-up may run tools (pyenv rehash) that wait on locks the
+    nodes share; every ssh login into a node would then stall.  Written from inside each
+    node, before any login, so the overlay sees it."""
+    for node in bed.nodes:
+        bed.run(node, ["sh", "-c", 'printf "%s\\n" "$1" > /root/.bashrc && cp /root/.bashrc /root/.profile',
+                       "plain-shell", "# test-bed node: a plain shell"], check=True)
+
+
+@pytest.fixture(scope="module")
+def bed(request):
+    bed = tb.testbed_fixture(request, nodes=3, fabric=True, private_dirs=("/etc", "/root"))
+    _write_plain_shell(bed)
+    return bed
+
+
+@pytest.fixture(scope="module")
+def controller(bed, tmp_path_factory):
+    """The controller's own known_hosts copy and an inventory that uses it."""
+    work = tmp_path_factory.mktemp("ssh_trust")
+    known = work / "known_hosts"
+    with open(bed.known_hosts, encoding="ascii") as handle:
+        known.write_text(handle.read())
+    known.chmod(0o600)
+    args = f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
+    # ansible-runner sets ANSIBLE_HOST_KEY_CHECKING=False unless told otherwise, and Ansible's
+    # own -o StrictHostKeyChecking=no would then win over the one above: the host variable
+    # keeps the controller's host-key checking on.
+    host_vars = {node.name: {"ssh_trust_sshd_config": os.path.join(node.dir, "sshd_config"),
+                             "ansible_ssh_common_args": args, "ansible_host_key_checking": True}
+                 for node in bed.nodes}
+    group_vars = {"ssh_trust_cluster_key": True, "ssh_trust_mesh_connect_timeout": 3,
+                  "ssh_trust_mesh_timeout": 10}
+    inventory = bed.write_inventory(host_vars=host_vars, group_vars=group_vars,
+                                    path=str(work / "inventory.yml"))
+    return {"inventory": inventory, "known_hosts": known}
+
+
+def _run(tmp_path, controller, playbook, name, **kwargs):
+    directory = tmp_path / name
+    directory.mkdir()
+    return run_playbook(directory, playbook=playbook, inventory=controller["inventory"],
+                        timeout=RUN_TIMEOUT, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def applied(bed, controller, tmp_path_factory):
+    """Bring-up with the cluster key, once for the module."""
+    return _run(tmp_path_factory.mktemp("apply"), controller, APPLY, "first")
+
+
+def _checks(result):
+    return {host: res["ansible_facts"]["ssh_trust_checks"]
+            for host, res in task_results(result, PUBLISH_TASK).items()}
+
+
+def _snapshot(bed):
+    """sha256 of every regular file and symlink each node wrote under /etc and /root (the
+    overlay upper dirs), leaving out Ansible's own remote temp dir."""
+    state = {}
+    for node in bed.nodes:
+        for directory in ("/etc", "/root"):
+            upper = bed.overlay_path(node, directory)
+            for base, dirs, files in os.walk(upper):
+                dirs[:] = [d for d in dirs if not (base == upper and d == ".ansible")]
+                for name in files:
+                    path = os.path.join(base, name)
+                    if os.path.islink(path):
+                        digest = "link:" + os.readlink(path)
+                    elif os.path.isfile(path):
+                        with open(path, "rb") as handle:
+                            digest = hashlib.sha256(handle.read()).hexdigest()
+                    else:
+                        digest = "special"
+                    state[f"{node.name}:{directory}/{os.path.relpath(path, upper)}"] = digest
+    return state
+
+
+def _fingerprint(pub_path):
+    proc = subprocess.run(["ssh-keygen", "-lf", pub_path], capture_output=True, text=True,
+                          timeout=10, check=True)
+    return proc.stdout.split()[1]
+
+
+def _known_hosts(bed, node):
+    path = os.path.join(bed.etc_path(node), "ssh", "ssh_known_hosts")
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+@pytest.mark.timeout(150)
+def test_before_bringup_the_matrix_fails_and_the_audit_writes_nothing(bed, controller, tmp_path):
+    before = _snapshot(bed)
+    result = _run(tmp_path, controller, AUDIT, "audit")
+    assert _snapshot(bed) == before, "check mode changed a file on a node"
+    assert result.rc == 0, result.stdout[-3000:]
+    checks = _checks(result)
+    rows = task_results(result, MESH_TASK)
+    assert sorted(checks) == ["pfn1", "pfn2", "pfn3"]
+    for node in bed.nodes:
+        peers = [n for n in bed.nodes if n is not node]
+        mine = checks[node.name]
+        assert mine["ssh_known_hosts"]["status"] == "fail"
+        assert "lacks the current key" in mine["ssh_known_hosts"]["found"]
+        assert mine["ssh_cluster_key"]["status"] == "fail"
+        for peer in peers:
+            host_key = mine[f"ssh_host_key_{peer.name}"]
+            assert host_key["status"] == "fail", host_key
+            assert f"does not know {peer.name}'s host key" in host_key["found"]
+            assert "Host key verification failed" in host_key["found"]
+            assert host_key["fix"]
+            # Login is never reached, and is not reported as the host-key problem.
+            assert mine[f"ssh_login_{peer.name}"]["status"] == "skipped"
+        statuses = {(row["destination"], row["target"]): row["status"]
+                    for row in rows[node.name]["results"]}
+        assert statuses == {(p.name, t): "host_key_unknown"
+                            for p in peers for t in (p.node_addr, p.name)}
+
+
+@pytest.mark.timeout(150)
+def test_bringup_makes_the_mesh_pass_with_host_key_checking_and_reruns_unchanged(
+        bed, controller, applied, tmp_path):
+    assert applied.rc == 0, applied.stdout[-3000:]
+    assert sum(applied.stats.get("changed", {}).values()) > 0
+    block = _known_hosts(bed, "pfn1")
+    for node in bed.nodes:
+        assert _known_hosts(bed, node) == block
+        with open(os.path.join(node.dir, "ssh_host_ed25519_key.pub"), encoding="ascii") as handle:
+            blob = handle.read().split()[1]
+        line = next(l for l in block.splitlines() if blob in l)
+        assert line.split()[0].split(",") == [node.name, node.node_addr, node.address]
+        dropin = os.path.join(bed.etc_path(node), "ssh", "ssh_config.d", "60-preflight-cluster.conf")
+        with open(dropin, encoding="utf-8") as handle:
+            text = handle.read()
+        assert "IdentityFile ~/.ssh/id_ed25519_cluster" in text
+        assert "StrictHostKeyChecking" not in text and "Host *" not in text
+        private = os.path.join(bed.overlay_path(node, "/root"), ".ssh", "id_ed25519_cluster")
+        assert os.stat(private).st_mode & 0o777 == 0o600
+    assert "PRIVATE KEY" not in applied.stdout
+
+    rerun = _run(tmp_path, controller, APPLY, "rerun")
+    assert rerun.rc == 0, rerun.stdout[-3000:]
+    assert sum(rerun.stats.get("changed", {}).values()) == 0, rerun.stats
+    for host, mine in _checks(rerun).items():
+        bad = {name: c for name, c in mine.items()
+               if c["status"] not in ("pass", "not_applicable", "skipped")}
+        assert not bad, (host, bad)
+        for peer in bed.nodes:
+            if peer.name != host:
+                assert mine[f"ssh_host_key_{peer.name}"]["status"] == "pass"
+                assert mine[f"ssh_login_{peer.name}"]["status"] == "pass"
+        assert mine["ssh_pdsh"]["status"] in ("pass", "not_applicable")
+    for host, res in task_results(rerun, MESH_TASK).items():
+        assert {row["status"] for row in res["results"]} == {"ok"}, (host, res["results"])
+
+
+@pytest.mark.timeout(200)
+def test_changed_host_key_is_named_and_never_silently_replaced(bed, controller, applied, tmp_path):
+    assert applied.rc == 0, applied.stdout[-3000:]
+    node = bed.node("pfn2")
+    key = os.path.join(node.dir, "ssh_host_ed25519_key")
+    old_fp = _fingerprint(key + ".pub")
+    bed.run(node, ["sh", "-c", 'rm -f "$1" "$1.pub" && ssh-keygen -q -t ed25519 -N "" -C "$2" -f "$1"',
+                   "regen", key, "pfn2-reinstalled"], check=True)
+    bed.stop_sshd(node)
+    bed.start_sshd(node)
+    new_fp = _fingerprint(key + ".pub")
+    assert new_fp != old_fp
+    probe = bed.ssh(node, "true", timeout=20)
+    assert probe.returncode == 255 and "Host key verification failed" in probe.stderr, probe
+
+    # The controller still knows the old key: pfn2 is unreachable for Ansible, and the
+    # other nodes' audit names it with both fingerprints.
+    before = _snapshot(bed)
+    audit = _run(tmp_path, controller, AUDIT, "audit")
+    assert _snapshot(bed) == before, "check mode changed a file on a node"
+    assert audit.rc != 0
+    checks = _checks(audit)
+    assert "pfn2" not in checks
+    for host in ("pfn1", "pfn3"):
+        found = checks[host]["ssh_host_key_pfn2"]
+        assert found["status"] == "fail"
+        assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in found["found"]
+        assert old_fp in found["found"] and new_fp in found["found"]
+        assert "ssh_trust_accept_changed=pfn2" in found["fix"]
+        assert checks[host]["ssh_login_pfn2"]["status"] == "skipped"
+        other = "pfn3" if host == "pfn1" else "pfn1"
+        assert checks[host][f"ssh_host_key_{other}"]["status"] == "pass"
+
+    # The operator verifies the new key and lets the controller know it; bring-up then
+    # reads the new key from pfn2 itself, fails pfn2 and keeps the old key everywhere.
+    lines = controller["known_hosts"].read_text().splitlines()
+    with open(key + ".pub", encoding="ascii") as handle:
+        new_key = " ".join(handle.read().split()[:2])
+    controller["known_hosts"].write_text("\n".join(
+        (line.split()[0] + " " + new_key) if line.split()[0].split(",")[0] == "pfn2" else line
+        for line in lines) + "\n")
+    refused = _run(tmp_path, controller, APPLY, "refused")
+    assert refused.rc != 0
+    failures = task_results(refused, STOP_TASK, event="runner_on_failed")
+    assert sorted(failures) == ["pfn2"]
+    msg = failures["pfn2"]["msg"]
+    assert old_fp in msg and new_fp in msg and "ssh_trust_accept_changed=pfn2" in msg
+    assert "ssh-keygen -R pfn2 -f /etc/ssh/ssh_known_hosts" in msg
+    for host in ("pfn1", "pfn3"):
+        text = _known_hosts(bed, host)
+        assert new_key.split()[1] not in text
+        assert any(l.startswith("pfn2,") for l in text.splitlines())
+
+    accepted = _run(tmp_path, controller, APPLY, "accepted",
+                    extravars={"ssh_trust_accept_changed": "pfn2"})
+    assert accepted.rc == 0, accepted.stdout[-3000:]
+    for host in ("pfn1", "pfn2", "pfn3"):
+        assert new_key.split()[1] in _known_hosts(bed, host)
+    for host, mine in _checks(accepted).items():
+        assert mine["ssh_host_key_unchanged"]["status"] == "pass"
+        for peer in ("pfn1", "pfn2", "pfn3"):
+            if peer != host:
+                assert mine[f"ssh_host_key_{peer}"]["status"] == "pass", (host, mine[f"ssh_host_key_{peer}"])
+    assert "accepted" in _checks(accepted)["pfn2"]["ssh_host_key_unchanged"]["found"]
