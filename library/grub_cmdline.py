@@ -224,9 +224,9 @@ diff:
 """
 
 import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.preflight_files import write_atomic
 from ansible.module_utils.preflight_checks import check, passed, warned
 from ansible.module_utils.preflight_grub import (
     CMDLINE_VARIABLES, GrubFiles, ShellParseError, append_args, contributing, dropin_text, is_safe_arg,
@@ -256,20 +256,6 @@ def read_text(path):
             return handle.read().decode("utf-8", "surrogateescape")
     except FileNotFoundError:
         return None
-
-
-def write_atomic(module, path, text):
-    directory = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8", "surrogateescape"))
-        if not os.path.exists(path):
-            os.chmod(tmp, 0o644)
-        module.atomic_move(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def describe_args(words):

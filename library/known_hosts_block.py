@@ -172,8 +172,9 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_checks import check, passed
+from ansible.module_utils.preflight_files import write_atomic
 from ansible.module_utils.preflight_ssh import (MARKER, SshTrustError, join_block, markers, plan_block, read_text,
-                                                rooted, sha256_text, split_block, write_atomic)
+                                                rooted, sha256_text, split_block)
 
 
 def describe_missing(missing):

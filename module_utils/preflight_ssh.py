@@ -21,7 +21,7 @@ import hmac
 import os
 import re
 import struct
-import tempfile
+
 
 ENCODING = "utf-8"
 ERRORS = "surrogateescape"
@@ -62,30 +62,6 @@ def sha256_text(text):
     if text is None:
         return None
     return hashlib.sha256(text.encode(ENCODING, ERRORS)).hexdigest()
-
-
-def write_atomic(module, path, text, mode=0o644, backup=False):
-    """Write ``text`` to ``path`` through a temp file in the same directory and
-    ``module.atomic_move``; returns the backup file name or ``None``."""
-    directory = os.path.dirname(path) or "."
-    if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    backup_file = None
-    if backup and os.path.exists(path):
-        backup_file = module.backup_local(path)
-    handle, temp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding=ENCODING, errors=ERRORS, newline="") as stream:
-            stream.write(text)
-        if os.path.exists(path):
-            os.chmod(temp, os.stat(path).st_mode & 0o7777)
-        else:
-            os.chmod(temp, mode)
-        module.atomic_move(temp, path, unsafe_writes=False)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
-    return backup_file
 
 
 def split_lines(text):

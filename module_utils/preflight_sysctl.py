@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import tempfile
+
+from ansible.module_utils.preflight_files import write_atomic
 
 DEFAULT_SYSCTL_DIRS = (
     "/etc/sysctl.d",
@@ -213,23 +214,5 @@ def location(entry):
 
 
 def write_dropin(module, path, text, backup=False, mode=0o644):
-    """Write ``text`` to ``path`` atomically (temp file in the same directory,
-    then ``module.atomic_move``).  Returns the backup file name or ``None``.
-    Shared by the drop-in writing modules (sysctl_setting, limits_dropin)."""
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    backup_file = None
-    if backup and os.path.exists(path):
-        backup_file = module.backup_local(path)
-    handle, temp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", errors="surrogateescape") as stream:
-            stream.write(text)
-        if not os.path.exists(path):
-            os.chmod(temp, mode)
-        module.atomic_move(temp, path, unsafe_writes=False)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
-    return backup_file
+    """Write a drop-in atomically; returns the backup file name or ``None``."""
+    return write_atomic(module, path, text, mode=mode, backup=backup)
