@@ -435,7 +435,14 @@ def pdsh_check(module, params, timeout_bin, source):
     found = "pdsh from %s failed for %s" % (source, "; ".join(
         "%s %s (%s)" % (h, r["status"], r["stderr"].splitlines()[-1]) for h, r in report["failed"].items()))
     fix = "see the ssh_host_key_* and ssh_login_* checks of %s for each host; pdsh uses the same ssh client" % source
-    return report, check("fail" if host_key else params["login_policy"], found, expected, fix)
+    # A changed key always fails; an unknown one (not brought up yet) follows unknown_policy.
+    if "host_key_changed" in statuses:
+        status = "fail"
+    elif host_key:
+        status = params["unknown_policy"]
+    else:
+        status = params["login_policy"]
+    return report, check(status, found, expected, fix)
 
 
 def main():
