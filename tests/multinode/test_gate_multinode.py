@@ -1,0 +1,582 @@
+"""The pre-job gate (preflight.yml) across real nodes of the namespace test bed,
+with real faults: a firewalled rendezvous port, a node that stops answering, a
+bad interface override, a DOWN or isolated fabric link, a rank killed or
+stopped mid-collective, and a throttled link.
+
+One bed serves the whole module (3 nodes, 2 fabric rails, a docker0 bridge
+and an administratively DOWN eth1 in every node); every test undoes its fault
+in a ``finally`` and the ``clean_bed`` guard checks that no rank, torchrun or
+leftover fault survives a test, so later tests see a clean bed.  Every test
+asserts on the verdict file the run wrote and that the run ended."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from playbook import run_playbook
+from testbed import testbed_fixture
+
+pytestmark = pytest.mark.timeout(900)
+
+WORKER = "allreduce_worker.py"
+NODES = 3
+RANKS_PER_NODE = 2
+# A bound on fault injection waits: the gate's ranks show up within this.
+APPEAR_TIMEOUT = 300
+
+
+# The nodes inherit the host's resolv.conf but have no route to its
+# nameserver: every reverse lookup (c10d makes one per store connection) would
+# wait 10 s for DNS.  A resolver on the node's own loopback fails at once, as
+# a reachable cluster DNS answers at once.
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+REPLACE_FILE = ("import os, sys\n"
+                "tmp = sys.argv[1] + '.pft-tmp'\n"
+                "with open(tmp, 'w') as handle:\n"
+                "    handle.write(sys.argv[2])\n"
+                "os.replace(tmp, sys.argv[1])\n")
+
+
+def local_resolver(bed):
+    """Give every node a resolver that answers at once (inside the node's own /etc)."""
+    for node in bed.nodes:
+        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF],
+                check=True)
+
+
+# The gate audits node-to-node SSH trust too: bring the bed's nodes up as
+# bringup.yml would (known host keys), and no further: the nodes share this
+# machine's /root, so no cluster user key is written.
+BRINGUP = """---
+- name: Bring up node-to-node SSH trust on the test bed (known host keys only).
+  hosts: cluster
+  gather_facts: false
+  roles:
+    - role: ssh_trust
+      vars:
+        ssh_trust_cluster_key: false
+"""
+
+
+def bring_up(bed, directory):
+    playbook = directory / "bringup.yml"
+    playbook.write_text(BRINGUP, encoding="utf-8")
+    inventory = bed.write_inventory(path=str(directory / "inventory.yml"))
+    result = run_playbook(directory, playbook=str(playbook), inventory=inventory, timeout=600)
+    assert result.rc == 0, result.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def bed(request, tmp_path_factory):
+    bed = testbed_fixture(request, nodes=NODES, fabric_rails=2, docker_bridge=True,
+                          down_iface=True)
+    local_resolver(bed)
+    bring_up(bed, tmp_path_factory.mktemp("bringup"))
+    return bed
+
+
+@pytest.fixture(autouse=True)
+def clean_bed(bed):
+    """After each test: no gate process left on any node, and no fault left behind."""
+    yield
+    leftovers = {}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        leftovers = {node.name: gate_processes(bed, node) for node in bed.nodes}
+        leftovers = {name: procs for name, procs in leftovers.items() if procs}
+        if not leftovers:
+            break
+        time.sleep(0.5)
+    for procs in leftovers.values():
+        for pid in procs:
+            _signal(pid, signal.SIGKILL)
+    for node in bed.nodes:
+        rules = bed.iptables(node, ["-S", "INPUT"]).stdout.split("\n")
+        assert [r for r in rules if "DROP" in r] == [], f"{node.name}: firewall rule left behind"
+        assert "tbf" not in bed.tc(node, ["qdisc", "show"]).stdout, f"{node.name}: qdisc left behind"
+        links = {link["ifname"]: link for link in json.loads(bed.ip(node, ["-j", "link", "show"]).stdout)}
+        assert "data0" not in links, f"{node.name}: test interface left behind"
+        for ifname in ("eth0", "fab0", "fab1"):
+            assert "UP" in links[ifname]["flags"], f"{node.name}: {ifname} left DOWN"
+            cable = json.loads(subprocess.run(
+                ["ip", "-j", "link", "show", node.interfaces[ifname]], capture_output=True, text=True,
+                timeout=10, check=True).stdout)[0]
+            assert cable.get("master"), f"{node.name}: {ifname} left detached from its bridge"
+    assert not leftovers, f"gate processes left on the nodes: {leftovers}"
+
+
+# --------------------------------------------------------------------------
+# Helpers
+
+
+def _read(path, mode="r"):
+    try:
+        with open(path, mode) as handle:  # pylint: disable=unspecified-encoding
+            return handle.read()
+    except OSError:
+        return None
+
+
+def cmdline(pid):
+    raw = _read(f"/proc/{pid}/cmdline", "rb") or b""
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def environ(pid):
+    raw = _read(f"/proc/{pid}/environ", "rb") or b""
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def proc_state(pid):
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[1].split()[0] if stat else None
+
+
+def node_pid(pid):
+    """The pid that host pid ``pid`` has inside its node's PID namespace."""
+    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return None
+
+
+def _signal(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def gate_processes(bed, node):
+    """Host pids of live gate processes (torchrun or ranks) in the node."""
+    found = []
+    for pid in bed.host_pids(node):
+        if proc_state(pid) in (None, "Z", "X"):
+            continue
+        argv = cmdline(pid)
+        if any(part.endswith(WORKER) for part in argv) or "torch.distributed.run" in argv:
+            found.append(pid)
+    return found
+
+
+def rank_processes(bed, node):
+    """{global rank: host pid} of the worker processes (not torchrun) in the node."""
+    ranks = {}
+    for pid in gate_processes(bed, node):
+        argv = cmdline(pid)
+        env = environ(pid)
+        if "torch.distributed.run" in argv or "RANK" not in env:
+            continue
+        ranks[int(env["RANK"])] = pid
+    return ranks
+
+
+def rank_stage(pid, rank):
+    """The stage the rank recorded in its result file (read through its own mount namespace)."""
+    argv = cmdline(pid)
+    if "--out" not in argv:
+        return None
+    out_dir = argv[argv.index("--out") + 1]
+    if not os.path.isabs(out_dir):
+        return None
+    text = _read(f"/proc/{pid}/root{out_dir}/rank{rank}.json")
+    try:
+        return json.loads(text).get("stage") if text else None
+    except ValueError:
+        return None
+
+
+def gate(bed, tmp_path, extravars=None, host_vars=None, group_vars=None):
+    """Run preflight.yml against the bed; the run must end with a verdict file."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    inventory = bed.write_inventory(host_vars=host_vars, group_vars=group_vars,
+                                    path=str(tmp_path / "inventory.yml"))
+    result = run_playbook(tmp_path, inventory=inventory, extravars=extravars, timeout=800)
+    assert result.status in ("successful", "failed"), (result.status, result.stdout[-3000:])
+    assert result.verdict is not None, result.stdout[-3000:]
+    return result
+
+
+def explain(result):
+    """Context for an assertion message: the verdict's failure summary."""
+    verdict = result.verdict or {}
+    lines = [f"status={verdict.get('status')} failed={verdict.get('failed_hosts')} "
+             f"unreachable={verdict.get('unreachable_hosts')}"]
+    for host, node in (verdict.get("nodes") or {}).items():
+        for name, check in sorted(node["checks"].items()):
+            if check["status"] == "fail":
+                lines.append(f"{host}/{name}: {check['found']} | fix: {check['fix']}")
+    ar = verdict.get("allreduce") or {}
+    lines.append(f"allreduce: status={ar.get('status')} reason={ar.get('reason')} "
+                 f"suspects={ar.get('suspects')}")
+    return "\n".join(lines)
+
+
+def failing(result, host):
+    return {name: check for name, check in result.verdict["nodes"][host]["checks"].items()
+            if check["status"] == "fail"}
+
+
+class Injector(threading.Thread):
+    """Sends ``sig`` to global rank ``rank`` in ``node`` once that rank has
+    worked ``settle`` seconds in ``stage``, while the gate runs in the main thread."""
+
+    def __init__(self, bed, node, rank, sig, stage="bandwidth", settle=1.0):
+        super().__init__(daemon=True)
+        self.bed, self.node, self.rank, self.sig, self.stage = bed, node, rank, sig, stage
+        # Seconds to let the rank work in the stage first (it records a stage
+        # before it starts it, so the signal would land in that write).
+        self.settle = settle
+        self.stop = threading.Event()
+        self.hit = None  # (host pid, stage seen) once signalled
+        self.node_pid = None  # the same process's pid inside the node
+        self.error = None
+
+    def run(self):
+        deadline = time.monotonic() + APPEAR_TIMEOUT
+        try:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                pid = rank_processes(self.bed, self.node).get(self.rank)
+                if pid:
+                    stage = rank_stage(pid, self.rank)
+                    if stage == self.stage:
+                        time.sleep(self.settle)
+                        self.node_pid = node_pid(pid)
+                        os.kill(pid, self.sig)
+                        self.hit = (pid, stage)
+                        return
+                time.sleep(0.05)
+        except Exception as exc:  # pylint: disable=broad-except
+            self.error = exc
+
+    def finish(self):
+        self.stop.set()
+        self.join(timeout=30)
+        assert self.error is None, self.error
+        assert self.hit, (f"rank {self.rank} on {self.node.name} was not seen in stage "
+                          f"{self.stage} before the gate ended")
+
+
+# --------------------------------------------------------------------------
+# 1. A healthy cluster passes, on the fabric interface
+
+
+def test_healthy_cluster_passes_on_the_fabric(bed, tmp_path):
+    result = gate(bed, tmp_path)
+    v = result.verdict
+    assert result.rc == 0, explain(result)
+    assert v["status"] == "pass"
+    names = [node.name for node in bed.nodes]
+    assert v["hosts"] == names and v["healthy_hosts"] == names
+    assert v["failed_hosts"] == [] and v["unreachable_hosts"] == []
+
+    ar = v["allreduce"]
+    assert ar["launched"] is True and ar["status"] == "pass"
+    assert ar["world_size"] == NODES * RANKS_PER_NODE
+    assert ar["backend"] == "gloo" and ar["correct"] is True
+    assert [row["rank"] for row in ar["ranks"]] == list(range(NODES * RANKS_PER_NODE))
+    assert [row["host"] for row in ar["ranks"]] == [n for n in names for _ in range(RANKS_PER_NODE)]
+    assert all(row["status"] == "ok" and row["stage"] == "done" for row in ar["ranks"])
+    assert [row["size_bytes"] for row in ar["sizes"]] == [1048576, 4194304, 16777216]
+    assert all(row["algbw_gbps"] > 0 and row["busbw_gbps"] > 0 for row in ar["sizes"])
+
+    # The fabric, not docker0 (same address on every node), eth1 (DOWN) or eth0 (management).
+    master = bed.nodes[0]
+    assert ar["socket_ifname"] == "fab0"
+    assert ar["master"] == master.name and ar["master_addr"] == master.fabric_addresses[0]
+    assert ar["master_port"] == 6000
+    for node in bed.nodes:
+        checks = v["nodes"][node.name]["checks"]
+        assert checks["nic_common_interface"]["status"] == "pass"
+        assert "fab0" in checks["nic_common_interface"]["found"]
+        for name in ("ssh_reachable", "port_mesh", "port_listen", "torch_import",
+                     "allreduce_ranks", "allreduce_correctness", "allreduce_bandwidth"):
+            assert checks[name]["status"] == "pass", (node.name, name, checks[name])
+
+    run_dir = os.path.join(result.results_dir, "latest")
+    for node in bed.nodes:
+        with open(os.path.join(run_dir, f"{node.name}.log"), encoding="utf-8") as handle:
+            log = handle.read()
+        prefixes = set(re.findall(r"^\[(pfn\d+):(\d+)\]:", log, re.M))
+        assert prefixes, f"{node.name}.log has no [host:rank] lines"
+        assert {host for host, _ in prefixes} == {node.name}
+        assert {int(rank) for _, rank in prefixes} <= set(range(RANKS_PER_NODE))
+    with open(os.path.join(run_dir, f"{master.name}.log"), encoding="utf-8") as handle:
+        assert f"[{master.name}:0]:preflight: world_size=6 backend=gloo" in handle.read()
+    assert not [f for f in os.listdir(run_dir) if f.endswith(".stacks.txt")]
+    assert "PREFLIGHT PASS: 3/3 nodes healthy" in result.stdout
+
+
+# --------------------------------------------------------------------------
+# 2. A firewall on one node drops the rendezvous port
+
+
+def test_dropped_rendezvous_port_names_the_node_before_launch(bed, tmp_path):
+    node = bed.nodes[1]
+    port = 29517
+    rule = ["INPUT", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+    bed.iptables(node, ["-I"] + rule)
+    try:
+        result = gate(bed, tmp_path, extravars={"preflight_master_port": port})
+    finally:
+        bed.iptables(node, ["-D"] + rule)
+    v = result.verdict
+    assert result.rc != 0 and v["status"] == "fail", explain(result)
+    assert v["failed_hosts"] == [node.name], explain(result)
+    assert sorted(v["healthy_hosts"]) == sorted(n.name for n in bed.nodes if n is not node)
+    mesh = v["nodes"][node.name]["checks"]["port_mesh"]
+    assert mesh["status"] == "fail"
+    assert node.name in mesh["found"] and str(port) in mesh["found"]
+    assert "open" in mesh["fix"] and str(port) in mesh["fix"] and node.name in mesh["fix"]
+    for other in bed.nodes:
+        if other is not node:
+            assert v["nodes"][other.name]["checks"]["port_mesh"]["status"] != "fail"
+    ar = v["allreduce"]
+    assert ar["launched"] is False and ar["status"] == "skipped"
+    assert "port mesh failed" in ar["reason"] and node.name in ar["reason"]
+    assert not os.path.exists(os.path.join(result.results_dir, "latest", f"{node.name}.log"))
+    assert f"{node.name} / port_mesh" in result.stdout
+
+
+# --------------------------------------------------------------------------
+# 3. A node stops answering over SSH
+
+
+def test_unreachable_node_is_named_and_the_rest_still_get_a_verdict(bed, tmp_path):
+    node = bed.nodes[2]
+    bed.make_unreachable(node)
+    try:
+        result = gate(bed, tmp_path)
+    finally:
+        bed.make_reachable(node)
+    v = result.verdict
+    others = [n.name for n in bed.nodes if n is not node]
+    assert result.rc != 0 and v["status"] == "fail", explain(result)
+    assert v["unreachable_hosts"] == [node.name]
+    assert v["failed_hosts"] == [node.name], explain(result)
+    assert v["healthy_hosts"] == others
+    checks = v["nodes"][node.name]["checks"]
+    assert checks["ssh_reachable"]["status"] == "fail"
+    assert node.name in checks["ssh_reachable"]["found"] and checks["ssh_reachable"]["fix"]
+    assert v["nodes"][node.name]["reachable"] is False
+    # The others were checked and gated among themselves.
+    ar = v["allreduce"]
+    assert ar["launched"] is True and ar["status"] == "pass", explain(result)
+    assert ar["world_size"] == len(others) * RANKS_PER_NODE
+    assert sorted({row["host"] for row in ar["ranks"]}) == others
+    for name in others:
+        assert v["nodes"][name]["checks"]["ssh_reachable"]["status"] == "pass"
+        assert v["nodes"][name]["checks"]["allreduce_ranks"]["status"] == "pass"
+    assert "Traceback" not in result.stdout
+
+
+# --------------------------------------------------------------------------
+# 4. An interface override that one node lacks
+
+
+def test_override_naming_an_interface_one_node_lacks(bed, tmp_path):
+    lacking = bed.nodes[2]
+    having = [n for n in bed.nodes if n is not lacking]
+    # A second data port "data0" on nodes 1 and 2 only (a veth pair inside the node).
+    for node in having:
+        bed.ip(node, ["link", "add", "data0", "type", "veth", "peer", "name", "data0p"])
+    try:
+        for node in having:
+            bed.ip(node, ["addr", "add", f"198.18.252.{node.index}/24", "dev", "data0"])
+            bed.ip(node, ["link", "set", "data0p", "up"])
+            bed.ip(node, ["link", "set", "data0", "up"])
+        result = gate(bed, tmp_path, group_vars={"preflight_socket_ifname": "data0"})
+    finally:
+        for node in having:
+            bed.ip(node, ["link", "del", "data0"], check=False)
+    v = result.verdict
+    assert result.rc != 0 and v["status"] == "fail", explain(result)
+    assert v["failed_hosts"] == [lacking.name], explain(result)
+    override = v["nodes"][lacking.name]["checks"]["nic_override"]
+    assert override["status"] == "fail"
+    assert lacking.name in override["found"] and "data0" in override["found"]
+    assert override["fix"]
+    for node in having:
+        assert v["nodes"][node.name]["checks"]["nic_override"]["status"] != "fail"
+    ar = v["allreduce"]
+    assert ar["launched"] is False and ar["status"] == "skipped"
+    assert "data0" in ar["reason"] and lacking.name in ar["reason"]
+    # The mesh never ran on an interface one node lacks.
+    for node in bed.nodes:
+        assert "port_mesh" not in v["nodes"][node.name]["checks"]
+        assert "preflight_internal_error" not in v["nodes"][node.name]["checks"]
+    assert f"{lacking.name} / nic_override" in result.stdout
+
+
+# --------------------------------------------------------------------------
+# 5. The first fabric link of one node is DOWN, or up but isolated
+
+
+def test_down_first_fabric_link_is_skipped_and_the_gate_passes_on_the_next(bed, tmp_path):
+    node = bed.nodes[1]
+    bed.ip(node, ["link", "set", "fab0", "down"])
+    try:
+        result = gate(bed, tmp_path)
+    finally:
+        bed.ip(node, ["link", "set", "fab0", "up"])
+    v = result.verdict
+    assert result.rc == 0 and v["status"] == "pass", explain(result)
+    ar = v["allreduce"]
+    assert ar["socket_ifname"] == "fab1"
+    assert ar["master_addr"] == bed.nodes[0].fabric_addresses[1]
+    assert ar["world_size"] == NODES * RANKS_PER_NODE and ar["correct"] is True
+    common = v["nodes"][node.name]["checks"]["nic_common_interface"]
+    assert common["status"] == "pass" and "fab1" in common["found"]
+
+
+def test_isolated_first_fabric_link_fails_the_mesh_naming_the_node(bed, tmp_path):
+    """fab0 of one node is UP with its address but its cable leads nowhere.
+
+    Interface selection reads only local link state, so it still picks fab0;
+    the port mesh on fab0 is what catches it, naming the node, before any rank
+    starts (the gate fails safe instead of moving on to fab1)."""
+    node = bed.nodes[1]
+    bed.detach(node, "fab0")
+    try:
+        result = gate(bed, tmp_path)
+    finally:
+        bed.attach(node, "fab0")
+    v = result.verdict
+    assert result.rc != 0 and v["status"] == "fail", explain(result)
+    assert v["failed_hosts"] == [node.name], explain(result)
+    mesh = v["nodes"][node.name]["checks"]["port_mesh"]
+    assert mesh["status"] == "fail" and mesh["found"].startswith(node.name)
+    for other in bed.nodes:
+        if other is not node:
+            assert v["nodes"][other.name]["checks"]["port_mesh"]["status"] != "fail"
+    ar = v["allreduce"]
+    assert ar["socket_ifname"] == "fab0"
+    assert ar["launched"] is False and ar["status"] == "skipped"
+    assert "port mesh failed" in ar["reason"] and node.name in ar["reason"]
+
+
+# --------------------------------------------------------------------------
+# 6. SIGKILL of one rank mid-collective
+
+
+def test_killed_rank_is_named_and_nothing_is_left(bed, tmp_path):
+    node = bed.nodes[1]
+    rank = RANKS_PER_NODE * 1 + 1  # node 2's second rank
+    injector = Injector(bed, node, rank, signal.SIGKILL)
+    injector.start()
+    try:
+        result = gate(bed, tmp_path, extravars={
+            "allreduce_sizes": [16777216, 33554432], "allreduce_iters": 20, "allreduce_timeout": 20,
+            "allreduce_hard_timeout": 120})
+    finally:
+        injector.finish()
+    v = result.verdict
+    assert result.rc != 0 and v["status"] == "fail", explain(result)
+    ar = v["allreduce"]
+    assert ar["launched"] is True and ar["status"] == "fail"
+    assert [(s["host"], s["rank"]) for s in ar["suspects"]] == [(node.name, rank)], explain(result)
+    assert "exit code -9" in ar["suspects"][0]["reason"]
+    assert v["failed_hosts"] == [node.name], explain(result)
+    suspect = v["nodes"][node.name]["checks"][f"allreduce_suspect_rank_{rank}"]
+    assert suspect["status"] == "fail" and node.name in suspect["fix"]
+    for other in bed.nodes:
+        if other is not node:
+            assert v["nodes"][other.name]["status"] != "fail"
+    for other in bed.nodes:
+        assert gate_processes(bed, other) == [], f"{other.name}: gate processes left"
+
+
+# --------------------------------------------------------------------------
+# 7. SIGSTOP of one rank: a hang, bounded, with the stopped rank's stack
+
+
+def test_stopped_rank_is_named_with_its_state_and_stack(bed, tmp_path):
+    node = bed.nodes[2]
+    rank = RANKS_PER_NODE * 2  # node 3's first rank
+    injector = Injector(bed, node, rank, signal.SIGSTOP)
+    injector.start()
+    try:
+        result = gate(bed, tmp_path, extravars={
+            "allreduce_sizes": [16777216, 33554432], "allreduce_iters": 20,
+            "allreduce_timeout": 10, "allreduce_hard_timeout": 40})
+    finally:
+        injector.finish()
+        if injector.hit and proc_state(injector.hit[0]) == "T":
+            _signal(injector.hit[0], signal.SIGKILL)
+    v = result.verdict
+    assert result.rc != 0 and v["status"] == "fail", explain(result)
+    ar = v["allreduce"]
+    assert [(s["host"], s["rank"]) for s in ar["suspects"]] == [(node.name, rank)], explain(result)
+    assert "stopped" in ar["suspects"][0]["reason"]
+    assert v["failed_hosts"] == [node.name], explain(result)
+    row = next(r for r in ar["ranks"] if r["rank"] == rank)
+    assert row["process_state"].startswith("stopped")
+    with open(os.path.join(result.results_dir, "latest", f"{node.name}.stacks.txt"),
+              encoding="utf-8") as handle:
+        stacks = handle.read()
+    header = re.search(rf"^== rank {rank} \(pid (\d+), (.*?)\) at stage (\w+) ==$", stacks, re.M)
+    assert header, stacks[:3000]
+    assert int(header.group(1)) == injector.node_pid  # the very process that was stopped
+    assert header.group(2) == "stopped (SIGSTOP)" and header.group(3) == "bandwidth"
+    # The stopped rank's own Python stack: stopped inside the timed all-reduce.
+    section = stacks[header.end():].split("\n== rank ", 1)[0]
+    frames = re.findall(r"^\s+(\S+) \(allreduce_worker\.py:\d+\)$", section, re.M)
+    assert "measure" in frames and "main" in frames, section
+    for other in bed.nodes:
+        assert gate_processes(bed, other) == [], f"{other.name}: gate processes left"
+
+
+# --------------------------------------------------------------------------
+# 8. A throttled link on one node
+
+
+THROTTLE = ["root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
+# 20 Mbit/s is 0.0025 GB/s on the wire; unthrottled, the bed's gloo ring moves
+# 1 MiB all-reduces at around 0.1 GB/s busbw.  The minimum sits between.
+SMALL_GATE = {"allreduce_sizes": [1048576], "allreduce_iters": 3, "allreduce_warmup": 1,
+              "allreduce_min_busbw_gbps": 0.02}
+
+
+def test_throttled_link_fails_the_bandwidth_check_on_every_node(bed, tmp_path):
+    """One node's fabric egress is throttled to 20 Mbit/s.
+
+    The gate measures one all-reduce over the whole ring, so every rank sees
+    the same slow collective: the bandwidth check fails on every node and
+    the verdict cannot say which node's link is slow (no pairwise test)."""
+    control = gate(bed, tmp_path / "control", extravars=SMALL_GATE)
+    assert control.verdict["status"] == "pass", explain(control)
+    assert control.verdict["allreduce"]["sizes"][-1]["busbw_gbps"] >= 0.02
+
+    node = bed.nodes[1]
+    bed.tc(node, ["qdisc", "add", "dev", "fab0"] + THROTTLE)
+    try:
+        result = gate(bed, tmp_path / "throttled", extravars=SMALL_GATE)
+    finally:
+        bed.tc(node, ["qdisc", "del", "dev", "fab0", "root"])
+    v = result.verdict
+    assert result.rc != 0 and v["status"] == "fail", explain(result)
+    names = [n.name for n in bed.nodes]
+    assert v["failed_hosts"] == names, explain(result)
+    ar = v["allreduce"]
+    # The collective itself completed with exact results; only its speed fails.
+    assert ar["launched"] is True and ar["status"] == "pass" and ar["correct"] is True
+    assert ar["suspects"] == []
+    assert ar["sizes"][-1]["busbw_gbps"] < 0.02
+    for name in names:
+        assert failing(result, name).keys() == {"allreduce_bandwidth"}, explain(result)
+        check = v["nodes"][name]["checks"]["allreduce_bandwidth"]
+        assert name in check["found"] and "1048576 bytes" in check["found"]
+        assert check["expected"] == "busbw >= 0.020 GB/s"
+        busbw = float(re.search(r"busbw ([\d.]+) GB/s", check["found"]).group(1))
+        assert busbw < 0.02
