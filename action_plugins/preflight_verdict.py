@@ -170,15 +170,16 @@ def summarize_allreduce(hosts, facts_by_host):
             names = ", ".join("rank %d on %s (%s)" % (s["rank"], s["host"], s["reason"]) for s in suspects)
             extra[host] = {"allreduce_ranks": check(
                 "warn", "ranks on %s failed only because a peer failed: %s" % (host, names),
-                "every rank completes", "fix the suspect node(s) and re-run; to test %s alone, run the gate "
-                "without them (--limit '!<suspect>')" % host)}
+                "every rank completes", "fix the suspect node(s) and re-run; to confirm %s, run the gate with "
+                "the suspect node(s) taken out of the inventory group" % host)}
         for item in suspects:
             extra.setdefault(item["host"], {})
             extra[item["host"]]["allreduce_suspect_rank_%d" % item["rank"]] = check(
                 "fail", "rank %d on %s %s" % (item["rank"], item["host"], item["reason"]),
                 "every rank completes the all-reduce with exact results",
                 "drain %s; read %s.log and %s.stacks.txt in the run directory for its traceback or hang stack; "
-                "re-run the gate without it to confirm the rest" % (item["host"], item["host"], item["host"]))
+                "re-run the gate with it taken out of the inventory group to confirm the rest"
+                % (item["host"], item["host"], item["host"]))
     return summary, extra
 
 

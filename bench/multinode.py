@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -102,12 +103,23 @@ def main():
     parser.add_argument("--small", type=int, default=2, help="nodes in the small run")
     parser.add_argument("--large", type=int, default=8, help="nodes in the large run (the bed's size)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per size first")
+    parser.add_argument("--keep", action="store_true", help="keep the run directories (verdicts, logs)")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
         raise SystemExit("test bed unavailable: %s" % reason)
 
     workdir = tempfile.mkdtemp(prefix="preflight-bench-multinode-")
+    try:
+        run_bench(args, workdir)
+    finally:
+        if args.keep:
+            print("run directories kept in %s" % workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_bench(args, workdir):
     # One rank per node: the gate's fan-out, not 2 cores' share of 16 ranks, is measured.
     extra = ["-e", "preflight_nproc_per_node=1"]
     with Testbed(nodes=args.large, fabric=True) as bed:
