@@ -1,0 +1,33 @@
+"""A stand-in for module_utils/preflight_node.NodeOps in reader and probe unit tests.
+
+    ops = FakeOps(programs={"ssh-keygen": "/usr/bin/ssh-keygen"},
+                  commands={("/usr/bin/ssh-keygen", "-y"): (0, "ssh-ed25519 AAAA...\n", "")})
+    facts = preflight_ssh_trust.read(args, ops)
+    assert ops.calls[0][0] == "/usr/bin/ssh-keygen"
+
+``commands`` maps an argv prefix (tuple) to ``(rc, out, err)`` or to a callable
+``argv -> (rc, out, err)``; the longest matching prefix wins; an argv nothing
+matches returns rc 127 as a missing program would.
+"""
+
+
+class FakeOps(object):
+    def __init__(self, programs=None, commands=None):
+        self.programs = dict(programs or {})
+        self.commands = dict(commands or {})
+        self.calls = []
+
+    def which(self, name, paths=()):
+        return self.programs.get(name)
+
+    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None):
+        argv = [str(part) for part in argv]
+        self.calls.append(argv)
+        best = None
+        for prefix in self.commands:
+            if tuple(argv[:len(prefix)]) == tuple(prefix) and (best is None or len(prefix) > len(best)):
+                best = prefix
+        if best is None:
+            return 127, "", "%s: not found (FakeOps)" % argv[0]
+        answer = self.commands[best]
+        return answer(argv) if callable(answer) else answer
