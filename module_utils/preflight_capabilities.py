@@ -35,6 +35,9 @@ also expose ``plan``/``report`` functions used by ``action_plugins/preflight_dec
 
 from __future__ import annotations
 
+import time
+import traceback
+
 from ansible.module_utils import preflight_allreduce
 from ansible.module_utils import preflight_core_dumps
 from ansible.module_utils import preflight_debug_tools
@@ -57,6 +60,8 @@ ORDER = (
 )
 BY_NAME = {module.CAPABILITY: module for module in ORDER}
 NAMES = tuple(module.CAPABILITY for module in ORDER)
+# What bring-up configures (the gate's capabilities have nothing to write).
+BRINGUP_NAMES = ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust")
 
 
 def get(name):
@@ -77,3 +82,89 @@ def node_info(inventory_hostname, host_vars):
         "user": str(host_vars.get("ansible_user") or ""),
         "ssh_port": int(host_vars.get("ansible_port") or 22),
     }
+
+
+SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, so it raises on purpose"
+
+
+def run_all(function_name, capabilities, ops, selftest_error=""):
+    """On the node: call ``function_name`` (``read`` or ``probe``) of each capability with its args.
+
+    Each capability is its own failure domain: one that raises is recorded in
+    ``errors`` (``{found, traceback}``) and the others still run.  Returns
+    ``(results, errors, elapsed)``, each keyed by capability name.
+    """
+    results, errors, elapsed = {}, {}, {}
+    for name, args in capabilities.items():
+        started = time.monotonic()
+        try:
+            if name == selftest_error:
+                raise RuntimeError(SELFTEST_MESSAGE)
+            results[name] = getattr(get(name), function_name)(args, ops)
+        except Exception as exc:  # pylint: disable=broad-except
+            errors[name] = {"found": "%s: %s" % (type(exc).__name__, exc),
+                            "traceback": traceback.format_exc()[-2000:]}
+        elapsed[name] = round(time.monotonic() - started, 3)
+    return results, errors, elapsed
+
+
+RUN_ROLE = "preflight"
+
+
+def validate_run(settings):
+    """Problems in the run-wide settings (role ``preflight``)."""
+    problems = []
+    port = settings.get("preflight_master_port")
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        problems.append({"name": "preflight_master_port", "found": port, "expected": "a TCP port 1-65535",
+                         "fix": "set preflight_master_port to a free port (the seeds use 6000)"})
+    if settings.get("preflight_nproc_per_node", 0) < 0:
+        problems.append({"name": "preflight_nproc_per_node", "found": settings.get("preflight_nproc_per_node"),
+                         "expected": "0 (one rank per accelerator, 2 on CPU) or more",
+                         "fix": "set preflight_nproc_per_node to 0 or a number of ranks"})
+    for name in ("preflight_facts_timeout", "preflight_probes_timeout"):
+        if settings.get(name, 1) < 1:
+            problems.append({"name": name, "found": settings.get(name), "expected": "1 second or more",
+                             "fix": "leave %s at its default or raise it" % name})
+    selftest = settings.get("preflight_selftest_error") or ""
+    if selftest and selftest not in NAMES:
+        problems.append({"name": "preflight_selftest_error", "found": selftest,
+                         "expected": "empty, or one of %s" % ", ".join(NAMES),
+                         "fix": "name a capability, or leave preflight_selftest_error empty"})
+    return problems
+
+
+# The node tasks of preflight.yml: stage -> the variable its result is registered in, and what the
+# node was doing (for "unreachable while ..." findings).  Order is the play's order.
+STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "wait", "apply")
+STAGE_REGISTERS = {
+    "settings": "preflight_settings",
+    "facts": "preflight_facts",
+    "port_mesh": "port_mesh_probe",
+    "port_mesh_wait": "port_mesh_wait",
+    "launch": "allreduce_job",
+    "probes": "preflight_probes",
+    "wait": "allreduce_result",
+    "apply": "preflight_apply",
+}
+STAGE_WHAT = {
+    "settings": "loading its settings",
+    "facts": "reading its facts",
+    "port_mesh": "probing the rendezvous port",
+    "port_mesh_wait": "waiting for the port mesh probe",
+    "launch": "starting the all-reduce",
+    "probes": "running the probes (core crash, ssh mesh)",
+    "wait": "waiting for the all-reduce",
+    "apply": "applying the bring-up",
+}
+# The stages each capability's outcome depends on, besides settings and facts.
+DEPENDS = {
+    "nic_discovery": (),
+    "port_mesh": ("port_mesh", "port_mesh_wait"),
+    "allreduce": ("launch", "wait"),
+    "kernel_debug": (),
+    "core_dumps": ("probes",),
+    "iommu": (),
+    "debug_tools": (),
+    "ssh_trust": ("probes",),
+}

@@ -76,9 +76,18 @@ def skipped(reason, expected="", **details):
     return check("skipped", reason, expected, **details)
 
 
-def error(capability, found, fix, expected=None):
+def blocked(found, expected=""):
+    """Not run because of another node or a cluster-wide blocker: not this node's fault, not proven either."""
+    return check("skipped", found, expected, blocked=True)
+
+
+def is_blocked(result):
+    return bool((result.get("details") or {}).get("blocked"))
+
+
+def error(capability, found, fix, expected=None, **details):
     """The ``<capability>.error`` finding: the capability could not give its result."""
-    return failed(found, expected or "the %s checks run to completion on this node" % capability, fix)
+    return failed(found, expected or "the %s checks run to completion on this node" % capability, fix, **details)
 
 
 def normalize(result, where):
@@ -151,9 +160,15 @@ def worst(statuses):
 
 
 def node_status(checks):
-    """``fail`` if any check failed, ``warn`` if any warned, else ``pass``."""
+    """``fail`` if any check failed; ``unverified`` if a check was blocked by another node or a
+    cluster-wide problem (nothing wrong found here, nothing proven either); ``warn`` if any warned;
+    else ``pass``."""
     status = worst(result.get("status") for result in checks.values())
-    return status if status in ("fail", "warn") else "pass"
+    if status == "fail":
+        return "fail"
+    if any(is_blocked(result) for result in checks.values()):
+        return "unverified"
+    return status if status == "warn" else "pass"
 
 
 def decision(ok=True, blockers=(), checks_by_host=None, **plan):

@@ -815,7 +815,7 @@ def _link_checks(ifname, nics_by_host):
     for host, nics in nics_by_host.items():
         nic = nics.get(ifname)
         if nic is None:
-            checks[host] = skipped("%s does not exist on %s (see nic_override)" % (ifname, host), expected)
+            checks[host] = skipped("%s does not exist on %s (see nic_discovery.override)" % (ifname, host), expected)
             continue
         ports = nic.get("rdma") or []
         inactive = [p for p in ports if (p.get("state") or "").upper() != "ACTIVE"]
@@ -913,13 +913,13 @@ def select_interface(nics_by_host, master=None, override=None, reachability=None
         override_checks = _override_checks(names, nics_by_host)
         bad = [h for h in hosts if override_checks[h]["status"] == "fail"]
         for host in hosts:
-            checks[host]["nic_override"] = override_checks[host]
+            checks[host]["override"] = override_checks[host]
             if bad:
-                checks[host]["nic_common_interface"] = skipped(
-                    "the interface comes from the override, which is not usable on %s (see nic_override)"
+                checks[host]["common_interface"] = skipped(
+                    "the interface comes from the override, which is not usable on %s (see nic_discovery.override)"
                     % _hosts_text(bad), "one interface UP with IPv4 under the same name on every node")
             else:
-                checks[host]["nic_common_interface"] = passed(
+                checks[host]["common_interface"] = passed(
                     "%s: override %s is UP with IPv4 on every node" % (host, ",".join(names)),
                     "one interface UP with IPv4 under the same name on every node")
         reason = "%s set by the interface override" % ",".join(names)
@@ -929,14 +929,14 @@ def select_interface(nics_by_host, master=None, override=None, reachability=None
         eligible = [c for c in candidates if c["eligible"]]
         ifnames = [eligible[0]["ifname"]] if eligible else []
         for host in hosts:
-            checks[host]["nic_override"] = not_applicable("no interface override set", "")
+            checks[host]["override"] = not_applicable("no interface override set", "")
         expected = "one interface UP with IPv4 under the same name on every node"
         if eligible:
             best = eligible[0]
             reason = "%s: %s; ranked first of %d usable interface(s)" % (best["ifname"], best["why"], len(eligible))
             for host in hosts:
                 nic = nics_by_host[host][best["ifname"]]
-                checks[host]["nic_common_interface"] = passed(
+                checks[host]["common_interface"] = passed(
                     "%s: %s (%s) with %s" % (host, best["ifname"], nic.get("class"), ",".join(usable_ipv4(nic))),
                     expected)
         else:
@@ -944,7 +944,7 @@ def select_interface(nics_by_host, master=None, override=None, reachability=None
                                 if c["class"] not in EXCLUDED_CLASSES]) or "only loopback, bridges and container devices"
             reason = "no interface is usable on every node: " + blockers
             for host in hosts:
-                checks[host]["nic_common_interface"] = failed(
+                checks[host]["common_interface"] = failed(
                     "%s: no interface is UP with an IPv4 address under the same name on all %d nodes. "
                     "Here: %s. Across nodes: %s" % (host, len(hosts), _nic_summary(nics_by_host[host]), blockers),
                     expected,
@@ -958,14 +958,14 @@ def select_interface(nics_by_host, master=None, override=None, reachability=None
     if ifname:
         mtu, link = _mtu_checks(ifname, nics_by_host), _link_checks(ifname, nics_by_host)
     for host in hosts:
-        checks[host]["nic_fabric_consistency"] = fabric[host]
+        checks[host]["fabric_consistency"] = fabric[host]
         if ifname:
-            checks[host]["nic_mtu_consistency"] = mtu[host]
-            checks[host]["nic_link"] = link[host]
+            checks[host]["mtu_consistency"] = mtu[host]
+            checks[host]["link"] = link[host]
         else:
-            checks[host]["nic_mtu_consistency"] = skipped("no interface chosen (see nic_common_interface)",
+            checks[host]["mtu_consistency"] = skipped("no interface chosen (see nic_discovery.common_interface)",
                                                           "the same MTU on every node")
-            checks[host]["nic_link"] = skipped("no interface chosen (see nic_common_interface)",
+            checks[host]["link"] = skipped("no interface chosen (see nic_discovery.common_interface)",
                                                "the chosen interface UP with carrier")
 
     addr_by_host = {}

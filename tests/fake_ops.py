@@ -7,8 +7,13 @@
 
 ``commands`` maps an argv prefix (tuple) to ``(rc, out, err)`` or to a callable
 ``argv -> (rc, out, err)``; the longest matching prefix wins; an argv nothing
-matches returns rc 127 as a missing program would.
+matches returns rc 127 as a missing program would.  ``LocalOps`` runs real
+commands, for readers tested against this machine.
 """
+
+import os
+import shutil
+import subprocess
 
 
 class FakeOps(object):
@@ -31,3 +36,29 @@ class FakeOps(object):
             return 127, "", "%s: not found (FakeOps)" % argv[0]
         answer = self.commands[best]
         return answer(argv) if callable(answer) else answer
+
+
+class LocalOps(object):
+    """Real commands on this machine, for reader tests that read the test machine itself."""
+
+    def __init__(self, missing=()):
+        self.missing = set(missing)
+        self.calls = []
+
+    def which(self, name, paths=()):
+        if name in self.missing:
+            return None
+        return shutil.which(name, path=":".join(list(paths) + [os.environ.get("PATH", "")]))
+
+    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None):
+        argv = [str(part) for part in argv]
+        self.calls.append(argv)
+        environ = dict(os.environ, LANG="C", LC_ALL="C", **(env or {}))
+        try:
+            proc = subprocess.run(argv, input=data, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                                  env=environ, check=False)
+        except subprocess.TimeoutExpired:
+            return 124, "", "timed out after %s s" % timeout
+        except OSError as exc:
+            return 127, "", str(exc)
+        return proc.returncode, proc.stdout, proc.stderr

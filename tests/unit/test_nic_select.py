@@ -1,16 +1,9 @@
-"""Interface selection across nodes (module_utils/preflight_nic.py + library/nic_select.py)."""
-
-import os
-import sys
+"""Interface selection across nodes (module_utils/preflight_nic.select_interface), the decision
+behind the nic_discovery capability's plan."""
 
 import pytest
 
-import nic_facts
-import nic_select
 from ansible.module_utils import preflight_nic as pn
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nic"))
-from fake_sysfs import cluster_node  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def nic(name, cls, ipv4=(), up=True, carrier=True, mtu=1500, speed=10000, rdma=(), default_route=False):
@@ -39,8 +32,8 @@ def gpu_node(i, ib=True, ib_name="ib0", ib_mtu=2044, ib_up=True, eth_mtu=1500):
 def assert_well_formed(decision):
     """Every fail/warn names its node and carries a fix."""
     for host, checks in decision["checks"].items():
-        assert set(checks) == {"nic_common_interface", "nic_override", "nic_fabric_consistency",
-                               "nic_mtu_consistency", "nic_link"}
+        assert set(checks) == {"common_interface", "override", "fabric_consistency",
+                               "mtu_consistency", "link"}
         for name, result in checks.items():
             assert result["status"] in ("pass", "not_applicable", "skipped", "warn", "fail"), name
             if result["status"] in ("fail", "warn"):
@@ -62,10 +55,10 @@ def test_picks_infiniband_over_ethernet():
     assert decision["reason"].startswith("ib0: infiniband on all 2 nodes")
     ranked = [c["ifname"] for c in decision["candidates"] if c["eligible"]]
     assert ranked == ["ib0", "eth0"]
-    assert set(statuses(decision, "nic_common_interface").values()) == {"pass"}
-    assert set(statuses(decision, "nic_link").values()) == {"pass"}
-    assert set(statuses(decision, "nic_fabric_consistency").values()) == {"pass"}
-    assert set(statuses(decision, "nic_override").values()) == {"not_applicable"}
+    assert set(statuses(decision, "common_interface").values()) == {"pass"}
+    assert set(statuses(decision, "link").values()) == {"pass"}
+    assert set(statuses(decision, "fabric_consistency").values()) == {"pass"}
+    assert set(statuses(decision, "override").values()) == {"not_applicable"}
     assert_well_formed(decision)
 
 
@@ -121,13 +114,13 @@ def test_docker0_is_never_chosen_without_override():
     decision = pn.select_interface(nodes)
     assert decision["ifname"] is None and decision["nccl_socket_ifname"] is None
     assert decision["master_addr"] is None
-    assert statuses(decision, "nic_common_interface") == {"n1": "fail", "n2": "fail"}
-    assert statuses(decision, "nic_link") == {"n1": "skipped", "n2": "skipped"}
-    assert "docker0" in decision["checks"]["n1"]["nic_common_interface"]["found"]
+    assert statuses(decision, "common_interface") == {"n1": "fail", "n2": "fail"}
+    assert statuses(decision, "link") == {"n1": "skipped", "n2": "skipped"}
+    assert "docker0" in decision["checks"]["n1"]["common_interface"]["found"]
     assert_well_formed(decision)
     forced = pn.select_interface(nodes, override="docker0")
     assert forced["ifname"] == "docker0" and forced["nccl_socket_ifname"] == "=docker0"
-    assert set(statuses(forced, "nic_override").values()) == {"pass"}
+    assert set(statuses(forced, "override").values()) == {"pass"}
 
 
 def test_down_and_addressless_interfaces_are_skipped():
@@ -182,12 +175,12 @@ def test_override_missing_on_one_node_fails_naming_it():
     nodes = {"n1": gpu_node(1), "n2": gpu_node(2, ib=False), "n3": gpu_node(3)}
     decision = pn.select_interface(nodes, override="ib0", master="n1")
     assert decision["ifname"] == "ib0" and decision["nccl_socket_ifname"] == "=ib0"
-    assert statuses(decision, "nic_override") == {"n1": "pass", "n2": "fail", "n3": "pass"}
-    found = decision["checks"]["n2"]["nic_override"]["found"]
+    assert statuses(decision, "override") == {"n1": "pass", "n2": "fail", "n3": "pass"}
+    found = decision["checks"]["n2"]["override"]["found"]
     assert "n2" in found and "ib0 does not exist" in found
-    assert "ib0" in decision["checks"]["n2"]["nic_override"]["fix"]
-    assert set(statuses(decision, "nic_common_interface").values()) == {"skipped"}
-    assert decision["checks"]["n2"]["nic_link"]["status"] == "skipped"
+    assert "ib0" in decision["checks"]["n2"]["override"]["fix"]
+    assert set(statuses(decision, "common_interface").values()) == {"skipped"}
+    assert decision["checks"]["n2"]["link"]["status"] == "skipped"
     assert decision["addr_by_host"] == {"n1": "198.19.1.1", "n3": "198.19.1.3"}
     assert "not usable on n2" in decision["reason"]
     assert_well_formed(decision)
@@ -196,9 +189,9 @@ def test_override_missing_on_one_node_fails_naming_it():
 def test_override_down_fails_override_and_link():
     nodes = {"n1": gpu_node(1), "n2": gpu_node(2, ib_up=False)}
     decision = pn.select_interface(nodes, override=["ib0"])
-    assert statuses(decision, "nic_override") == {"n1": "pass", "n2": "fail"}
-    assert "DOWN" in decision["checks"]["n2"]["nic_override"]["found"]
-    assert statuses(decision, "nic_link") == {"n1": "pass", "n2": "fail"}
+    assert statuses(decision, "override") == {"n1": "pass", "n2": "fail"}
+    assert "DOWN" in decision["checks"]["n2"]["override"]["found"]
+    assert statuses(decision, "link") == {"n1": "pass", "n2": "fail"}
     assert_well_formed(decision)
 
 
@@ -216,27 +209,27 @@ def test_mtu_mismatch_fails_naming_nodes_and_mtus():
     nodes = {"n1": gpu_node(1), "n2": gpu_node(2, ib_mtu=4092), "n3": gpu_node(3)}
     decision = pn.select_interface(nodes)
     assert decision["ifname"] == "ib0"
-    assert statuses(decision, "nic_mtu_consistency") == {"n1": "pass", "n2": "fail", "n3": "pass"}
-    found = decision["checks"]["n2"]["nic_mtu_consistency"]["found"]
+    assert statuses(decision, "mtu_consistency") == {"n1": "pass", "n2": "fail", "n3": "pass"}
+    found = decision["checks"]["n2"]["mtu_consistency"]["found"]
     assert "MTU 4092" in found and "n1 2044" in found and "n3 2044" in found
-    assert "2044" in decision["checks"]["n2"]["nic_mtu_consistency"]["fix"]
+    assert "2044" in decision["checks"]["n2"]["mtu_consistency"]["fix"]
     assert_well_formed(decision)
     # Two nodes, two values: no majority, both are named.
     tie = pn.select_interface({"n1": gpu_node(1), "n2": gpu_node(2, ib_mtu=4092)})
-    assert statuses(tie, "nic_mtu_consistency") == {"n1": "fail", "n2": "fail"}
+    assert statuses(tie, "mtu_consistency") == {"n1": "fail", "n2": "fail"}
 
 
 def test_ib_on_some_nodes_only_is_a_finding():
     nodes = {"n1": gpu_node(1), "n2": gpu_node(2, ib=False), "n3": gpu_node(3)}
     decision = pn.select_interface(nodes)
     assert decision["ifname"] == "eth0"
-    assert statuses(decision, "nic_fabric_consistency") == {"n1": "pass", "n2": "fail", "n3": "pass"}
-    found = decision["checks"]["n2"]["nic_fabric_consistency"]["found"]
+    assert statuses(decision, "fabric_consistency") == {"n1": "pass", "n2": "fail", "n3": "pass"}
+    found = decision["checks"]["n2"]["fabric_consistency"]["found"]
     assert "InfiniBand on some nodes only" in found and "n1, n3 has InfiniBand" in found
-    assert "missing on n2" in decision["checks"]["n1"]["nic_fabric_consistency"]["found"]
+    assert "missing on n2" in decision["checks"]["n1"]["fabric_consistency"]["found"]
     assert_well_formed(decision)
     soft = pn.select_interface(nodes, fabric_mismatch="warn")
-    assert soft["checks"]["n2"]["nic_fabric_consistency"]["status"] == "warn"
+    assert soft["checks"]["n2"]["fabric_consistency"]["status"] == "warn"
 
 
 def test_efa_without_netdev_counts_through_rdma_facts():
@@ -245,18 +238,18 @@ def test_efa_without_netdev_counts_through_rdma_facts():
     efa = {"rdmap0s7": {"name": "rdmap0s7", "kind": "efa", "ports": [{"port": 1, "state": "ACTIVE"}]}}
     decision = pn.select_interface(nodes, rdma_by_host={"n1": efa, "n2": {}})
     assert decision["ifname"] == "ens32"
-    assert statuses(decision, "nic_fabric_consistency") == {"n1": "pass", "n2": "fail"}
-    assert "EFA" in decision["checks"]["n2"]["nic_fabric_consistency"]["found"]
+    assert statuses(decision, "fabric_consistency") == {"n1": "pass", "n2": "fail"}
+    assert "EFA" in decision["checks"]["n2"]["fabric_consistency"]["found"]
     same = pn.select_interface(nodes, rdma_by_host={"n1": efa, "n2": efa})
-    assert set(statuses(same, "nic_fabric_consistency").values()) == {"pass"}
+    assert set(statuses(same, "fabric_consistency").values()) == {"pass"}
 
 
 def test_different_fabric_names_are_not_matched():
     nodes = {"n1": gpu_node(1, ib_name="ib0"), "n2": gpu_node(2, ib_name="ib1")}
     decision = pn.select_interface(nodes)
     assert decision["ifname"] == "eth0"
-    assert statuses(decision, "nic_fabric_consistency") == {"n1": "warn", "n2": "warn"}
-    found = decision["checks"]["n1"]["nic_fabric_consistency"]["found"]
+    assert statuses(decision, "fabric_consistency") == {"n1": "warn", "n2": "warn"}
+    found = decision["checks"]["n1"]["fabric_consistency"]["found"]
     assert "n1: ib0" in found and "n2: ib1" in found
     assert_well_formed(decision)
 
@@ -266,9 +259,9 @@ def test_no_common_interface_fails_everywhere():
              "n2": node(2, nic("ib1", "infiniband", ["198.19.1.2/24"]))}
     decision = pn.select_interface(nodes)
     assert decision["ifname"] is None
-    assert statuses(decision, "nic_common_interface") == {"n1": "fail", "n2": "fail"}
-    assert statuses(decision, "nic_mtu_consistency") == {"n1": "skipped", "n2": "skipped"}
-    found = decision["checks"]["n1"]["nic_common_interface"]["found"]
+    assert statuses(decision, "common_interface") == {"n1": "fail", "n2": "fail"}
+    assert statuses(decision, "mtu_consistency") == {"n1": "skipped", "n2": "skipped"}
+    found = decision["checks"]["n1"]["common_interface"]["found"]
     assert "ib0 not usable: missing on n2" in found and "ib1 not usable: missing on n1" in found
     assert decision["reason"].startswith("no interface is usable on every node")
     assert_well_formed(decision)
@@ -308,45 +301,9 @@ def test_rdma_port_not_active_fails_link():
     nodes = {"n1": gpu_node(1), "n2": gpu_node(2)}
     nodes["n2"]["ib0"]["rdma"][0]["state"] = "INIT"
     decision = pn.select_interface(nodes, override="ib0")
-    assert statuses(decision, "nic_link") == {"n1": "pass", "n2": "fail"}
-    assert "INIT" in decision["checks"]["n2"]["nic_link"]["found"]
-    assert "subnet manager" in decision["checks"]["n2"]["nic_link"]["fix"]
-
-
-# -- the module ------------------------------------------------------------
-
-def test_module_returns_decision_in_check_mode(run_module):
-    args = {"nics_by_host": {"n1": gpu_node(1), "n2": gpu_node(2)}, "master": "n2", "override": "ib0"}
-    result, failed = run_module(nic_select, args, check_mode=True)
-    assert not failed and result["changed"] is False
-    assert result["ifname"] == "ib0" and result["master_addr"] == "198.19.1.2"
-    assert result["checks"]["n1"]["nic_override"]["status"] == "pass"
-
-
-def test_module_rejects_bad_arguments(run_module):
-    result, failed = run_module(nic_select, {"nics_by_host": {"n1": gpu_node(1)}, "master": "n7"})
-    assert failed and "n7" in result["msg"]
-    result, failed = run_module(nic_select, {"nics_by_host": {"n1": "not facts"}})
-    assert failed and "n1" in result["msg"]
-
-
-def test_facts_from_fake_trees_feed_the_selection(run_module, tmp_path):
-    """nic_facts on two fake nodes, then nic_select over their facts."""
-    facts = {}
-    for i, (host, ib_name) in enumerate((("n1", "ib0"), ("n2", "ib0")), 1):
-        tree = cluster_node(tmp_path / host, ib_name=ib_name, index=i)
-        result, failed = run_module(nic_facts, {"sysfs_root": tree.sys, "proc_root": tree.proc})
-        assert not failed
-        facts[host] = result["ansible_facts"]
-    result, failed = run_module(nic_select, {
-        "nics_by_host": {h: f["preflight_nics"] for h, f in facts.items()},
-        "rdma_by_host": {h: f["preflight_rdma_devices"] for h, f in facts.items()},
-        "master": "n1"})
-    assert not failed
-    assert result["ifname"] == "ib0" and result["addr_by_host"] == {"n1": "198.19.1.1", "n2": "198.19.1.2"}
-    eth0 = [c for c in result["candidates"] if c["ifname"] == "eth0"][0]
-    assert eth0["management"] and eth0["rank"] == 2
-    assert result["checks"]["n2"]["nic_fabric_consistency"]["status"] == "pass"
+    assert statuses(decision, "link") == {"n1": "pass", "n2": "fail"}
+    assert "INIT" in decision["checks"]["n2"]["link"]["found"]
+    assert "subnet manager" in decision["checks"]["n2"]["link"]["fix"]
 
 
 def test_failure_message_stays_short_on_a_node_with_many_pod_veths():
@@ -354,7 +311,7 @@ def test_failure_message_stays_short_on_a_node_with_many_pod_veths():
     nodes = {"n1": node(1, nic("ens1", "ethernet", ["198.18.1.1/24"]), *pods),
              "n2": node(2, nic("ens2", "ethernet", ["198.18.1.2/24"]))}
     decision = pn.select_interface(nodes)
-    found = decision["checks"]["n1"]["nic_common_interface"]["found"]
+    found = decision["checks"]["n1"]["common_interface"]["found"]
     assert decision["ifname"] is None
     assert "... and 29 more" in found and "cali0039" not in found
     assert "ens1 not usable: missing on n2" in found

@@ -1,142 +1,207 @@
-"""Verdict logic: blame, collateral, unreachable nodes, run directory."""
+"""The verdict: accounting for every targeted node, aggregation of every decision, the run
+directory, and scripts/verdict on good and bad files."""
 
-import importlib.util
 import json
 import os
+import subprocess
+import sys
 
-PLUGIN = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_verdict.py")
-spec = importlib.util.spec_from_file_location("preflight_verdict_action", PLUGIN)
-verdict = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(verdict)
+import pytest
 
-PASS = {"status": "pass", "found": "ok", "expected": "ok", "fix": ""}
+from ansible.module_utils import preflight_capabilities as registry
+from ansible.module_utils import preflight_verdict as pv
+from ansible.module_utils.preflight_checks import failed, passed, warned
+from ansible.module_utils.preflight_verdict_file import problems
 
-
-def rank(host, number, status="ok", stage="done", **extra):
-    row = {"rank": number, "local_rank": number % 2, "status": status, "stage": stage, "correct": status == "ok",
-           "correctness": {"wrong": 0}, "bandwidth": [{"size_bytes": 4096, "algbw_gbps": 1.0, "busbw_gbps": 1.5}],
-           "versions": {"torch": "2.13.0"}, "error": None, "exitcode": None}
-    row.update(extra)
-    return row
+STAGES = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "wait")
+OK = {"changed": False}
+UNREACHABLE = {"unreachable": True, "msg": "Failed to connect to the host via ssh: Connection timed out"}
 
 
-def facts(ranks, checks=None, reachable=True):
-    data = {"preflight_ping": {"ping": "pong"} if reachable else {"unreachable": True, "msg": "ssh: timed out"},
-            "allreduce_checks": checks or {"torch_import": PASS},
-            "allreduce_plan": {"world_size": 4, "backend": "gloo", "master": "n1", "launch": True}}
-    if ranks is not None:
-        data["allreduce_result"] = {"ranks": ranks, "log": "[n:0]: hello\n"}
+def records(**stage_results):
+    """A node's registered results: every stage ok unless given."""
+    data = {registry.STAGE_REGISTERS[stage]: dict(OK) for stage in STAGES}
+    data[registry.STAGE_REGISTERS["settings"]] = {"ok": True, "errors": []}
+    for stage, result in stage_results.items():
+        data[registry.STAGE_REGISTERS[stage]] = result
     return data
 
 
-def test_all_pass():
-    v = verdict.build_verdict(["n1", "n2"], {"n1": facts([rank("n1", 0), rank("n1", 1)]),
-                                             "n2": facts([rank("n2", 2), rank("n2", 3)])}, "r", "/tmp/r")
-    assert v["status"] == "pass"
-    assert v["healthy_hosts"] == ["n1", "n2"] and v["failed_hosts"] == []
-    assert v["allreduce"]["correct"] is True and v["allreduce"]["world_size"] == 4
-    assert v["allreduce"]["sizes"][0]["busbw_gbps"] == 1.5
+def every_capability_passes(hosts):
+    return {host: {name: {"x": passed("fine on %s" % host, "fine")} for name in registry.NAMES} for host in hosts}
 
 
-def test_dead_rank_is_blamed_and_peers_are_collateral():
-    n1 = [rank("n1", 0, "error", "correctness", error="RuntimeError: Connection closed by peer"),
-          rank("n1", 1, "error", "correctness", error="RuntimeError: Connection reset by peer")]
-    n2 = [rank("n2", 2, "died", "correctness", exitcode=-9), rank("n2", 3, "died", "correctness", exitcode=-15)]
-    v = verdict.build_verdict(["n1", "n2"], {"n1": facts(n1), "n2": facts(n2)}, "r", "/tmp/r")
-    assert v["status"] == "fail"
-    assert v["failed_hosts"] == ["n2"]
-    assert [(s["host"], s["rank"]) for s in v["allreduce"]["suspects"]] == [("n2", 2)]
-    assert v["nodes"]["n1"]["status"] == "warn"
-    assert "n2" in v["nodes"]["n1"]["checks"]["allreduce_ranks"]["found"]
-    blame = v["nodes"]["n2"]["checks"]["allreduce_suspect_rank_2"]
-    assert blame["status"] == "fail" and "exit code -9" in blame["found"] and "drain n2" in blame["fix"]
+def gate(status="pass"):
+    return {"allreduce": {"status": status, "world_size": 4, "planned_world_size": 4, "ranks": [], "suspects": [],
+                          "launched": True}}
 
 
-def test_missing_ranks_fail_the_gate():
-    v = verdict.build_verdict(["n1"], {"n1": facts([rank("n1", 0)])}, "r", "/tmp/r")
-    assert v["allreduce"]["status"] == "fail", "world_size 4 planned, 1 rank reported"
+def build(hosts, records_by_host, decisions, stages=STAGES, capabilities=registry.NAMES):
+    return pv.build_verdict(hosts, records_by_host, decisions, capabilities, stages, "r1", "/tmp/r1",
+                            bound_seconds=300)
 
 
-def test_wrong_data_is_blamed():
-    n1 = [rank("n1", 0), rank("n1", 1, "wrong", correct=False, correctness={"wrong": 5})]
-    v = verdict.build_verdict(["n1"], {"n1": facts(n1)}, "r", "/tmp/r")
-    assert v["status"] == "fail" and v["allreduce"]["correct"] is False
-    assert v["allreduce"]["suspects"][0]["rank"] == 1
+def test_every_node_checked_by_every_capability_passes():
+    verdict = build(["n1", "n2"], {"n1": records(), "n2": records()},
+                    [{"checks_by_host": every_capability_passes(["n1", "n2"])}, gate()])
+    assert verdict["status"] == "pass" and problems(verdict) == []
+    assert verdict["healthy_hosts"] == ["n1", "n2"] and verdict["failed_hosts"] == []
+    assert verdict["nodes"]["n1"]["checks"]["kernel_debug.x"]["status"] == "pass"
+    assert verdict["nodes"]["n1"]["checks"]["preflight.reachable"]["status"] == "pass"
+    assert verdict["bound_seconds"] == 300
 
 
-def test_hung_rank_blamed_when_peers_timed_out():
-    n1 = [rank("n1", 0, "error", "correctness", error="RuntimeError: Timed out waiting 4000ms for recv"),
-          rank("n1", 1, "hung", "init", exitcode=-15, process_state="sleeping")]
-    v = verdict.build_verdict(["n1"], {"n1": facts(n1)}, "r", "/tmp/r")
-    assert [(s["host"], s["rank"]) for s in v["allreduce"]["suspects"]] == [("n1", 1)]
+def test_a_capability_that_gave_nothing_fails_its_node_with_the_reason():
+    checks = every_capability_passes(["n1", "n2"])
+    del checks["n2"]["core_dumps"]
+    verdict = build(["n1", "n2"], {"n1": records(), "n2": records()}, [{"checks_by_host": checks}, gate()])
+    assert verdict["status"] == "fail" and verdict["failed_hosts"] == ["n2"]
+    missing = verdict["nodes"]["n2"]["checks"]["core_dumps.no_result"]
+    assert missing["status"] == "fail" and "core_dumps" in missing["found"] and "n2" in missing["found"]
 
 
-def test_monitored_barrier_names_missing_rank():
-    n1 = [rank("n1", 0, "error", "barrier", error="RuntimeError: Rank 1 failed to pass monitoredBarrier in 30000 ms"),
-          rank("n1", 1, "error", "barrier", error="RuntimeError: something else")]
-    suspects = verdict.find_suspects([dict(r, host="n1") for r in n1])
-    assert [s["rank"] for s in suspects] == [1]
+def test_a_node_lost_mid_run_is_unreachable_and_named_and_its_peers_are_not_blamed():
+    checks = every_capability_passes(["n1", "n2"])
+    del checks["n2"]["allreduce"]
+    del checks["n2"]["core_dumps"]
+    verdict = build(["n1", "n2"], {"n1": records(), "n2": records(probes=UNREACHABLE, wait={"skipped": True})},
+                    [{"checks_by_host": checks}, gate("fail")])
+    assert verdict["status"] == "fail"
+    assert verdict["unreachable_hosts"] == ["n2"] and verdict["failed_hosts"] == ["n2"]
+    reach = verdict["nodes"]["n2"]["checks"]["preflight.reachable"]
+    assert "while running the probes" in reach["found"] and "Connection timed out" in reach["found"]
+    assert "while running the probes" in verdict["nodes"]["n2"]["checks"]["core_dumps.no_result"]["found"]
+    assert verdict["nodes"]["n1"]["status"] == "pass"
 
 
-def test_unreachable_node_is_named_and_gate_skipped():
-    n1 = facts(None)
-    n1["allreduce_plan"]["launch"] = False
-    n1["allreduce_plan"]["skip_reason"] = "not ready: n2"
-    v = verdict.build_verdict(["n1", "n2"], {"n1": n1, "n2": facts(None, reachable=False)}, "r", "/tmp/r")
-    assert v["status"] == "fail"
-    assert v["unreachable_hosts"] == ["n2"] and "n2" in v["failed_hosts"]
-    assert "ssh: timed out" in v["nodes"]["n2"]["checks"]["ssh_reachable"]["found"]
-    assert v["allreduce"]["status"] == "skipped" and "n2" in v["allreduce"]["reason"]
-    lines = verdict.failure_lines(v)
-    assert any(line.startswith("n2 / ssh_reachable") for line in lines)
+def test_a_pass_needs_every_targeted_node_even_one_with_no_results_at_all():
+    verdict = build(["n1", "n2"], {"n1": records()}, [{"checks_by_host": every_capability_passes(["n1"])}, gate()])
+    assert verdict["status"] == "fail" and verdict["failed_hosts"] == ["n2"]
+    assert "allreduce.no_result" in verdict["nodes"]["n2"]["checks"]
 
 
-def test_not_applicable_and_warn_do_not_fail_a_node():
-    checks = {"torch_import": PASS,
-              "ptrace_scope": {"status": "not_applicable", "found": "no Yama LSM", "expected": "0", "fix": ""},
-              "core_limit": {"status": "warn", "found": "0", "expected": "unlimited", "fix": "run bringup.yml"}}
-    data = facts([rank("n1", 0)], checks)
-    data["allreduce_plan"]["world_size"] = 1
-    v = verdict.build_verdict(["n1"], {"n1": data}, "r", "/tmp/r")
-    assert v["nodes"]["n1"]["status"] == "warn"
-    assert v["status"] == "pass" and v["warn_hosts"] == ["n1"] and v["healthy_hosts"] == ["n1"]
+def test_a_stage_that_failed_is_named():
+    verdict = build(["n1"], {"n1": records(facts={"failed": True, "msg": "The task timed out after 60 seconds"})},
+                    [{"checks_by_host": {}}, gate("skipped")])
+    check = verdict["nodes"]["n1"]["checks"]["preflight.facts"]
+    assert check["status"] == "fail" and "timed out after 60 seconds" in check["found"]
+    assert "reading its facts" in verdict["nodes"]["n1"]["checks"]["iommu.no_result"]["found"]
 
 
-def test_write_run_dir_and_latest_link(tmp_path):
-    data = {"n1": facts([dict(rank("n1", 0, "hung", "init"), stack="Thread 1 (idle)\n  main (w.py:1)")])}
-    v = verdict.build_verdict(["n1"], data, "20260101T000000Z", str(tmp_path / "20260101T000000Z"))
-    verdict.write_run_dir(v, data, str(tmp_path), v["run_dir"])
-    run = tmp_path / "latest"
-    assert json.loads((run / "verdict.json").read_text())["status"] == "fail"
-    assert (run / "n1.log").read_text().startswith("[n:0]")
-    assert "main (w.py:1)" in (run / "n1.stacks.txt").read_text()
-    verdict.write_run_dir(v, data, str(tmp_path), str(tmp_path / "second"))
-    assert os.readlink(tmp_path / "latest") == "second"
+def test_blocked_nodes_are_unverified_not_failed():
+    checks = every_capability_passes(["n1", "n2"])
+    checks["n1"]["allreduce"] = {"ranks": warned("collateral", "done", "fix n2", blocked=True)}
+    checks["n2"]["allreduce"] = {"suspect_rank_2": failed("rank 2 died", "done", "drain n2")}
+    verdict = build(["n1", "n2"], {"n1": records(), "n2": records()}, [{"checks_by_host": checks}, gate("fail")])
+    assert verdict["failed_hosts"] == ["n2"] and verdict["unverified_hosts"] == ["n1"]
+    assert verdict["healthy_hosts"] == []
+    assert any(line.startswith("n1 / allreduce.ranks") for line in pv.failure_lines(verdict))
 
 
-def _run_cli(*args):
-    import subprocess
-    import sys
+def test_the_gate_must_pass_even_when_every_node_does():
+    verdict = build(["n1"], {"n1": records()}, [{"checks_by_host": every_capability_passes(["n1"])},
+                                                 gate("skipped")])
+    assert verdict["status"] == "fail"
+
+
+def test_invalid_settings_stop_the_run_and_say_which_setting():
+    bad = {"ok": False, "errors": [{"capability": "ssh_trust", "name": "ssh_trust_port", "found": "70000",
+                                     "expected": "a TCP port 1-65535", "fix": "set ssh_trust_port: 22"}]}
+    decisions = [{"ok": False, "blockers": ["invalid settings on n2"], "invalid_hosts": ["n2"],
+                  "checks_by_host": {}}, {"checks_by_host": {}}]
+    verdict = build(["n1", "n2"], {"n1": records(facts={"skipped": True}),
+                                   "n2": records(settings=bad, facts={"skipped": True})}, decisions)
+    assert verdict["status"] == "fail" and verdict["stopped"] == "invalid settings on n2"
+    inputs = verdict["nodes"]["n2"]["checks"]["ssh_trust.inputs"]
+    assert inputs["status"] == "fail" and "ssh_trust_port is 70000" in inputs["found"]
+    assert "1-65535" in inputs["expected"] and inputs["fix"] == "set ssh_trust_port: 22"
+    assert verdict["failed_hosts"] == ["n2"] and verdict["unverified_hosts"] == ["n1"]
+    assert set(verdict["nodes"]["n1"]["checks"]) == {"preflight.inputs"}
+
+
+def test_two_decisions_naming_the_same_check_are_a_contract_failure():
+    checks = every_capability_passes(["n1"])
+    verdict = build(["n1"], {"n1": records()}, [{"checks_by_host": checks},
+                                                {"checks_by_host": {"n1": {"iommu": {"x": passed("a", "b")}}}},
+                                                gate()])
+    assert verdict["status"] == "fail"
+    assert "two checks named iommu.x" in verdict["nodes"]["n1"]["checks"]["preflight.contract"]["found"]
+
+
+def test_bringup_apply_errors_fail_that_capability_on_that_node_only():
+    checks = {"n1": {name: {"x": passed("ok", "ok")} for name in registry.BRINGUP_NAMES}}
+    data = records()
+    data["preflight_apply"] = {"debug_tools": "task 'Install': No package matching 'pdsh' (no mirror)"}
+    verdict = pv.build_verdict(["n1"], {"n1": data}, [{"checks_by_host": checks}], registry.BRINGUP_NAMES,
+                               ("settings", "facts", "apply"), "r", "/tmp/r", gate=False)
+    assert verdict["failed_hosts"] == ["n1"] and "allreduce" not in verdict
+    assert "no mirror" in verdict["nodes"]["n1"]["checks"]["debug_tools.error"]["found"]
+    assert verdict["nodes"]["n1"]["checks"]["kernel_debug.x"]["status"] == "pass"
+
+
+# -- the run directory and scripts/verdict ------------------------------------
+
+def passing_verdict(run_dir):
+    return build(["n1", "n2"], {"n1": records(), "n2": records()},
+                 [{"checks_by_host": every_capability_passes(["n1", "n2"])}, gate()])
+
+
+def test_run_dir_logs_stacks_and_latest_move_only_after_the_verdict(tmp_path):
+    verdict = passing_verdict(str(tmp_path / "r1"))
+    logs = {"n1": {"log": "[n1:0]: hello\n", "rank_logs": {"0": "rank 0 says hi"},
+                   "ranks": [{"rank": 0, "pid": 7, "process_state": "sleeping", "stage": "init",
+                              "stack": "Thread 1 (idle)\n  main (w.py:1)"}]}}
+    pv.write_run_dir(verdict, logs, str(tmp_path), str(tmp_path / "r1"))
+    latest = tmp_path / "latest"
+    assert json.loads((latest / "verdict.json").read_text())["status"] == "pass"
+    assert (latest / "n1.log").read_text().startswith("[n1:0]")
+    assert (latest / "n1.rank0.log").read_text() == "rank 0 says hi"
+    assert "main (w.py:1)" in (latest / "n1.stacks.txt").read_text()
+    pv.write_run_dir(verdict, {}, str(tmp_path), str(tmp_path / "r2"), filename="bringup.json")
+    assert os.readlink(latest) == "r1", "a bring-up report never moves latest"
+    assert not [name for name in os.listdir(tmp_path / "r1") if name.startswith(".tmp-")]
+
+
+def cli(*args):
     script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "verdict")
-    done = subprocess.run([sys.executable, script] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=30)
-    return done.returncode, done.stdout
+    done = subprocess.run([sys.executable, script] + list(args), capture_output=True, text=True, timeout=30,
+                          check=False)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_cli_exit_codes_and_drain_list(tmp_path):
-    n1 = [rank("n1", 0), rank("n1", 1)]
-    n2 = [rank("n2", 2, "died", "correctness", exitcode=-9), rank("n2", 3, "died", "correctness", exitcode=-15)]
-    data = {"n1": facts(n1), "n2": facts(n2)}
-    bad = verdict.build_verdict(["n1", "n2"], data, "r1", str(tmp_path / "r1"))
-    verdict.write_run_dir(bad, data, str(tmp_path), bad["run_dir"])
-    code, out = _run_cli(str(tmp_path / "r1"))
-    assert code == 2 and "n2 allreduce_suspect_rank_2" in out
-    assert _run_cli("--drain-list", str(tmp_path / "r1")) == (2, "n2\n")
-    code, out = _run_cli("--nhc", str(tmp_path / "r1"))
-    assert out.startswith("n2 ERROR: nhc: Health check failed: preflight allreduce_suspect_rank_2")
+    checks = every_capability_passes(["n1", "n2"])
+    checks["n2"]["allreduce"] = {"suspect_rank_2": failed("rank 2 on n2 died", "done", "drain n2")}
+    bad = build(["n1", "n2"], {"n1": records(), "n2": records()}, [{"checks_by_host": checks}, gate("fail")])
+    pv.write_run_dir(bad, {}, str(tmp_path), str(tmp_path / "r1"))
+    code, out, _ = cli(str(tmp_path / "r1"))
+    assert code == 2 and "n2 allreduce.suspect_rank_2" in out
+    assert cli("--drain-list", str(tmp_path / "r1"))[:2] == (2, "n2\n")
+    code, out, _ = cli("--nhc", str(tmp_path / "r1"))
+    assert out.startswith("n2 ERROR: nhc: Health check failed: preflight allreduce.suspect_rank_2")
+    pv.write_run_dir(passing_verdict(str(tmp_path / "r2")), {}, str(tmp_path), str(tmp_path / "r2"))
+    assert cli(str(tmp_path / "latest"))[0] == 0
 
-    good_data = {"n1": facts([rank("n1", 0), rank("n1", 1)]), "n2": facts([rank("n2", 2), rank("n2", 3)])}
-    good = verdict.build_verdict(["n1", "n2"], good_data, "r2", str(tmp_path / "r2"))
-    verdict.write_run_dir(good, good_data, str(tmp_path), good["run_dir"])
-    assert _run_cli(str(tmp_path / "latest"))[0] == 0
-    assert _run_cli(str(tmp_path / "missing"))[0] == 3
+
+@pytest.mark.parametrize("content, words", [
+    (None, "no verdict at"),
+    ('{"status": "pass", "hosts": ["n1"], "nod', "not a complete verdict"),
+    ('{"status": "pass"}', "not a valid verdict"),
+    ('[]', "not an object"),
+    ('{"status": "maybe", "hosts": ["n1"], "nodes": {}, "healthy_hosts": [], "failed_hosts": [], '
+     '"unreachable_hosts": []}', "status is 'maybe'"),
+])
+def test_cli_refuses_missing_truncated_and_wrong_verdicts_with_one_line_and_exit_3(tmp_path, content, words):
+    if content is not None:
+        (tmp_path / "verdict.json").write_text(content)
+    code, out, err = cli(str(tmp_path))
+    assert code == 3 and out == ""
+    assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cli_refuses_a_pass_that_contradicts_its_nodes(tmp_path):
+    verdict = passing_verdict(str(tmp_path))
+    verdict["nodes"]["n2"]["status"] = "fail"
+    (tmp_path / "verdict.json").write_text(json.dumps(verdict))
+    code, _, err = cli(str(tmp_path))
+    assert code == 3 and "contradicts" in err

@@ -1,4 +1,5 @@
-"""nic_facts: classification of every interface class on fake sysfs/procfs trees."""
+"""nic_discovery: the reader classifies every interface class on fake sysfs/procfs trees; the plan
+chooses the interface from every node's facts."""
 
 import json
 import os
@@ -6,8 +7,9 @@ import sys
 
 import pytest
 
-import nic_facts
 from ansible.module_utils import preflight_nic as pn
+from ansible.module_utils import preflight_nic_discovery as nd
+from fake_ops import LocalOps
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nic"))
 from fake_sysfs import FakeNode, _hex, cluster_node  # noqa: E402  pylint: disable=wrong-import-position
@@ -58,12 +60,14 @@ def zoo(tmp_path):
     return node
 
 
-def run_facts(run_module, node, **extra):
-    args = {"sysfs_root": node.sys, "proc_root": node.proc}
+def read(sysfs_root="/sys", proc_root="/proc", ops=None, **extra):
+    args = {"sysfs_root": sysfs_root, "proc_root": proc_root, "addr_source": "auto", "ip_json_file": None}
     args.update(extra)
-    result, failed = run_module(nic_facts, args)
-    assert not failed, result
-    return result
+    return nd.read(args, ops or LocalOps())
+
+
+def run_facts(node, **extra):
+    return read(node.sys, node.proc, **extra)
 
 
 EXPECTED_CLASSES = {
@@ -86,18 +90,16 @@ EXPECTED_CLASSES = {
 }
 
 
-def test_every_interface_is_classified(run_module, zoo):
-    result = run_facts(run_module, zoo)
+def test_every_interface_is_classified(zoo):
+    result = run_facts(zoo)
     nics = result["nics"]
     assert {name: nic["class"] for name, nic in nics.items()} == EXPECTED_CLASSES
-    assert result["ansible_facts"]["preflight_nics"] == nics
-    assert result["changed"] is False
     # The fake tree is not this machine: auto mode must not have run ip.
     assert result["addr_source"] == "proc"
 
 
-def test_loopback_fields(run_module, zoo):
-    lo = run_facts(run_module, zoo)["nics"]["lo"]
+def test_loopback_fields(zoo):
+    lo = run_facts(zoo)["nics"]["lo"]
     assert lo["ipv4"] == ["127.0.0.1/8"]
     assert lo["ipv6"] == ["::1/128"]
     assert lo["is_up"] is True and lo["operstate"] == "unknown"
@@ -105,8 +107,8 @@ def test_loopback_fields(run_module, zoo):
     assert lo["speed_mbps"] is None and lo["mtu"] == 65536
 
 
-def test_physical_ethernet_fields(run_module, zoo):
-    eno1 = run_facts(run_module, zoo)["nics"]["eno1"]
+def test_physical_ethernet_fields(zoo):
+    eno1 = run_facts(zoo)["nics"]["eno1"]
     assert eno1["driver"] == "ixgbe"
     assert eno1["pci"] == "0000:18:00.0"
     assert eno1["mac"] == "3c:fd:fe:00:00:01"
@@ -118,8 +120,8 @@ def test_physical_ethernet_fields(run_module, zoo):
     assert eno1["rdma"] == []
 
 
-def test_ipoib_maps_rdma_port_and_takes_speed_from_rate(run_module, zoo):
-    result = run_facts(run_module, zoo)
+def test_ipoib_maps_rdma_port_and_takes_speed_from_rate(zoo):
+    result = run_facts(zoo)
     ib0 = result["nics"]["ib0"]
     assert ib0["type"] == 32 and ib0["driver"] == "mlx5_core"
     assert ib0["rdma"] == [{"device": "mlx5_0", "port": 1, "state": "ACTIVE", "phys_state": "LinkUp",
@@ -129,8 +131,8 @@ def test_ipoib_maps_rdma_port_and_takes_speed_from_rate(run_module, zoo):
     assert result["rdma_devices"]["mlx5_0"]["netdevs"] == ["ib0"]
 
 
-def test_roce_is_rdma_with_ethernet_link_layer(run_module, zoo):
-    result = run_facts(run_module, zoo)
+def test_roce_is_rdma_with_ethernet_link_layer(zoo):
+    result = run_facts(zoo)
     roce = result["nics"]["ens1f0np0"]
     # The GID table lists the netdev twice (IPv4- and IPv6-based GIDs): one entry.
     assert [(r["device"], r["port"], r["link_layer"]) for r in roce["rdma"]] == [("mlx5_2", 1, "Ethernet")]
@@ -139,24 +141,24 @@ def test_roce_is_rdma_with_ethernet_link_layer(run_module, zoo):
     assert result["rdma_devices"]["mlx5_2"]["ports"][0]["netdevs"] == ["ens1f0np0"]
 
 
-def test_efa_device_without_netdev_is_reported_as_rdma(run_module, zoo):
-    result = run_facts(run_module, zoo)
+def test_efa_device_without_netdev_is_reported_as_rdma(zoo):
+    result = run_facts(zoo)
     efa = result["rdma_devices"]["rdmap0s7"]
     assert efa["kind"] == "efa" and efa["driver"] == "efa" and efa["netdevs"] == []
-    assert result["ansible_facts"]["preflight_rdma_devices"]["rdmap0s7"]["ports"][0]["rate_gbps"] == 100.0
+    assert result["rdma_devices"]["rdmap0s7"]["ports"][0]["rate_gbps"] == 100.0
     assert result["nics"]["efa0"]["driver"] == "efa"
 
 
-def test_opa_and_slingshot(run_module, zoo):
-    result = run_facts(run_module, zoo)
+def test_opa_and_slingshot(zoo):
+    result = run_facts(zoo)
     assert result["rdma_devices"]["hfi1_0"]["kind"] == "opa"
     assert result["nics"]["ib1"]["rdma"][0]["device"] == "hfi1_0"
     assert result["nics"]["hsn0"]["driver"] == "cxi_ss1"
     assert result["nics"]["hsn0"]["speed_mbps"] == 200000
 
 
-def test_bridge_and_veth_are_virtual(run_module, zoo):
-    nics = run_facts(run_module, zoo)["nics"]
+def test_bridge_and_veth_are_virtual(zoo):
+    nics = run_facts(zoo)["nics"]
     assert nics["docker0"]["is_virtual"] is True and nics["docker0"]["kind"] == "bridge"
     assert nics["docker0"]["ipv4"] == ["198.18.254.1/24"]
     veth = nics["vethab12cd3"]
@@ -167,63 +169,59 @@ def test_bridge_and_veth_are_virtual(run_module, zoo):
     assert nics["bond0"]["kind"] == "bond" and nics["bond0"]["is_virtual"] is True
 
 
-def test_down_interface(run_module, zoo):
-    result = run_facts(run_module, zoo)
+def test_down_interface(zoo):
+    result = run_facts(zoo)
     eth1 = result["nics"]["eth1"]
     assert eth1["is_up"] is False and eth1["operstate"] == "down"
     assert eth1["carrier"] is None and eth1["speed_mbps"] is None
     # A down link has no connected route, so procfs cannot attribute its address.
     assert eth1["ipv4"] == []
-    assert any("198.18.9.11" in warning for warning in result["read_warnings"])
+    assert any("198.18.9.11" in warning for warning in result["warnings"])
 
 
-def test_unknown_speed_is_null(run_module, zoo):
-    nics = run_facts(run_module, zoo)["nics"]
+def test_unknown_speed_is_null(zoo):
+    nics = run_facts(zoo)["nics"]
     assert nics["eth2"]["speed_mbps"] is None          # speed reads -1
     assert nics["ens32"]["speed_mbps"] is None         # no speed attribute
     assert nics["eth2"]["pci"] == "0000:00:03.0"       # device is virtio2 under the PCI function
     assert nics["eth2"]["driver"] == "virtio_net"
 
 
-def test_ip_json_file_supplies_addresses_and_link_kind(run_module, tmp_path):
+def test_ip_json_file_supplies_addresses_and_link_kind(tmp_path):
     node = FakeNode(tmp_path / "n")
     node.netdev("lo", link_type=772, flags=0x9, operstate="unknown", speed=None, ipv4=["127.0.0.1/8"])
     # Without `ip -d` nothing tells this software link is a veth (iflink == ifindex).
     node.netdev("pod0", speed="10000", ipv4=["198.18.7.2/24"], ip_kind="veth")
     node.finish()
     path = node.ip_json(overrides={"pod0": {"ipv4": ["198.18.7.2/24", "198.18.8.2/24"]}})
-    without = run_facts(run_module, node)["nics"]["pod0"]
+    without = run_facts(node)["nics"]["pod0"]
     assert without["class"] == "virtual" and without["ipv4"] == ["198.18.7.2/24"]
-    result = run_facts(run_module, node, ip_json_file=path)
+    result = run_facts(node, ip_json_file=path)
     assert result["addr_source"] == "ip_json_file"
     pod0 = result["nics"]["pod0"]
     assert pod0["class"] == "veth" and pod0["kind"] == "veth"
     assert pod0["ipv4"] == ["198.18.7.2/24", "198.18.8.2/24"]
 
 
-def test_bad_ip_json_file_fails(run_module, tmp_path):
+def test_bad_ip_json_file_raises_for_the_capability_error(tmp_path):
     node = cluster_node(tmp_path / "n")
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
-    result, failed = run_module(nic_facts, {"sysfs_root": node.sys, "proc_root": node.proc,
-                                            "ip_json_file": str(bad)})
-    assert failed and "bad.json" in result["msg"]
+    with pytest.raises(ValueError):
+        run_facts(node, ip_json_file=str(bad))
 
 
-def test_check_mode_returns_the_same_facts(run_module, tmp_path):
+def test_reading_twice_returns_the_same_facts(tmp_path):
     node = cluster_node(tmp_path / "n")
-    normal, _ = run_module(nic_facts, {"sysfs_root": node.sys, "proc_root": node.proc})
-    checked, failed = run_module(nic_facts, {"sysfs_root": node.sys, "proc_root": node.proc}, check_mode=True)
-    assert not failed and checked["nics"] == normal["nics"] and checked["changed"] is False
-    assert checked["nics"]["ib0"]["class"] == "infiniband"
+    assert run_facts(node)["nics"] == run_facts(node)["nics"]
+    assert run_facts(node)["nics"]["ib0"]["class"] == "infiniband"
 
 
-def test_missing_sysfs_tree_warns_and_finds_nothing(run_module, tmp_path):
+def test_missing_sysfs_tree_warns_and_finds_nothing(tmp_path):
     (tmp_path / "proc" / "net").mkdir(parents=True)
-    result, failed = run_module(nic_facts, {"sysfs_root": str(tmp_path / "nosys"),
-                                            "proc_root": str(tmp_path / "proc")})
-    assert not failed and result["nics"] == {}
-    assert any("does not exist" in w for w in result["read_warnings"])
+    result = read(str(tmp_path / "nosys"), str(tmp_path / "proc"))
+    assert result["nics"] == {}
+    assert any("does not exist" in w for w in result["warnings"])
 
 
 # -- procfs parsers --------------------------------------------------------
@@ -306,9 +304,8 @@ def test_rate_parser(rate, gbps):
 # -- this machine, read-only ---------------------------------------------
 
 @pytest.mark.parametrize("addr_source", ["auto", "proc"])
-def test_real_machine_has_loopback(run_module, addr_source):
-    result, failed = run_module(nic_facts, {"addr_source": addr_source})
-    assert not failed, result
+def test_real_machine_has_loopback(addr_source):
+    result = read(addr_source=addr_source)
     lo = result["nics"]["lo"]
     assert lo["class"] == "loopback" and lo["is_up"] is True
     assert "127.0.0.1/8" in lo["ipv4"]
@@ -316,28 +313,69 @@ def test_real_machine_has_loopback(run_module, addr_source):
         assert result["addr_source"] == "proc"
 
 
-def test_ethernet_netdev_on_an_omni_path_device_is_opa(run_module, tmp_path):
+def test_ethernet_netdev_on_an_omni_path_device_is_opa(tmp_path):
     # OPA VNIC: an Ethernet-type netdev listed under the hfi1 device.
     node = FakeNode(tmp_path / "n")
     node.netdev("veth_opa0", driver=None, pci="0000:af:00.0", ipv4=["198.19.4.2/24"])
     node.rdma("hfi1_0", "hfi1", "0000:af:00.0", [{"port": 1}], netdevs=["veth_opa0"])
     node.finish()
-    nics = run_facts(run_module, node)["nics"]
+    nics = run_facts(node)["nics"]
     assert nics["veth_opa0"]["class"] == "opa"
     assert nics["veth_opa0"]["driver"] == "hfi1"
 
 
-def test_ip_fallback_and_required_ip(run_module, monkeypatch):
-    from ansible.module_utils.basic import AnsibleModule
-    real = AnsibleModule.get_bin_path
-
-    def no_ip(self, arg, *args, **kwargs):
-        return None if arg == "ip" else real(self, arg, *args, **kwargs)
-
-    monkeypatch.setattr(AnsibleModule, "get_bin_path", no_ip)
-    result, failed = run_module(nic_facts, {})
-    assert not failed and result["addr_source"] == "proc"
-    assert "ip is not installed" in result["read_warnings"][0]
+def test_ip_fallback_and_required_ip():
+    result = read(ops=LocalOps(missing=["ip"]))
+    assert result["addr_source"] == "proc"
+    assert "ip is not installed" in result["warnings"][0]
     assert "127.0.0.1/8" in result["nics"]["lo"]["ipv4"]
-    result, failed = run_module(nic_facts, {"addr_source": "ip"})
-    assert failed and "ip is not installed" in result["msg"]
+    with pytest.raises(ValueError, match="ip is not installed"):
+        read(ops=LocalOps(missing=["ip"]), addr_source="ip")
+
+
+# -- the plan over every node's facts ----------------------------------------
+
+def _settings(override="", mismatch="fail"):
+    return {"nic_discovery_override": override, "nic_discovery_fabric_mismatch": mismatch,
+            "nic_discovery_sysfs_root": "/sys", "nic_discovery_proc_root": "/proc"}
+
+
+def _nodes(hosts):
+    return {host: {"name": host, "ansible_host": "198.18.0.%d" % index, "node_addr": "198.18.0.%d" % index,
+                   "user": "", "ssh_port": 22} for index, host in enumerate(hosts, 1)}
+
+
+def test_plan_over_fake_nodes_chooses_the_fabric_and_each_nodes_address(tmp_path):
+    facts = {}
+    for index, host in enumerate(("n1", "n2"), 1):
+        tree = cluster_node(tmp_path / host, index=index)
+        facts[host] = run_facts(tree)
+    decision = nd.plan(["n1", "n2"], facts, {h: _settings() for h in facts}, _nodes(facts))
+    assert decision["ok"] and decision["blockers"] == []
+    assert decision["ifname"] == "ib0" and decision["gloo_socket_ifname"] == "ib0"
+    assert decision["addr_by_host"] == {"n1": "198.19.1.1", "n2": "198.19.1.2"}
+    assert decision["checks_by_host"]["n2"]["fabric_consistency"]["status"] == "pass"
+    assert "checks" not in decision and "candidates" not in decision
+
+
+def test_plan_blocks_naming_the_node_that_lacks_the_override(tmp_path):
+    facts = {"n1": run_facts(cluster_node(tmp_path / "n1", index=1)),
+             "n2": run_facts(cluster_node(tmp_path / "n2", index=2, ib_name="ib1"))}
+    decision = nd.plan(["n1", "n2"], facts, {h: _settings(override="ib0") for h in facts}, _nodes(facts))
+    assert not decision["ok"]
+    assert "n2" in decision["blockers"][0]
+    assert decision["checks_by_host"]["n2"]["override"]["status"] == "fail"
+    assert decision["checks_by_host"]["n1"]["override"]["status"] == "pass"
+
+
+def test_plan_leaves_out_nodes_that_were_not_read(tmp_path):
+    facts = {"n1": run_facts(cluster_node(tmp_path / "n1", index=1)), "n2": None}
+    decision = nd.plan(["n1", "n2"], facts, {h: _settings() for h in facts}, _nodes(facts))
+    assert decision["ok"] and set(decision["checks_by_host"]) == {"n1"}
+    assert nd.plan(["n2"], {"n2": None}, {"n2": _settings()}, _nodes(["n2"]))["ok"] is False
+
+
+@pytest.mark.parametrize("override, ok", [("", True), ("ib0", True), ("ib0,eth0", True), ("bad name", False),
+                                          ("a" * 16, False)])
+def test_validate_override(override, ok):
+    assert (nd.validate(_settings(override=override)) == []) is ok

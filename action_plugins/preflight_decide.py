@@ -1,0 +1,244 @@
+# -*- coding: utf-8 -*-
+"""Every cross-node decision of the preflight, made once on the controller.
+
+Its documentation lives in ``library/preflight_decide.py``.  Each stage reads
+what the nodes reported (registered results in ``hostvars``) for every node
+the play targeted and returns ``{ok, blockers, checks_by_host, ...plan}``;
+``checks_by_host`` maps a node to ``{capability: {name: check}}``.  A stage
+never fails the play: what blocks the gate is a blocker, what went wrong on a
+node is a check on that node.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import ansible.module_utils
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.plugins.action import ActionBase
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
+
+# pylint: disable=wrong-import-position
+from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
+from ansible.module_utils.preflight_allreduce import candidates, launch_plan, summarize  # noqa: E402
+from ansible.module_utils.preflight_checks import CheckError, decision, error, put  # noqa: E402
+from ansible.module_utils.preflight_cluster import ClusterView  # noqa: E402
+from ansible.module_utils import preflight_nic_discovery, preflight_port_mesh, preflight_ssh_trust  # noqa: E402
+
+STAGES = ("inputs", "plan", "launch", "final")
+
+
+def _guarded(checks_by_host, hosts, capability, function, *args, **kwargs):
+    """Run a decider; one that raises gives ``<capability>.error`` on ``hosts`` instead."""
+    try:
+        return function(*args, **kwargs)
+    except Exception as exc:  # pylint: disable=broad-except
+        found = "the %s decision raised %s: %s" % (capability, type(exc).__name__, exc)
+        for host in hosts:
+            _put(checks_by_host, host, capability, {"error": error(
+                capability, found, "a defect of the preflight: report it with %s" % traceback.format_exc()[-600:])})
+        return None
+
+
+def _put(checks_by_host, host, capability, checks):
+    try:
+        put(checks_by_host, host, capability, checks)
+    except CheckError as exc:
+        put(checks_by_host, host, registry.RUN_ROLE, {"contract_%s" % capability: error(
+            capability, str(exc), "a defect of the preflight: report it with the verdict file")})
+
+
+def stage_inputs(view):
+    """Every node's settings must be valid before anything runs on any node."""
+    invalid = sorted(host for host in view.hosts
+                     if not (view.result(host, "preflight_settings") or {}).get("ok"))
+    blockers = ["invalid settings on %s (see each node's <capability>.inputs check)" % ", ".join(invalid)] \
+        if invalid else []
+    return decision(blockers=blockers, invalid_hosts=invalid)
+
+
+def stage_plan(view, probes=True):
+    checks_by_host = {}
+    hosts = view.read_hosts()
+    for host in hosts:
+        for name, problem in sorted(view.facts(host)[1].items()):
+            _put(checks_by_host, host, name, {"error": error(
+                name, "the %s reader raised on %s: %s" % (name, host, problem.get("found")),
+                "read the traceback in the check's details and report it; the other capabilities still "
+                "checked %s" % host, traceback=problem.get("traceback"))})
+    result = {"hosts": hosts, "lost": view.lost(["facts"])}
+    if any("ssh_trust" in view.settings[host] for host in hosts):
+        trust = _guarded(checks_by_host, hosts, "ssh_trust", preflight_ssh_trust.plan, {
+            "hosts": hosts, "all_hosts": view.all_hosts, "nodes": view.nodes,
+            "facts": view.capability_facts("ssh_trust", hosts),
+            "settings": view.capability_settings("ssh_trust", hosts), "probes": {}, "lost": result["lost"]})
+        result["ssh_trust"] = trust or {}
+    if probes:
+        result["probe_args_by_host"] = _probe_args(view, hosts, checks_by_host)
+    if not any("nic_discovery" in view.settings[host] for host in view.hosts):
+        return decision(checks_by_host=checks_by_host, **result)
+    nic_hosts = [host for host in hosts if view.facts(host)[0].get("nic_discovery") is not None]
+    nic = _guarded(checks_by_host, nic_hosts, "nic_discovery", preflight_nic_discovery.plan, nic_hosts,
+                   view.capability_facts("nic_discovery", nic_hosts),
+                   view.capability_settings("nic_discovery", nic_hosts), view.nodes) or {
+        "ok": False, "blockers": ["the interface choice failed (see nic_discovery.error)"], "checks_by_host": {},
+        "addr_by_host": {}}
+    for host, checks in nic.pop("checks_by_host").items():
+        _put(checks_by_host, host, "nic_discovery", checks)
+    torch_hosts = [host for host in hosts if view.facts(host)[0].get("allreduce") is not None]
+    ready = _guarded(checks_by_host, torch_hosts, "allreduce", candidates, torch_hosts,
+                     view.capability_facts("allreduce", torch_hosts),
+                     view.capability_settings("allreduce", torch_hosts)) or {"checks_by_host": {}, "ready": []}
+    for host, checks in ready["checks_by_host"].items():
+        _put(checks_by_host, host, "allreduce", checks)
+    mesh = _guarded(checks_by_host, hosts, "port_mesh", preflight_port_mesh.plan, hosts, nic,
+                    view.capability_settings("port_mesh", hosts), view.forks) or {
+        "ok": False, "blockers": ["the port mesh plan failed (see port_mesh.error)"], "checks_by_host": {},
+        "run": False, "hosts": [], "args_by_host": {}, "async_seconds": 0, "wait_timeout": 0}
+    for host, checks in mesh.pop("checks_by_host").items():
+        _put(checks_by_host, host, "port_mesh", checks)
+    blockers = list(nic.get("blockers") or [])
+    return decision(blockers=blockers, checks_by_host=checks_by_host, nic=nic, port_mesh=mesh,
+                    ready=ready["ready"], **result)
+
+
+def _probe_args(view, hosts, checks_by_host):
+    """Node -> capability -> the arguments of its probe (peers are the nodes that were read)."""
+    probe_plan = {"hosts": hosts, "nodes": {host: view.nodes[host] for host in hosts}}
+    probe_args = {}
+    for host in hosts:
+        probe_args[host] = {}
+        for name in view.settings[host]:
+            module = registry.BY_NAME.get(name)
+            if module is None or not hasattr(module, "probe_args") or name in view.facts(host)[1]:
+                continue
+            args = _guarded(checks_by_host, [host], name, module.probe_args, view.settings[host][name],
+                            view.nodes[host], probe_plan)
+            if args is not None:
+                probe_args[host][name] = args
+    return probe_args
+
+
+def _mesh_results(view, host):
+    """A node's port_probe result, from the foreground task or the background job's wait."""
+    for register in ("port_mesh_wait", "port_mesh_probe"):
+        state, _message = view.outcome(host, register)
+        result = view.result(host, register)
+        if state == "ok" and isinstance(result, dict) and "results" in result:
+            return result
+    return None
+
+
+def stage_launch(view):
+    plan = view.result(view.hosts[0], "preflight_plan") if view.hosts else None
+    plan = plan or {"hosts": [], "nic": {}, "port_mesh": {"run": False}, "ready": [], "blockers": []}
+    checks_by_host = {}
+    lost = view.lost(["facts", "port_mesh", "port_mesh_wait"])
+    mesh_hosts = plan["port_mesh"].get("hosts") or []
+    probes = {host: _mesh_results(view, host) for host in mesh_hosts if host not in lost}
+    for host in mesh_hosts:
+        if host not in lost and probes.get(host) is None and plan["port_mesh"].get("run"):
+            lost[host] = "the port mesh probe gave no result"
+    report = _guarded(checks_by_host, mesh_hosts, "port_mesh", preflight_port_mesh.report, plan["port_mesh"],
+                      probes, lost) or {"ok": False, "blockers": ["the port mesh report failed (see port_mesh.error)"],
+                                        "checks_by_host": {}, "suspect_nodes": []}
+    for host, checks in report["checks_by_host"].items():
+        _put(checks_by_host, host, "port_mesh", checks)
+    excluded = dict(lost)
+    for host in report.get("suspect_nodes") or []:
+        excluded.setdefault(host, "the port mesh blames it (see port_mesh.reach)")
+    gate_hosts = [host for host in plan["hosts"]]
+    blockers = list(plan.get("blockers") or []) + list(report.get("blockers") or [])
+    gate = _guarded(
+        checks_by_host, gate_hosts, "allreduce", launch_plan, gate_hosts, plan.get("ready") or [],
+        {host: reason for host, reason in excluded.items() if host in gate_hosts},
+        view.capability_facts("allreduce", gate_hosts), view.capability_settings("allreduce", gate_hosts),
+        view.nodes, plan.get("nic") or {}, blockers) or {"launch": False, "hosts": [], "args_by_host": {},
+                                                         "skip_reason": "the launch plan failed", "checks_by_host": {}}
+    for host, checks in gate.pop("checks_by_host").items():
+        _put(checks_by_host, host, "allreduce", checks)
+    reachable = [host for host in plan["hosts"] if host not in lost]
+    return decision(ok=gate.get("launch", False), blockers=gate.get("blockers") or [],
+                    checks_by_host=checks_by_host, gate=gate, port_mesh=report, reachable=reachable, lost=lost)
+
+
+def stage_final(view):
+    first = view.hosts[0] if view.hosts else None
+    plan = (view.result(first, "preflight_plan") if first else None) or {"hosts": [], "probe_args_by_host": {}}
+    launch = (view.result(first, "preflight_launch") if first else None) or {"gate": {"launch": False},
+                                                                            "reachable": []}
+    checks_by_host = {}
+    hosts = plan.get("hosts") or []
+    lost = view.lost(registry.STAGE_ORDER)
+    probes = {}
+    for host in hosts:
+        probe_args = (plan.get("probe_args_by_host") or {}).get(host) or {}
+        state, message = view.outcome(host, "preflight_probes")
+        result = view.result(host, "preflight_probes") if state == "ok" else None
+        probes[host] = (result or {}).get("results") or {}
+        for name in probe_args:
+            if result is None:
+                _put(checks_by_host, host, name, {"no_result": error(
+                    name, "the %s probe gave no result on %s: %s" % (
+                        name, host, lost.get(host) or "%s (%s)" % (state, message[:300])),
+                    "bring the node back (see preflight.reachable) and re-run the preflight")})
+            elif name in result.get("errors", {}):
+                problem = result["errors"][name]
+                _put(checks_by_host, host, name, {"probe_error": error(
+                    name, "the %s probe raised on %s: %s" % (name, host, problem.get("found")),
+                    "read the traceback in the check's details and report it",
+                    traceback=problem.get("traceback"))})
+    for name in registry.NAMES:
+        module = registry.BY_NAME[name]
+        if not hasattr(module, "decide"):
+            continue
+        # Only nodes whose facts came back: a capability absent from them was switched off there.
+        read = view.read_hosts()
+        deciding = [host for host in read if name in view.settings[host] and name not in view.facts(host)[1]]
+        cluster = {"hosts": read, "all_hosts": view.all_hosts, "nodes": view.nodes,
+                   "facts": view.capability_facts(name, read), "settings": view.capability_settings(name, read),
+                   "probes": {host: probes.get(host, {}).get(name) for host in read}, "lost": lost}
+        for host in deciding:
+            checks = _guarded(checks_by_host, [host], name, module.decide, host, cluster["facts"][host],
+                              cluster["settings"][host], probe=cluster["probes"][host], cluster=cluster)
+            if checks is not None:
+                _put(checks_by_host, host, name, checks)
+    gate = launch.get("gate") or {"launch": False}
+    results = {}
+    for host in gate.get("hosts") or []:
+        state, _message = view.outcome(host, "allreduce_result")
+        if state == "ok":
+            results[host] = view.result(host, "allreduce_result")
+    gate_lost = {host: reason for host, reason in lost.items() if host in (gate.get("hosts") or [])}
+    summary, gate_checks = summarize(gate, results, gate_lost)
+    for host, checks in gate_checks.items():
+        _put(checks_by_host, host, "allreduce", checks)
+    return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost,
+                    logs={host: {"log": (results.get(host) or {}).get("log"),
+                                 "ranks": (results.get(host) or {}).get("ranks") or [],
+                                 "rank_logs": (results.get(host) or {}).get("rank_logs") or {}}
+                          for host in results})
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("stage", "probes"))
+    _requires_connection = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        stage = self._task.args.get("stage")
+        if stage not in STAGES:
+            result.update(failed=True, msg="stage %r is not one of %s" % (stage, ", ".join(STAGES)))
+            return result
+        view = ClusterView(task_vars or {})
+        if stage == "plan":
+            result.update(stage_plan(view, probes=boolean(self._task.args.get("probes", True))))
+        else:
+            result.update({"inputs": stage_inputs, "launch": stage_launch, "final": stage_final}[stage](view))
+        result["changed"] = False
+        return result

@@ -1,0 +1,115 @@
+# -*- coding: utf-8 -*-
+"""Load and validate every capability's settings for one node, before anything runs on it.
+
+Runs on the controller for each node (no connection).  For every capability
+role (and the run-wide role ``preflight``) it reads ``defaults/main.yml`` and
+``meta/argument_specs.yml``, takes each variable from the node's variables
+(inventory, ``-e``, play) or else the role default, renders it, converts it
+to the type the spec names (so ``-e debug_tools_enabled=false`` is the boolean
+false), and runs the capability's ``validate``.  Its documentation lives in
+``library/preflight_settings.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ansible.module_utils
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
+
+from ansible.module_utils import preflight_capabilities as registry  # noqa: E402  pylint: disable=wrong-import-position
+
+ROLES = os.path.join(PROJECT, "roles")
+
+
+def _problem(role, name, found, expected, fix):
+    return {"capability": role, "name": name, "found": str(found), "expected": expected, "fix": fix}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _VALID_ARGS = frozenset(("capabilities",))
+    _requires_connection = False
+
+    def _role_files(self, role):
+        base = os.path.join(ROLES, role)
+        defaults = self._loader.load_from_file(os.path.join(base, "defaults", "main.yml")) or {}
+        specs = self._loader.load_from_file(os.path.join(base, "meta", "argument_specs.yml")) or {}
+        options = ((specs.get("argument_specs") or {}).get("main") or {}).get("options") or {}
+        return defaults, options
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        task_vars = task_vars or {}
+        wanted = list(self._task.args.get("capabilities") or registry.NAMES)
+        roles = [registry.RUN_ROLE] + [name for name in wanted if name != registry.RUN_ROLE]
+        errors = []
+        loaded, all_defaults = {}, {}
+        for role in roles:
+            try:
+                loaded[role] = self._role_files(role)
+            except (AnsibleError, OSError) as exc:
+                errors.append(_problem(role, "%s role" % role, exc, "roles/%s with defaults and argument specs"
+                                       % role, "restore roles/%s from the project" % role))
+                continue
+            all_defaults.update(loaded[role][0])
+        # Role defaults are the lowest layer, as when the roles themselves run.
+        templar = self._templar.copy_with_new_env(available_variables=dict(all_defaults, **task_vars))
+        settings = {}
+        for role, (defaults, options) in loaded.items():
+            values = {}
+            for name in options:
+                raw = task_vars[name] if name in task_vars else defaults.get(name)
+                try:
+                    values[name] = templar.template(raw)
+                except AnsibleError as exc:
+                    errors.append(_problem(role, name, "cannot be rendered: %s" % str(exc).splitlines()[0],
+                                           "a value or an expression over defined variables",
+                                           "correct %s in the inventory or the -e option" % name))
+            spec = {name: {key: value for key, value in option.items() if key != "description"}
+                    for name, option in options.items() if name in values}
+            checked = ArgumentSpecValidator(spec).validate(values)
+            for message in checked.error_messages:
+                errors.append(_problem(role, _variable_in(message, spec), message,
+                                       "the type and choices of roles/%s/meta/argument_specs.yml" % role,
+                                       "correct the value in the inventory or the -e option"))
+            settings[role] = checked.validated_parameters
+        if not errors:
+            errors.extend(_problem(registry.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
+                          for item in registry.validate_run(settings[registry.RUN_ROLE]))
+            for name in wanted:
+                for item in registry.get(name).validate(settings[name]):
+                    errors.append(_problem(name, item["name"], item["found"], item["expected"], item["fix"]))
+        node = registry.node_info(task_vars.get("inventory_hostname"), {
+            key: templar.template(task_vars.get(key)) for key in
+            ("ansible_host", "ansible_user", "ansible_port", "preflight_node_addr") if task_vars.get(key)})
+        read_args = {}
+        if not errors:
+            for name in wanted:
+                args = registry.get(name).read_args(settings[name], node)
+                if args is not None:
+                    read_args[name] = args
+        run = settings.get(registry.RUN_ROLE) or {}
+        result.update(changed=False, ok=not errors, errors=errors, settings=settings, node=node,
+                      read_args=read_args, capabilities=wanted,
+                      selftest_error=run.get("preflight_selftest_error") or "",
+                      facts_timeout=run.get("preflight_facts_timeout") or 60,
+                      probes_timeout=run.get("preflight_probes_timeout") or 120)
+        if errors:
+            result["msg"] = "invalid settings on %s: %s" % (task_vars.get("inventory_hostname"), "; ".join(
+                "%s=%s (expected %s)" % (item["name"], item["found"], item["expected"]) for item in errors))
+        return result
+
+
+def _variable_in(message, spec):
+    """The variable an ArgumentSpecValidator message is about."""
+    for name in sorted(spec, key=len, reverse=True):
+        if name in message:
+            return name
+    return "?"

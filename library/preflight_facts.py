@@ -1,0 +1,79 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Read every capability's facts on a node in one module call."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: preflight_facts
+short_description: Read every preflight capability's facts on a node in one call
+description:
+  - Runs the reader (C(read(args, ops)) in C(module_utils/preflight_<capability>.py)) of every capability named in
+    O(capabilities) on the node and returns their facts. Readers only read (files under /proc, /sys, /etc; the
+    training Python asked where torch is); nothing on the node changes.
+  - Each reader is its own failure domain: one that raises is reported under RV(errors) with the exception and
+    the others still run. The controller (C(preflight_decide)) turns facts into checks.
+  - The arguments come from C(preflight_settings), which validated the role variables they derive from.
+version_added: "1.0.0"
+options:
+  capabilities:
+    description: Capability name to the arguments of its reader (C(read_args) of the capability).
+    type: dict
+    required: true
+  selftest_error:
+    description:
+      - Name of a capability whose reader raises on purpose, to prove that one failing reader leaves the others'
+        results and the node's all-reduce intact. Empty in normal runs.
+    type: str
+    default: ""
+attributes:
+  check_mode:
+    support: full
+    details: Reads only.
+  diff_mode:
+    support: none
+author:
+  - Cluster preflight maintainers
+"""
+
+EXAMPLES = r"""
+- name: Read every capability's facts on the node in one call.
+  preflight_facts:
+    capabilities: "{{ preflight_settings.read_args }}"
+  register: preflight_facts
+"""
+
+RETURN = r"""
+facts:
+  description: Capability name to what its reader found (the shape is the capability's own).
+  returned: always
+  type: dict
+errors:
+  description: Capability name to C({found, traceback}) for a reader that raised.
+  returned: always
+  type: dict
+elapsed:
+  description: Capability name to the seconds its reader took.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.preflight_capabilities import run_all
+from ansible.module_utils.preflight_node import NodeOps
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(capabilities=dict(type="dict", required=True),
+                           selftest_error=dict(type="str", default="")),
+        supports_check_mode=True,
+    )
+    facts, errors, elapsed = run_all("read", module.params["capabilities"], NodeOps(module),
+                                     module.params["selftest_error"])
+    module.exit_json(changed=False, facts=facts, errors=errors, elapsed=elapsed)
+
+
+if __name__ == "__main__":
+    main()

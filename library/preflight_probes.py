@@ -1,0 +1,76 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Run every capability's acting probe on a node in one module call."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: preflight_probes
+short_description: Run the preflight checks that have to act (crash a child, ssh to the peers) in one call
+description:
+  - Runs the probe (C(probe(args, ops)) in C(module_utils/preflight_<capability>.py)) of every capability named
+    in O(capabilities): for example C(core_dumps) crashes a throw-away child and finds its core file,
+    C(ssh_trust) logs in to every peer with host-key checking on. Probes leave nothing behind on the node.
+  - Each probe is its own failure domain: one that raises is reported under RV(errors) and the others still
+    run. The controller (C(preflight_decide)) turns the results into checks.
+version_added: "1.0.0"
+options:
+  capabilities:
+    description: Capability name to the arguments of its probe (C(probe_args) of the capability).
+    type: dict
+    required: true
+  selftest_error:
+    description: Name of a capability whose probe raises on purpose (tests of the isolation). Empty normally.
+    type: str
+    default: ""
+attributes:
+  check_mode:
+    support: full
+    details: Probes act (a crashing child, ssh logins) but change nothing that persists; they run in an audit.
+  diff_mode:
+    support: none
+author:
+  - Cluster preflight maintainers
+"""
+
+EXAMPLES = r"""
+- name: Run the probes that have to act on the node.
+  preflight_probes:
+    capabilities: "{{ preflight_plan.probe_args_by_host[inventory_hostname] }}"
+  register: preflight_probes
+"""
+
+RETURN = r"""
+results:
+  description: Capability name to its probe's result (the shape is the capability's own).
+  returned: always
+  type: dict
+errors:
+  description: Capability name to C({found, traceback}) for a probe that raised.
+  returned: always
+  type: dict
+elapsed:
+  description: Capability name to the seconds its probe took.
+  returned: always
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.preflight_capabilities import run_all
+from ansible.module_utils.preflight_node import NodeOps
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(capabilities=dict(type="dict", required=True),
+                           selftest_error=dict(type="str", default="")),
+        supports_check_mode=True,
+    )
+    results, errors, elapsed = run_all("probe", module.params["capabilities"], NodeOps(module),
+                                       module.params["selftest_error"])
+    module.exit_json(changed=False, results=results, errors=errors, elapsed=elapsed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Documentation of the preflight_settings action (action_plugins/preflight_settings.py)."""
+
+DOCUMENTATION = r"""
+---
+module: preflight_settings
+short_description: Load and validate every capability's settings for a node before anything runs on it
+description:
+  - Runs on the controller for each node and contacts no node. For the run-wide role C(preflight) and every
+    capability role (C(nic_discovery), C(port_mesh), C(allreduce), C(kernel_debug), C(core_dumps), C(iommu),
+    C(debug_tools), C(ssh_trust)) it reads C(defaults/main.yml) and C(meta/argument_specs.yml), takes each
+    variable from the node's variables (inventory, play, C(-e)) or else the role default, renders it and converts
+    it to the type the spec names, so C(-e debug_tools_enabled=false) is the boolean false and
+    C(-e ssh_trust_port=abc) is an error.
+  - Then runs each capability's C(validate) (ranges, paths, combinations the spec cannot say) and, when every
+    setting is valid, each capability's C(read_args) for the node's reader call (C(preflight_facts)).
+  - Never fails the task; invalid settings are returned in RV(errors) with found / expected / fix and the
+    C(preflight_decide) stage C(inputs) stops the run before any node is touched.
+version_added: "1.0.0"
+options:
+  capabilities:
+    description: The capabilities to load; all of them by default.
+    type: list
+    elements: str
+attributes:
+  check_mode:
+    support: full
+    details: Reads the project's role files only.
+  diff_mode:
+    support: none
+author:
+  - Cluster preflight maintainers
+"""
+
+EXAMPLES = r"""
+- name: Load and validate every capability's settings (no node is contacted).
+  preflight_settings:
+  register: preflight_settings
+"""
+
+RETURN = r"""
+ok:
+  description: True when every setting of the node is valid.
+  returned: always
+  type: bool
+errors:
+  description: Invalid settings, each C({capability, name, found, expected, fix}).
+  returned: always
+  type: list
+  elements: dict
+settings:
+  description: Role name to its variables, typed.
+  returned: always
+  type: dict
+node:
+  description: What the inventory says of the node (C(name), C(ansible_host), C(node_addr), C(user), C(ssh_port)).
+  returned: always
+  type: dict
+read_args:
+  description: Capability name to the arguments of its reader on this node (empty when a setting is invalid).
+  returned: always
+  type: dict
+facts_timeout:
+  description: Seconds the reader call may take (C(preflight_facts_timeout)).
+  returned: always
+  type: int
+probes_timeout:
+  description: Seconds the probes call may take (C(preflight_probes_timeout)).
+  returned: always
+  type: int
+selftest_error:
+  description: The capability whose reader and probe raise on purpose (C(preflight_selftest_error)), or empty.
+  returned: always
+  type: str
+"""

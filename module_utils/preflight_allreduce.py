@@ -1,0 +1,507 @@
+# -*- coding: utf-8 -*-
+"""Capability ``allreduce``: the multi-node torch all-reduce gate.
+
+* ``read`` (node): the training Python and its torch, found without importing
+  it (an import costs seconds), the accelerators, the rendezvous port's holder.
+* ``candidates`` (controller): which nodes are ready to run ranks, with the
+  readiness checks of every node.
+* ``launch_plan`` (controller): the one launch of the whole cluster: the nodes
+  still reachable and ready, the master, the world size, each node's arguments
+  for the ``allreduce`` module.
+* ``summarize`` (controller): every node's rank results → the gate's outcome,
+  the suspect ranks and nodes, collateral failures of healthy peers, and the
+  world size compared with the plan.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import socket
+
+from ansible.module_utils.preflight_checks import blocked, failed, passed, warned
+from ansible.module_utils.preflight_net import find_port_holder
+
+CAPABILITY = "allreduce"
+
+# Prints what the interpreter knows about torch without importing it.
+FIND_TORCH = r"""
+import importlib.util, json, os, platform, re, sys
+spec = importlib.util.find_spec("torch")
+info = {"python": platform.python_version(), "executable": sys.executable, "torch": None}
+if spec is not None and spec.origin:
+    base = os.path.dirname(spec.origin)
+    info["torch"] = {"path": base, "version": None, "cuda": None, "hip": None}
+    try:
+        text = open(os.path.join(base, "version.py")).read()
+        for key in ("__version__", "cuda", "hip"):
+            m = re.search(r"^%s\s*(?::\s*\S+\s*)?=\s*'?([^'\n]*)'?" % re.escape(key), text, re.M)
+            if m:
+                info["torch"]["version" if key == "__version__" else key] = (
+                    None if m.group(1) in ("None", "") else m.group(1))
+    except OSError as exc:
+        info["torch"]["error"] = str(exc)
+print(json.dumps(info))
+"""
+PROBE_TIMEOUT = 20
+# Exit codes of ranks that torchrun itself terminated after another rank failed.
+TERMINATED_BY_AGENT = (-15, 143)
+BARRIER_RE = re.compile(r"[Rr]anks?\s+([\d,\s]+?)\s+failed to pass monitoredBarrier")
+PEER_LOST_RE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|recv.*failed|closed by remote|"
+                          r"Socket Timeout|timed out|Timeout", re.I)
+STAGE_ORDER = ("not started", "start", "init", "correctness", "barrier", "bandwidth", "done")
+
+
+# --------------------------------------------------------------------------
+# Settings
+
+
+def validate(settings):
+    problems = []
+
+    def bad(name, found, expected, fix):
+        problems.append({"name": name, "found": found, "expected": expected, "fix": fix})
+
+    port = settings.get("allreduce_master_port")
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        bad("allreduce_master_port", port, "a TCP port 1-65535",
+            "set preflight_master_port (or allreduce_master_port) to a free port, the seeds use 6000")
+    if settings.get("allreduce_nproc_per_node", 0) < 0:
+        bad("allreduce_nproc_per_node", settings.get("allreduce_nproc_per_node"),
+            "0 (one rank per accelerator, or allreduce_cpu_nproc on CPU) or more",
+            "set preflight_nproc_per_node to 0 or a positive number of ranks")
+    if settings.get("allreduce_cpu_nproc", 1) < 1:
+        bad("allreduce_cpu_nproc", settings.get("allreduce_cpu_nproc"), "1 or more", "set allreduce_cpu_nproc: 2")
+    timeout, hard = settings.get("allreduce_timeout", 30), settings.get("allreduce_hard_timeout", 120)
+    if not 0 < timeout < hard:
+        bad("allreduce_timeout", "allreduce_timeout=%s, allreduce_hard_timeout=%s" % (timeout, hard),
+            "0 < allreduce_timeout < allreduce_hard_timeout",
+            "the hard timeout bounds the whole launch: make it larger than the per-collective timeout")
+    if settings.get("allreduce_stack_budget", 20) <= 0:
+        bad("allreduce_stack_budget", settings.get("allreduce_stack_budget"), "more than 0 seconds",
+            "set allreduce_stack_budget: 20")
+    sizes = settings.get("allreduce_sizes") or []
+    if not sizes or any(size < 1 for size in sizes):
+        bad("allreduce_sizes", sizes, "at least one size, each 1 byte or more",
+            "set allreduce_sizes, e.g. [1048576, 4194304, 16777216]")
+    if settings.get("allreduce_iters", 1) < 1:
+        bad("allreduce_iters", settings.get("allreduce_iters"), "1 or more", "set allreduce_iters: 5")
+    if settings.get("allreduce_warmup", 0) < 0:
+        bad("allreduce_warmup", settings.get("allreduce_warmup"), "0 or more", "set allreduce_warmup: 2")
+    if settings.get("allreduce_min_busbw_gbps", 0) < 0:
+        bad("allreduce_min_busbw_gbps", settings.get("allreduce_min_busbw_gbps"), "0 (report only) or more",
+            "set allreduce_min_busbw_gbps to a floor in GB/s, or 0")
+    if settings.get("allreduce_poll_interval", 0.1) <= 0:
+        bad("allreduce_poll_interval", settings.get("allreduce_poll_interval"), "more than 0 seconds",
+            "set allreduce_poll_interval: 0.1")
+    if not str(settings.get("allreduce_python") or "").strip():
+        bad("allreduce_python", "empty", "the training environment's Python on the node",
+            "set preflight_training_python in the inventory (the Python that imports torch)")
+    for key in settings.get("allreduce_env") or {}:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(key)):
+            bad("allreduce_env", key, "environment variable names", "remove or rename %r" % key)
+    return problems
+
+
+# --------------------------------------------------------------------------
+# Reader (node)
+
+
+def read_args(settings, node):
+    return {
+        "python": settings["allreduce_python"],
+        "backend": settings["allreduce_backend"],
+        "nproc_per_node": settings["allreduce_nproc_per_node"],
+        "cpu_nproc": settings["allreduce_cpu_nproc"],
+        "master_port": settings["allreduce_master_port"],
+        "dev_root": "/dev",
+        "sysfs_root": "/sys",
+        "proc_root": "/proc",
+    }
+
+
+def count_accelerators(dev_root, sysfs_root):
+    nvidia = 0
+    try:
+        nvidia = len([name for name in os.listdir(dev_root) if re.match(r"nvidia\d+$", name)])
+    except OSError:
+        pass
+    amd = 0
+    topology = os.path.join(sysfs_root, "class/kfd/kfd/topology/nodes")
+    try:
+        for node in os.listdir(topology):
+            try:
+                with open(os.path.join(topology, node, "properties")) as handle:
+                    props = dict(line.split(None, 1) for line in handle if line.strip())
+            except (OSError, ValueError):
+                continue
+            if int(props.get("simd_count", "0")) > 0:
+                amd += 1
+    except OSError:
+        pass
+    return {"nvidia": nvidia, "amd": amd}
+
+
+def port_state(port, proc_root, addr="0.0.0.0"):
+    """Whether ``addr:port`` can be bound the way the rendezvous store will, and who holds it if not."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, port))
+        return {"free": True, "detail": "port %d can be bound on %s" % (port, addr), "holder": None}
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            holder = find_port_holder(port, proc_root)
+            who = ("by pid %s (%s)" % (holder["pid"], holder["comm"])) if holder and holder.get("pid") else (
+                "by an unknown process")
+            return {"free": False, "detail": "port %d on %s is already in use %s" % (port, addr, who),
+                    "holder": holder}
+        return {"free": False, "detail": "binding %s:%d failed: %s" % (addr, port, exc), "holder": None}
+    finally:
+        sock.close()
+
+
+def read(args, ops):
+    """The training environment as the gate will find it."""
+    python = args["python"]
+    facts = {"python_path": python, "python": None, "torch": None, "probe_error": None,
+             "accelerators": count_accelerators(args["dev_root"], args["sysfs_root"]),
+             "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING"),
+             "port": port_state(args["master_port"], args["proc_root"]),
+             "hostname": socket.gethostname().split(".")[0]}
+    rc, out, err = ops.run([python, "-c", FIND_TORCH], timeout=PROBE_TIMEOUT)
+    if rc == 0:
+        try:
+            info = json.loads(out.strip().splitlines()[-1])
+            facts["python"] = {"version": info["python"], "executable": info["executable"]}
+            facts["torch"] = info.get("torch")
+        except (ValueError, IndexError, KeyError):
+            facts["probe_error"] = "unreadable probe output: %r" % out[-200:]
+    else:
+        facts["probe_error"] = "timed out after %d s" % PROBE_TIMEOUT if rc == 124 else (
+            (err or "").strip()[-300:] or "exit code %d" % rc)
+    backend = args["backend"]
+    accel = facts["accelerators"]["nvidia"] + facts["accelerators"]["amd"]
+    torch = facts["torch"] or {}
+    gpu_build = bool(torch.get("cuda") or torch.get("hip"))
+    if backend == "auto":
+        backend = "nccl" if accel and gpu_build else "gloo"
+    facts["backend"] = backend
+    facts["nproc_per_node"] = args["nproc_per_node"] or (accel if backend == "nccl" else args["cpu_nproc"])
+    return facts
+
+
+# --------------------------------------------------------------------------
+# Deciders (controller)
+
+
+def torch_lt_2_1(version):
+    match = re.match(r"(\d+)\.(\d+)", version or "")
+    return bool(match) and (int(match.group(1)), int(match.group(2))) < (2, 1)
+
+
+def readiness(host, facts, settings):
+    """The checks that say whether ``host`` can run its ranks; ``(checks, ready)``."""
+    checks = {}
+    python = facts.get("python_path")
+    fix_python = ("set preflight_training_python in the inventory to the Python of the training environment on "
+                  "%s, or install torch into it (pip install torch==<version>)" % host)
+    if facts.get("probe_error") or not facts.get("python"):
+        checks["python"] = failed("training Python %s on %s cannot run: %s" % (
+            python, host, facts.get("probe_error") or "no answer"), "an executable Python interpreter", fix_python)
+    else:
+        checks["python"] = passed("Python %s at %s on %s" % (
+            facts["python"]["version"], facts["python"]["executable"], host), "an executable Python interpreter")
+        torch = facts.get("torch")
+        if not torch:
+            checks["torch"] = failed("no torch module in %s on %s" % (python, host),
+                                     "torch importable by the training Python", fix_python)
+        else:
+            checks["torch"] = passed("torch %s (cuda %s, hip %s) at %s on %s" % (
+                torch.get("version"), torch.get("cuda"), torch.get("hip"), torch.get("path"), host),
+                "torch importable by the training Python")
+    torch = facts.get("torch") or {}
+    accel = facts.get("accelerators") or {}
+    n_accel = int(accel.get("nvidia", 0)) + int(accel.get("amd", 0))
+    gpu_build = bool(torch.get("cuda") or torch.get("hip"))
+    if n_accel and torch and not gpu_build:
+        checks["accelerator_build"] = failed(
+            "%d accelerator(s) on %s but torch %s is a CPU-only build" % (n_accel, host, torch.get("version")),
+            "a CUDA or ROCm build of torch on a GPU node", "install the CUDA/ROCm wheel of torch into %s" % python)
+    elif facts.get("backend") == "nccl" and not n_accel:
+        checks["accelerator_build"] = failed(
+            "backend nccl requested but no accelerator is visible on %s" % host,
+            "NVIDIA (/dev/nvidiaN) or AMD (KFD) devices for nccl",
+            "use backend gloo on CPU nodes, or check the GPU driver (nvidia-smi / rocm-smi)")
+    else:
+        checks["accelerator_build"] = passed(
+            "%d accelerator(s), torch build %s, backend %s on %s" % (
+                n_accel, "GPU" if gpu_build else "CPU", facts.get("backend"), host),
+            "a torch build that matches the node's accelerators")
+    blocking = facts.get("cuda_launch_blocking") == "1" or str(
+        (settings.get("allreduce_env") or {}).get("CUDA_LAUNCH_BLOCKING", "")) == "1"
+    if torch and torch_lt_2_1(torch.get("version")) and blocking:
+        checks["cuda_launch_blocking"] = failed(
+            "CUDA_LAUNCH_BLOCKING=1 with torch %s (NCCL 2.14.3) on %s" % (torch.get("version"), host),
+            "CUDA_LAUNCH_BLOCKING unset, or torch >= 2.1 (NCCL >= 2.17)",
+            "unset CUDA_LAUNCH_BLOCKING or upgrade torch: NCCL 2.14.3 hangs with it (NVIDIA/nccl issue 750)")
+    ready = not any(result["status"] == "fail" for result in checks.values())
+    return checks, ready
+
+
+def candidates(hosts, facts_by_host, settings_by_host):
+    """Readiness of every node that was read: ``{checks_by_host, ready, blockers}``."""
+    checks_by_host, ready = {}, []
+    for host in hosts:
+        facts = facts_by_host.get(host)
+        if facts is None:
+            continue
+        checks, ok = readiness(host, facts, settings_by_host.get(host) or {})
+        checks_by_host[host] = checks
+        if ok:
+            ready.append(host)
+    return {"checks_by_host": checks_by_host, "ready": ready}
+
+
+def _cluster_addr(nic_plan, host, node):
+    return (nic_plan.get("addr_by_host") or {}).get(host) or node["node_addr"]
+
+
+def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, nic_plan, blockers=()):
+    """The single launch of the gate.
+
+    ``hosts``: targeted nodes in inventory order; ``ready``: those whose
+    readiness passed; ``excluded``: ``{host: reason}`` of nodes left out
+    (lost, blamed by the port mesh).  Returns a decision with ``launch``,
+    ``hosts``, ``master``, ``master_addr``, ``world_size``, ``args_by_host``
+    and, per excluded or not-ready node, a check saying why it has no ranks.
+    """
+    checks_by_host = {}
+    blockers = list(blockers)
+    gate_hosts = [host for host in hosts if host in ready and host not in excluded]
+    for host, reason in excluded.items():
+        checks_by_host[host] = {"run": blocked("no ranks on %s: %s" % (host, reason),
+                                               "every node runs its ranks in the all-reduce")}
+    if not gate_hosts and not blockers:
+        blockers.append("no node is ready to run the all-reduce (see the allreduce checks)")
+    nprocs = {host: facts_by_host[host]["nproc_per_node"] for host in gate_hosts}
+    backends = {host: facts_by_host[host]["backend"] for host in gate_hosts}
+    if len(set(nprocs.values())) > 1:
+        blockers.append("ranks per node differ (%s): a missing or hidden GPU?" % ", ".join(
+            "%s=%s" % item for item in nprocs.items()))
+    if len(set(backends.values())) > 1:
+        blockers.append("backends differ across nodes (%s)" % ", ".join("%s=%s" % item for item in backends.items()))
+    master = gate_hosts[0] if gate_hosts else None
+    if master:
+        port = facts_by_host[master].get("port") or {}
+        settings = settings_by_host[master]
+        expected = "rendezvous port %d free on the master %s" % (settings["allreduce_master_port"], master)
+        if port.get("free", True):
+            checks_by_host.setdefault(master, {})["master_port"] = passed(port.get("detail", ""), expected)
+        else:
+            checks_by_host.setdefault(master, {})["master_port"] = failed(
+                "%s (master %s)" % (port.get("detail"), master), expected,
+                "stop that process on %s or choose another port with preflight_master_port" % master)
+            blockers.append("the rendezvous port is taken on the master %s" % master)
+    plan = {"launch": not blockers, "hosts": gate_hosts if not blockers else [], "master": master,
+            "master_addr": None, "world_size": 0, "nproc_per_node": None, "backend": None, "args_by_host": {},
+            "skip_reason": "; ".join(blockers)}
+    if blockers:
+        for host in gate_hosts:
+            checks_by_host.setdefault(host, {})["run"] = blocked(
+                "the all-reduce was not launched: %s" % "; ".join(blockers),
+                "the all-reduce runs on every ready node")
+        return dict(plan, ok=False, blockers=blockers, checks_by_host=checks_by_host)
+    master_addr = _cluster_addr(nic_plan, master, nodes[master])
+    nproc = nprocs[master]
+    ifname = nic_plan.get("gloo_socket_ifname") or ""
+    for index, host in enumerate(gate_hosts):
+        settings = settings_by_host[host]
+        plan["args_by_host"][host] = {
+            "python": settings["allreduce_python"],
+            "nnodes": len(gate_hosts),
+            "node_rank": index,
+            "nproc_per_node": nproc,
+            "master_addr": master_addr,
+            "master_port": settings["allreduce_master_port"],
+            "backend": backends[host],
+            "timeout": settings["allreduce_timeout"],
+            "hard_timeout": settings["allreduce_hard_timeout"],
+            "stack_budget": settings["allreduce_stack_budget"],
+            "sizes": settings["allreduce_sizes"],
+            "iters": settings["allreduce_iters"],
+            "warmup": settings["allreduce_warmup"],
+            "min_busbw_gbps": settings["allreduce_min_busbw_gbps"],
+            "socket_ifname": ifname,
+            "role": host,
+            "env": settings["allreduce_env"],
+            "keep_scratch": settings["allreduce_keep_scratch"],
+            "selftest_fault": settings["allreduce_selftest_fault"],
+            "selftest_rank": settings["allreduce_selftest_rank"],
+            "async": int(settings["allreduce_hard_timeout"] + settings["allreduce_stack_budget"]) + 60,
+            "wait_timeout": int(settings["allreduce_hard_timeout"] + settings["allreduce_stack_budget"]) + 60,
+            "poll": settings["allreduce_poll_interval"],
+        }
+    plan.update(master_addr=master_addr, world_size=nproc * len(gate_hosts), nproc_per_node=nproc,
+                backend=backends[master], socket_ifname=ifname or None)
+    return dict(plan, ok=True, blockers=[], checks_by_host=checks_by_host)
+
+
+# --------------------------------------------------------------------------
+# Outcome (controller)
+
+
+def _peer_named_ranks(ranks):
+    named = set()
+    for entry in ranks:
+        for match in BARRIER_RE.finditer(entry.get("error") or ""):
+            named.update(int(part) for part in re.findall(r"\d+", match.group(1)))
+    return named
+
+
+def find_suspects(rank_rows, lost=()):
+    """Which ranks caused a failed gate, and why.  ``rank_rows`` carry ``host``.
+
+    Primary causes, strongest first: a node lost while its ranks ran; wrong
+    data; a rank that died on its own (not terminated by torchrun after a peer
+    failed); a stopped or hung process; ranks that peers name as missing from
+    the monitored barrier; a node whose ranks never started.  Ranks that only
+    lost their peer are collateral.
+    """
+    suspects = []
+    for row in rank_rows:
+        reason = None
+        if row["host"] in lost:
+            reason = "gave no result: %s" % lost[row["host"]]
+        elif row.get("status") == "wrong":
+            reason = "returned wrong all-reduce data (%s wrong elements)" % (row.get("correctness") or {}).get("wrong")
+        elif row.get("status") == "died" and row.get("exitcode") not in TERMINATED_BY_AGENT:
+            reason = "died at stage %s with exit code %s" % (row.get("stage"), row.get("exitcode"))
+        elif str(row.get("process_state", "")).startswith("stopped"):
+            reason = "process %s at stage %s" % (row["process_state"], row.get("stage"))
+        elif row.get("status") == "missing" and row.get("stage") == "not started":
+            reason = "never started (its node's torchrun did not launch it)"
+        if reason:
+            suspects.append({"host": row["host"], "rank": row["rank"], "reason": reason})
+    if not suspects:
+        named = _peer_named_ranks(rank_rows)
+        for row in rank_rows:
+            if row["rank"] in named:
+                suspects.append({"host": row["host"], "rank": row["rank"],
+                                 "reason": "named by its peers as missing from the monitored barrier"})
+    if not suspects and any(row.get("status") == "error" for row in rank_rows):
+        for row in rank_rows:
+            if row.get("status") == "hung":
+                suspects.append({"host": row["host"], "rank": row["rank"],
+                                 "reason": "hung at stage %s while its peers timed out waiting for it (stack in "
+                                           "%s.stacks.txt)" % (row.get("stage"), row["host"])})
+    if not suspects:
+        bad = [row for row in rank_rows if row.get("status") != "ok"]
+        own = [row for row in bad if not PEER_LOST_RE.search(row.get("error") or "")]
+        stages = [row.get("stage") for row in bad]
+        if bad and own and len(own) < len(bad):
+            bad = own
+        elif bad and len(set(stages)) > 1:
+            # Everyone failed the same way: the ranks that got least far are the likeliest cause.
+            earliest = min(stages, key=lambda stage: STAGE_ORDER.index(stage) if stage in STAGE_ORDER else 0)
+            bad = [row for row in bad if row.get("stage") == earliest]
+        for row in bad:
+            suspects.append({"host": row["host"], "rank": row["rank"],
+                             "reason": "%s at stage %s: %s" % (row.get("status"), row.get("stage"),
+                                                               (row.get("error") or "no error recorded")[:200])})
+    return suspects
+
+
+def _missing_rows(host, plan):
+    """Rank rows for a node whose result never came back."""
+    args = plan["args_by_host"][host]
+    first = args["node_rank"] * args["nproc_per_node"]
+    return [{"rank": first + local, "local_rank": local, "stage": "unknown", "status": "no_result",
+             "host": host, "error": None} for local in range(args["nproc_per_node"])]
+
+
+def summarize(plan, results_by_host, lost=None):
+    """The gate's outcome from every launched node's result.
+
+    ``results_by_host``: host -> the ``allreduce`` module's result (``ranks``,
+    ``checks``, ``log``); a launched node missing from it gave no result.
+    ``lost``: ``{host: reason}`` of nodes that stopped answering after the
+    launch.  Returns ``(summary, checks_by_host)``.
+    """
+    lost = dict(lost or {})
+    summary = {
+        "launched": bool(plan.get("launch")), "world_size": plan.get("world_size"),
+        "planned_world_size": plan.get("world_size"), "backend": plan.get("backend"),
+        "hosts": list(plan.get("hosts") or []), "master": plan.get("master"),
+        "master_addr": plan.get("master_addr"), "socket_ifname": plan.get("socket_ifname"),
+        "correct": None, "sizes": [], "versions": None, "ranks": [], "suspects": [],
+    }
+    checks_by_host = {}
+    if not plan.get("launch"):
+        summary["status"] = "skipped"
+        summary["reason"] = plan.get("skip_reason") or "the all-reduce was not launched"
+        return summary, checks_by_host
+    rows = []
+    for host in plan["hosts"]:
+        result = results_by_host.get(host)
+        if not isinstance(result, dict) or not isinstance(result.get("ranks"), list):
+            lost.setdefault(host, "no result came back from %s" % host)
+            rows.extend(_missing_rows(host, plan))
+            continue
+        for entry in result["ranks"]:
+            row = dict(entry, host=host)
+            row.pop("stack", None)
+            rows.append(row)
+        checks_by_host[host] = dict(result.get("checks") or {})
+    rows.sort(key=lambda row: row["rank"])
+    summary["ranks"] = rows
+    reported = len([row for row in rows if row.get("status") != "no_result"])
+    summary["world_size"] = reported
+    complete = reported == plan["world_size"]
+    ok = complete and all(row.get("status") == "ok" for row in rows)
+    summary["correct"] = bool(rows) and all(row.get("correct") for row in rows)
+    rank0 = next((row for row in rows if row["rank"] == 0), rows[0] if rows else {})
+    summary["versions"] = rank0.get("versions")
+    summary["sizes"] = rank0.get("bandwidth") or []
+    summary["status"] = "pass" if ok and summary["correct"] else "fail"
+    expected_world = "world size %d: %d node(s) x %d rank(s), as planned" % (
+        plan["world_size"], len(plan["hosts"]), plan["nproc_per_node"])
+    for host in plan["hosts"]:
+        mine = [row for row in rows if row["host"] == host]
+        seen = len([row for row in mine if row.get("status") != "no_result"])
+        world = "%d of the %d planned ranks reported (%s from %s)" % (reported, plan["world_size"], seen, host)
+        checks_by_host.setdefault(host, {})["world_size"] = (
+            passed(world, expected_world) if complete else
+            (failed(world, expected_world, "a node's ranks never reported: see the suspects and %s.log" % host)
+             if host in lost else
+             warned(world, expected_world, "ranks of another node never reported (see the suspects); "
+                                           "re-run the gate once it is fixed", blocked=True)))
+    if summary["status"] == "pass":
+        return summary, checks_by_host
+    suspects = find_suspects(rows, lost)
+    summary["suspects"] = suspects
+    blamed = {item["host"] for item in suspects}
+    names = ", ".join("rank %d on %s (%s)" % (s["rank"], s["host"], s["reason"]) for s in suspects)
+    for host in plan["hosts"]:
+        if host in blamed:
+            continue
+        # A healthy peer's own failure was caused by the suspect: collateral, not blame.
+        own = checks_by_host[host]
+        for name in ("ranks", "correctness", "bandwidth"):
+            if own.get(name, {}).get("status") == "fail":
+                own[name] = warned(
+                    "%s (collateral: %s)" % (own[name]["found"], names or "a peer failed"),
+                    own[name]["expected"],
+                    "fix the suspect node(s) and re-run; to confirm %s, run the gate with the suspect node(s) "
+                    "taken out of the inventory group" % host, blocked=True)
+    for item in suspects:
+        host = item["host"]
+        checks_by_host.setdefault(host, {})["suspect_rank_%d" % item["rank"]] = failed(
+            "rank %d on %s %s" % (item["rank"], host, item["reason"]),
+            "every rank completes the all-reduce with exact results",
+            "drain %s; read %s.log and %s.stacks.txt in the run directory for its traceback or hang stack; "
+            "re-run the gate with it taken out of the inventory group to confirm the rest" % (host, host, host))
+    return summary, checks_by_host
+

@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+"""The controller's view of a run: what every targeted node reported so far.
+
+Used by the action plugins ``preflight_decide`` and ``preflight_verdict`` (on
+the controller only; no module ships it to a node).  Reads the results each
+node task registered (``hostvars``) as plain data, and tells for each node
+and stage whether it ran, was skipped, failed or found the node unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible.module_utils import preflight_capabilities as registry
+
+
+def outcome(result):
+    """``(state, message)`` of one registered task result.
+
+    ``state`` is ``missing`` (the task never ran for the node), ``unreachable``,
+    ``skipped``, ``failed`` (including a task timeout) or ``ok``.
+    """
+    if result is None:
+        return "missing", "no result recorded"
+    if result.get("unreachable"):
+        return "unreachable", str(result.get("msg") or "unreachable").strip()
+    if result.get("skipped"):
+        return "skipped", str(result.get("skip_reason") or result.get("false_condition") or "skipped")
+    if result.get("failed"):
+        return "failed", str(result.get("msg") or result.get("module_stderr") or "failed").strip()
+    return "ok", ""
+
+
+def plain(value):
+    """Registered results as plain JSON data (drops templating wrappers)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class ClusterView(object):
+    """What the nodes of this run reported so far, read from ``hostvars``."""
+
+    def __init__(self, task_vars):
+        self.hosts = list(task_vars.get("ansible_play_hosts_all") or [])
+        group = task_vars.get("preflight_group") or "cluster"
+        self.all_hosts = list((task_vars.get("groups") or {}).get(group) or self.hosts)
+        self.forks = int(task_vars.get("ansible_forks") or 5)
+        self._hostvars = task_vars.get("hostvars") or {}
+        self._cache = {}
+        self.settings, self.nodes = {}, {}
+        for host in self.hosts:
+            loaded = self.result(host, "preflight_settings") or {}
+            self.settings[host] = loaded.get("settings") or {}
+            self.nodes[host] = loaded.get("node") or registry.node_info(host, {})
+
+    def result(self, host, name):
+        key = (host, name)
+        if key not in self._cache:
+            try:
+                host_vars = self._hostvars[host]
+                value = host_vars[name] if name in host_vars else None
+            except KeyError:
+                value = None
+            self._cache[key] = plain(value) if value is not None else None
+        return self._cache[key]
+
+    def outcome(self, host, name):
+        """``(state, message)`` of a node's registered result (see :func:`outcome`)."""
+        return outcome(self.result(host, name))
+
+    def lost(self, stages):
+        """``{host: reason}`` of nodes unreachable, or whose task failed or timed out, in ``stages``."""
+        lost = {}
+        for host in self.hosts:
+            for stage in stages:
+                register, what = registry.STAGE_REGISTERS[stage], registry.STAGE_WHAT[stage]
+                state, message = self.outcome(host, register)
+                if state in ("unreachable", "failed"):
+                    lost[host] = "%s while %s: %s" % ("unreachable" if state == "unreachable" else "failed",
+                                                     what, message[:300])
+                    break
+        return lost
+
+    def facts(self, host):
+        """``(facts, errors)`` of the node's one reader call, or ``(None, None)``."""
+        if self.outcome(host, "preflight_facts")[0] != "ok":
+            return None, None
+        result = self.result(host, "preflight_facts")
+        return result.get("facts") or {}, result.get("errors") or {}
+
+    def read_hosts(self):
+        return [host for host in self.hosts if self.facts(host)[0] is not None]
+
+    def capability_facts(self, name, hosts):
+        return {host: (self.facts(host)[0] or {}).get(name) for host in hosts}
+
+    def capability_settings(self, name, hosts):
+        return {host: self.settings[host].get(name) or {} for host in hosts}

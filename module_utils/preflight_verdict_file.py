@@ -1,0 +1,81 @@
+# -*- coding: utf-8 -*-
+"""Reading a verdict file a scheduler can trust: complete, consistent, or refused.
+
+Standard library only, so ``scripts/verdict`` can use it without Ansible.
+``load`` returns the verdict or raises :class:`VerdictError` with one line
+that says what is wrong (missing, truncated, not JSON, a key missing, a
+``pass`` that contradicts its own nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+VERDICT_FILE = "verdict.json"
+STATUSES = ("pass", "fail")
+NODE_STATUSES = ("pass", "warn", "unverified", "fail")
+CHECK_STATUSES = ("pass", "not_applicable", "skipped", "warn", "fail")
+HOST_LISTS = ("healthy_hosts", "failed_hosts", "unreachable_hosts")
+
+
+class VerdictError(ValueError):
+    """The verdict cannot be trusted; the message is one line."""
+
+
+def problems(verdict):
+    """Everything structurally wrong with ``verdict`` (empty when it can be trusted)."""
+    if not isinstance(verdict, dict):
+        return ["the verdict is a %s, not an object" % type(verdict).__name__]
+    found = []
+    if verdict.get("status") not in STATUSES:
+        found.append("status is %r, expected pass or fail" % (verdict.get("status"),))
+    hosts = verdict.get("hosts")
+    if not isinstance(hosts, list) or not hosts or not all(isinstance(host, str) for host in hosts):
+        found.append("hosts is missing or not a non-empty list of node names")
+        hosts = []
+    for key in HOST_LISTS:
+        value = verdict.get(key)
+        if not isinstance(value, list) or not set(value) <= set(hosts):
+            found.append("%s is missing or names nodes outside hosts" % key)
+    nodes = verdict.get("nodes")
+    if not isinstance(nodes, dict):
+        found.append("nodes is missing")
+        nodes = {}
+    for host in hosts:
+        node = nodes.get(host)
+        if not isinstance(node, dict) or node.get("status") not in NODE_STATUSES:
+            found.append("node %s has no result" % host)
+            continue
+        checks = node.get("checks")
+        if not isinstance(checks, dict) or not checks:
+            found.append("node %s has no checks" % host)
+            continue
+        for name, check in checks.items():
+            if not isinstance(check, dict) or check.get("status") not in CHECK_STATUSES:
+                found.append("check %s of %s is malformed" % (name, host))
+    if verdict.get("status") == "pass" and not found:
+        bad = [host for host in hosts if nodes[host]["status"] not in ("pass", "warn")]
+        if bad or verdict.get("failed_hosts") or verdict.get("unreachable_hosts"):
+            found.append("status pass contradicts nodes %s" % ", ".join(
+                bad or verdict.get("failed_hosts") or verdict.get("unreachable_hosts")))
+    return found
+
+
+def load(path):
+    """The verdict at ``path`` (a run directory or a verdict file), or VerdictError."""
+    if os.path.isdir(path):
+        path = os.path.join(path, VERDICT_FILE)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise VerdictError("no verdict at %s: %s" % (path, exc.strerror or exc))
+    try:
+        verdict = json.loads(text)
+    except ValueError as exc:
+        raise VerdictError("%s is not a complete verdict (%d bytes, %s)" % (path, len(text), exc))
+    found = problems(verdict)
+    if found:
+        raise VerdictError("%s is not a valid verdict: %s" % (path, "; ".join(found[:5])))
+    return verdict

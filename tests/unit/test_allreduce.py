@@ -1,0 +1,270 @@
+"""Capability allreduce: the torch reader, readiness, the one launch plan, and the outcome
+(suspects, collateral peers, world size) from every node's ranks."""
+
+import os
+import socket
+import stat
+import sys
+
+import pytest
+
+from ansible.module_utils import preflight_allreduce as ar
+from fake_ops import LocalOps
+
+VENV_PYTHON = sys.executable
+
+
+def settings(**overrides):
+    values = {"allreduce_python": VENV_PYTHON, "allreduce_master_port": 6000, "allreduce_backend": "auto",
+              "allreduce_nproc_per_node": 0, "allreduce_cpu_nproc": 2, "allreduce_timeout": 30.0,
+              "allreduce_hard_timeout": 120.0, "allreduce_stack_budget": 20.0,
+              "allreduce_sizes": [1048576, 4194304], "allreduce_iters": 5, "allreduce_warmup": 2,
+              "allreduce_min_busbw_gbps": 0.0, "allreduce_poll_interval": 0.1, "allreduce_env": {},
+              "allreduce_keep_scratch": False, "allreduce_selftest_fault": "none", "allreduce_selftest_rank": -1}
+    values.update(overrides)
+    return values
+
+
+def fake_python(tmp_path, version="2.0.1", cuda="11.8"):
+    """An executable that answers the probe like a Python with the given torch would."""
+    script = tmp_path / "python"
+    payload = ('{"python": "3.10.0", "executable": "%s", "torch": {"path": "/x/torch", "version": "%s", '
+               '"cuda": %s, "hip": null}}' % (script, version, '"%s"' % cuda if cuda else "null"))
+    script.write_text("#!/bin/sh\necho '%s'\n" % payload)
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def read(tmp_path, python=VENV_PYTHON, port=None, **overrides):
+    args = ar.read_args(settings(allreduce_python=python, **overrides), {"name": "n1"})
+    args.update(dev_root=str(tmp_path), sysfs_root=str(tmp_path))
+    if port:
+        args["master_port"] = port
+    return ar.read(args, LocalOps())
+
+
+# -- settings -----------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, name", [
+    ({"allreduce_master_port": 70000}, "allreduce_master_port"),
+    ({"allreduce_timeout": 200.0}, "allreduce_timeout"),
+    ({"allreduce_sizes": []}, "allreduce_sizes"),
+    ({"allreduce_iters": 0}, "allreduce_iters"),
+    ({"allreduce_python": ""}, "allreduce_python"),
+    ({"allreduce_env": {"NCCL DEBUG": "INFO"}}, "allreduce_env"),
+    ({"allreduce_stack_budget": 0.0}, "allreduce_stack_budget"),
+])
+def test_validate_names_the_bad_setting_with_a_fix(overrides, name):
+    problems = ar.validate(settings(**overrides))
+    assert [item["name"] for item in problems] == [name]
+    assert problems[0]["fix"] and problems[0]["expected"]
+
+
+def test_validate_accepts_the_defaults():
+    assert ar.validate(settings()) == []
+
+
+# -- reader and readiness -------------------------------------------------------
+
+def test_venv_python_with_torch_is_ready(tmp_path):
+    facts = read(tmp_path)
+    assert facts["torch"]["version"].startswith("2.13")
+    assert facts["backend"] == "gloo" and facts["nproc_per_node"] == 2
+    checks, ready = ar.readiness("n1", facts, settings())
+    assert ready and {name: c["status"] for name, c in checks.items()} == {
+        "python": "pass", "torch": "pass", "accelerator_build": "pass"}
+
+
+def test_python_without_torch_is_not_ready_and_says_how_to_fix(tmp_path):
+    facts = read(tmp_path, python="/usr/bin/python3")
+    checks, ready = ar.readiness("n1", facts, settings())
+    assert not ready
+    assert checks["torch"]["status"] == "fail" and "no torch module in /usr/bin/python3 on n1" in checks["torch"]["found"]
+    assert "preflight_training_python" in checks["torch"]["fix"]
+
+
+def test_missing_python_is_a_finding_not_an_exception(tmp_path):
+    facts = read(tmp_path, python=str(tmp_path / "nope"))
+    checks, ready = ar.readiness("n1", facts, settings())
+    assert not ready and checks["python"]["status"] == "fail" and "n1" in checks["python"]["found"]
+
+
+def test_port_holder_is_named(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        facts = read(tmp_path, port=port)
+    assert facts["port"]["free"] is False
+    assert "port %d" % port in facts["port"]["detail"] and "pid %d" % os.getpid() in facts["port"]["detail"]
+
+
+def test_gpus_with_cpu_torch_fail_and_gpu_build_picks_nccl(tmp_path):
+    for name in ("nvidia0", "nvidia1", "nvidiactl"):
+        (tmp_path / name).write_text("")
+    facts = read(tmp_path)
+    assert facts["accelerators"]["nvidia"] == 2
+    checks, ready = ar.readiness("n1", facts, settings())
+    assert not ready and checks["accelerator_build"]["status"] == "fail"
+    facts = read(tmp_path, python=fake_python(tmp_path, "2.3.0", "12.1"))
+    checks, ready = ar.readiness("n1", facts, settings())
+    assert ready and facts["backend"] == "nccl" and facts["nproc_per_node"] == 2
+
+
+def test_amd_gpus_counted_from_kfd_topology(tmp_path):
+    nodes = tmp_path / "class/kfd/kfd/topology/nodes"
+    for index, simd in enumerate((0, 304, 304)):  # node 0 is the CPU
+        (nodes / str(index)).mkdir(parents=True)
+        (nodes / str(index) / "properties").write_text("cpu_cores_count 0\nsimd_count %d\n" % simd)
+    assert read(tmp_path)["accelerators"]["amd"] == 2
+
+
+def test_cuda_launch_blocking_known_hang(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    checks, ready = ar.readiness("n1", read(tmp_path, python=fake_python(tmp_path, "1.13.1", "11.7")), settings())
+    assert not ready and "issue 750" in checks["cuda_launch_blocking"]["fix"]
+    checks, _ = ar.readiness("n1", read(tmp_path, python=fake_python(tmp_path, "2.1.0", "12.1")), settings())
+    assert "cuda_launch_blocking" not in checks
+
+
+# -- the launch plan ----------------------------------------------------------
+
+def facts_of(nproc=2, backend="gloo", free=True):
+    return {"nproc_per_node": nproc, "backend": backend,
+            "port": {"free": free, "detail": "port 6000 can be bound" if free else "port 6000 in use by pid 7"}}
+
+
+def nodes(hosts):
+    return {host: {"name": host, "ansible_host": "198.18.0.%d" % i, "node_addr": "198.18.0.%d" % i}
+            for i, host in enumerate(hosts, 1)}
+
+
+def plan_for(hosts, ready=None, excluded=None, facts=None, blockers=(), nic=None):
+    facts = facts or {host: facts_of() for host in hosts}
+    nic = nic if nic is not None else {"addr_by_host": {h: "198.19.0.%d" % i for i, h in enumerate(hosts, 1)},
+                                       "gloo_socket_ifname": "fab0"}
+    return ar.launch_plan(hosts, ready if ready is not None else list(hosts), excluded or {}, facts,
+                          {host: settings() for host in hosts}, nodes(hosts), nic, blockers)
+
+
+def test_plan_launches_every_ready_node_on_the_chosen_interface():
+    plan = plan_for(["n1", "n2", "n3"])
+    assert plan["launch"] and plan["ok"] and plan["world_size"] == 6
+    assert plan["master"] == "n1" and plan["master_addr"] == "198.19.0.1"
+    assert [plan["args_by_host"][h]["node_rank"] for h in ("n1", "n2", "n3")] == [0, 1, 2]
+    assert plan["args_by_host"]["n2"]["socket_ifname"] == "fab0"
+    assert plan["checks_by_host"]["n1"]["master_port"]["status"] == "pass"
+
+
+def test_a_node_lost_before_the_launch_is_left_out_and_the_rest_still_run():
+    plan = plan_for(["n1", "n2", "n3"], excluded={"n1": "unreachable while reading its facts"})
+    assert plan["launch"] and plan["hosts"] == ["n2", "n3"] and plan["master"] == "n2"
+    assert plan["world_size"] == 4 and plan["args_by_host"]["n3"]["nnodes"] == 2
+    run = plan["checks_by_host"]["n1"]["run"]
+    assert run["status"] == "skipped" and run["details"]["blocked"] and "unreachable" in run["found"]
+
+
+def test_a_not_ready_node_is_left_out_without_a_run_check_of_its_own():
+    plan = plan_for(["n1", "n2"], ready=["n2"])
+    assert plan["hosts"] == ["n2"] and "n1" not in plan["checks_by_host"]
+
+
+@pytest.mark.parametrize("facts, words", [
+    ({"n1": facts_of(nproc=2), "n2": facts_of(nproc=1)}, "ranks per node differ"),
+    ({"n1": facts_of(backend="gloo"), "n2": facts_of(backend="nccl")}, "backends differ"),
+    ({"n1": facts_of(free=False), "n2": facts_of()}, "rendezvous port is taken on the master n1"),
+])
+def test_cluster_wide_blockers_stop_the_launch_and_block_every_node(facts, words):
+    plan = plan_for(["n1", "n2"], facts=facts)
+    assert not plan["launch"] and not plan["ok"] and words in plan["skip_reason"]
+    for host in ("n1", "n2"):
+        assert plan["checks_by_host"][host]["run"]["details"]["blocked"]
+
+
+def test_earlier_blockers_stop_the_launch():
+    plan = plan_for(["n1", "n2"], blockers=["no inter-node interface every node shares"])
+    assert not plan["launch"] and "interface" in plan["skip_reason"]
+
+
+# -- the outcome --------------------------------------------------------------
+
+def rank(host, number, status="ok", stage="done", **extra):
+    row = {"rank": number, "local_rank": number % 2, "status": status, "stage": stage, "correct": status == "ok",
+           "correctness": {"wrong": 0}, "bandwidth": [{"size_bytes": 4096, "algbw_gbps": 1.0, "busbw_gbps": 1.5}],
+           "versions": {"torch": "2.13.0"}, "error": None, "exitcode": None}
+    row.update(extra)
+    return row
+
+
+def result(ranks, ok=True):
+    status = "pass" if ok else "fail"
+    return {"ranks": ranks, "log": "[n:0]: hello\n",
+            "checks": {"ranks": {"status": status, "found": "x", "expected": "y", "fix": "" if ok else "z"}}}
+
+
+def two_node_plan():
+    return plan_for(["n1", "n2"])
+
+
+def test_all_ranks_done_pass_with_the_planned_world_size():
+    summary, checks = ar.summarize(two_node_plan(), {"n1": result([rank("n1", 0), rank("n1", 1)]),
+                                                     "n2": result([rank("n2", 2), rank("n2", 3)])})
+    assert summary["status"] == "pass" and summary["world_size"] == 4 and summary["correct"] is True
+    assert summary["sizes"][0]["busbw_gbps"] == 1.5
+    assert checks["n1"]["world_size"]["status"] == "pass"
+
+
+def test_dead_rank_is_blamed_and_peers_are_collateral():
+    n1 = [rank("n1", 0, "error", "correctness", error="RuntimeError: Connection closed by peer"),
+          rank("n1", 1, "error", "correctness", error="RuntimeError: Connection reset by peer")]
+    n2 = [rank("n2", 2, "died", "correctness", exitcode=-9), rank("n2", 3, "died", "correctness", exitcode=-15)]
+    summary, checks = ar.summarize(two_node_plan(), {"n1": result(n1, ok=False), "n2": result(n2, ok=False)})
+    assert summary["status"] == "fail"
+    assert [(s["host"], s["rank"]) for s in summary["suspects"]] == [("n2", 2)]
+    collateral = checks["n1"]["ranks"]
+    assert collateral["status"] == "warn" and collateral["details"]["blocked"] and "n2" in collateral["found"]
+    blame = checks["n2"]["suspect_rank_2"]
+    assert blame["status"] == "fail" and "exit code -9" in blame["found"] and "drain n2" in blame["fix"]
+    assert checks["n2"]["ranks"]["status"] == "fail"
+
+
+def test_a_node_whose_result_never_came_back_is_the_suspect_and_the_world_size_is_short():
+    summary, checks = ar.summarize(two_node_plan(), {"n1": result([rank("n1", 0, "error", "correctness",
+                                                                         error="Connection reset by peer"),
+                                                                    rank("n1", 1, "error", "correctness",
+                                                                         error="Connection reset by peer")],
+                                                                   ok=False)},
+                                   lost={"n2": "unreachable while waiting for the all-reduce: ssh timed out"})
+    assert summary["status"] == "fail" and summary["world_size"] == 2 and summary["planned_world_size"] == 4
+    assert {s["host"] for s in summary["suspects"]} == {"n2"}
+    assert "ssh timed out" in checks["n2"]["suspect_rank_2"]["found"]
+    assert checks["n2"]["world_size"]["status"] == "fail"
+    assert checks["n1"]["world_size"]["status"] == "warn" and checks["n1"]["ranks"]["status"] == "warn"
+
+
+def test_wrong_data_is_blamed():
+    n1 = [rank("n1", 0), rank("n1", 1, "wrong", correct=False, correctness={"wrong": 5})]
+    plan = plan_for(["n1"])
+    summary, _ = ar.summarize(plan, {"n1": result(n1, ok=False)})
+    assert summary["status"] == "fail" and summary["correct"] is False
+    assert summary["suspects"][0]["rank"] == 1
+
+
+def test_hung_rank_blamed_when_peers_timed_out():
+    rows = [dict(rank("n1", 0, "error", "correctness", error="RuntimeError: Timed out waiting 4000ms for recv"),
+                 host="n1"),
+            dict(rank("n1", 1, "hung", "init", exitcode=-15, process_state="sleeping"), host="n1")]
+    assert [(s["host"], s["rank"]) for s in ar.find_suspects(rows)] == [("n1", 1)]
+
+
+def test_monitored_barrier_names_missing_rank():
+    rows = [dict(rank("n1", 0, "error", "barrier",
+                      error="RuntimeError: Rank 1 failed to pass monitoredBarrier in 30000 ms"), host="n1"),
+            dict(rank("n1", 1, "error", "barrier", error="RuntimeError: something else"), host="n1")]
+    assert [s["rank"] for s in ar.find_suspects(rows)] == [1]
+
+
+def test_a_plan_that_did_not_launch_is_skipped_with_its_reason():
+    plan = plan_for(["n1", "n2"], blockers=["port mesh failures without a single culprit"])
+    summary, checks = ar.summarize(plan, {})
+    assert summary["status"] == "skipped" and "culprit" in summary["reason"] and checks == {}
