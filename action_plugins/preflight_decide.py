@@ -179,7 +179,7 @@ def stage_final(view):
         probe_args = (plan.get("probe_args_by_host") or {}).get(host) or {}
         state, message = view.outcome(host, "preflight_probes")
         result = view.result(host, "preflight_probes") if state == "ok" else None
-        probes[host] = (result or {}).get("results") or {}
+        probes[host] = (result or {}).get("probes") or {}
         for name in probe_args:
             if result is None:
                 _put(checks_by_host, host, name, {"no_result": error(

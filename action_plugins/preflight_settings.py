@@ -39,7 +39,8 @@ class ActionModule(ActionBase):
 
     def _role_files(self, role):
         base = os.path.join(ROLES, role)
-        defaults = self._loader.load_from_file(os.path.join(base, "defaults", "main.yml")) or {}
+        defaults = self._loader.load_from_file(os.path.join(base, "defaults", "main.yml"),
+                                               trusted_as_template=True) or {}
         specs = self._loader.load_from_file(os.path.join(base, "meta", "argument_specs.yml")) or {}
         options = ((specs.get("argument_specs") or {}).get("main") or {}).get("options") or {}
         return defaults, options
@@ -92,7 +93,8 @@ class ActionModule(ActionBase):
         read_args = {}
         if not errors:
             for name in wanted:
-                args = registry.get(name).read_args(settings[name], node)
+                module = registry.get(name)
+                args = module.read_args(settings[name], node) if hasattr(module, "read_args") else None
                 if args is not None:
                     read_args[name] = args
         run = settings.get(registry.RUN_ROLE) or {}

@@ -14,11 +14,20 @@ description:
     the C(allreduce) role."
   - Every node of the play must run this task at the same time (Ansible runs one task on all hosts of a play
     concurrently); node O(node_rank) 0 hosts the rendezvous.
-  - The whole process tree gets O(hard_timeout) seconds of wall clock. On expiry the stacks of every live rank
-    are dumped with C(py-spy dump) (hang stacks), then the tree is killed, including workers that started their
-    own sessions, so nothing is left behind.
-  - Returns each local rank's result (stage reached, correctness, bandwidth, versions, error) and the
-    prefixed log, and findings in the shape C({status, found, expected, fix}).
+  - The whole process tree gets O(hard_timeout) seconds of wall clock. When a rank fails while its peers still
+    run, or on expiry, the stacks of every live rank are dumped with C(py-spy dump), all at once, within
+    O(stack_budget) seconds in total; then the tree is killed, including workers that started their own sessions
+    or were re-parented to init (every member carries a marker in its environment). The module's own bound is
+    therefore O(hard_timeout) + O(stack_budget) + at most 14 s to kill and reap the tree (3 s from
+    SIGTERM to SIGKILL).
+  - The tree is also killed when the module is interrupted by an exception, SIGTERM or SIGHUP, and, through a
+    small guard process in its own session, when the module is killed outright (SIGKILL, which is what Ansible's
+    C(async) wrapper sends when the task's C(async) time runs out).
+  - Every file the run creates (the worker, rank results, torchrun's per-rank logs via C(--log-dir), temporary
+    files via C(TMPDIR)) lives in one scratch directory, removed at the end unless O(keep_scratch).
+  - Returns each local rank's result (stage reached, correctness, bandwidth, versions, error), the prefixed
+    combined log, the tail of each rank's own log files, and findings in the shape C({status, found, expected,
+    fix}) named without a capability prefix (C(ranks), C(correctness), C(bandwidth)).
 version_added: "1.0.0"
 options:
   python:
@@ -62,6 +71,13 @@ options:
     description: Wall-clock bound in seconds for the whole launch on this node.
     type: float
     default: 120
+  stack_budget:
+    description:
+      - Seconds, in total, for the C(py-spy dump) of every live rank (all ranks are dumped at once) when a rank
+        fails or the hard timeout expires. A rank whose dump did not finish in it is reported as such.
+      - 0 takes no stacks.
+    type: float
+    default: 20
   sizes:
     description: All-reduce sizes in bytes for the bandwidth stage.
     type: list
@@ -87,7 +103,9 @@ options:
       - Interface the collectives must use; sets C(GLOO_SOCKET_IFNAME=<name>) and C(NCCL_SOCKET_IFNAME==<name>).
     type: str
   env:
-    description: Extra environment for torchrun and the ranks.
+    description:
+      - Extra environment for torchrun and the ranks.
+      - C(TMPDIR) is set to the scratch directory unless given here.
     type: dict
     default: {}
   py_spy:
@@ -97,13 +115,17 @@ options:
     description: Parent directory for the scratch directory (default the system temp directory).
     type: path
   keep_scratch:
-    description: Keep the scratch directory (worker, rank results, log) for inspection.
+    description: Keep the scratch directory (worker, rank results, logs) for inspection.
     type: bool
     default: false
   log_max_bytes:
-    description: At most this many bytes of the log are returned (the tail).
+    description: At most this many bytes of the combined log are returned (the tail).
     type: int
     default: 262144
+  rank_log_max_bytes:
+    description: At most this many bytes of each rank's C(stdout.log) and C(stderr.log) are returned (the tail).
+    type: int
+    default: 32768
   selftest_fault:
     description: Self-test of the gate; make rank O(selftest_rank) exit, hang or corrupt its data.
     type: str
@@ -121,6 +143,8 @@ attributes:
     support: none
 notes:
   - The scratch directory is removed unless O(keep_scratch) is set.
+  - Give the task an C(async) time of at least O(hard_timeout) + O(stack_budget) + 15 s, so that the module
+    always reports before the wrapper kills it.
 author:
   - Cluster preflight maintainers
 """
@@ -137,6 +161,11 @@ EXAMPLES = r"""
     master_port: 6000
     backend: nccl
     socket_ifname: ib0
+    hard_timeout: 120
+    stack_budget: 20
+  register: allreduce_job
+  async: 160
+  poll: 0
 """
 
 RETURN = r"""
@@ -154,9 +183,17 @@ elapsed:
   description: Seconds the launch took on this node.
   returned: always
   type: float
+stack_seconds:
+  description: Seconds spent dumping stacks (at most O(stack_budget)).
+  returned: always
+  type: float
 ranks:
-  description: One entry per expected local rank with rank, local_rank, stage, status, exitcode, error, correct,
-    correctness, bandwidth, versions, and on timeout the process state and its py-spy stack.
+  description:
+    - One entry per expected local rank with rank, local_rank, stage, status, exitcode, error, correct,
+      correctness, bandwidth, versions.
+    - For a rank that was alive when stacks were taken, also process_state, stack (the py-spy dump, or why there
+      is none) and stack_finished (false when the dump did not finish within O(stack_budget) or py-spy is
+      missing).
   returned: always
   type: list
   elements: dict
@@ -164,29 +201,59 @@ log:
   description: The node's torchrun output, every line prefixed with C([host:rank]) (tail of O(log_max_bytes)).
   returned: always
   type: str
+rank_logs:
+  description:
+    - "The tail (O(rank_log_max_bytes)) of each rank's own log file as torchrun wrote it under C(--log-dir), so the
+      controller can keep them with the run: rank, local_rank, stream (C(stdout) or C(stderr)), attempt, name
+      (a file name such as C(rank1.stderr.log)), bytes (the file's full size), truncated, text."
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {rank: 1, local_rank: 1, stream: stderr, attempt: 0, name: rank1.stderr.log, bytes: 120, truncated: false,
+       text: "preflight: rank 1 failed at stage correctness: ..."}
 argv:
   description: The torchrun command line that was run.
   returned: always
   type: list
   elements: str
 checks:
-  description: Findings C({status, found, expected, fix}) keyed by check name.
+  description:
+    - Findings C({status, found, expected, fix}) keyed by check name, without the capability prefix (the verdict
+      names them C(allreduce.<name>)).
+    - C(ranks) every local rank reached stage done; C(correctness) the exact all-reduce result (when a rank got
+      that far); C(bandwidth) the slowest rank's bus bandwidth at the largest size (when measured).
   returned: always
   type: dict
+hostname:
+  description: This node's short hostname, as used in the findings.
+  returned: always
+  type: str
+scratch:
+  description: The scratch directory, kept for inspection (null unless O(keep_scratch)).
+  returned: always
+  type: str
+interrupted:
+  description: The signal that interrupted the module (C(SIGTERM), C(SIGHUP)); the tree was killed first.
+  returned: when interrupted
+  type: str
 """
 
+import glob
 import json
 import os
 import re
 import shutil
 import socket
 import tempfile
+import time
 import uuid
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_checks import failed, passed
-from ansible.module_utils.preflight_proc import (cmdline_of, descendants, environ_of, proc_stat, py_spy_dump,
-                                                 run_bounded)
+from ansible.module_utils.preflight_proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
+                                                 environ_of, interruptible, pids_with_marker, proc_stat,
+                                                 py_spy_dump_all, run_bounded)
 
 WORKER_NAME = "allreduce_worker.py"
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : 3 (pid: 123)".
@@ -194,10 +261,12 @@ _SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*(?:\[[^\
                          r"exitcode\s*:\s*(-?\d+)", re.S)
 
 
-def build_argv(params, worker_path, out_dir, role):
+def build_argv(params, worker_path, out_dir, role, log_dir):
     argv = [
         params["python"], "-m", "torch.distributed.run",
         "--role", "%s:" % role, "--tee", "3",
+        # torchrun's default is a torchelastic_* directory in /tmp, never removed.
+        "--log-dir", log_dir,
         "--nnodes", str(params["nnodes"]),
         "--nproc-per-node", str(params["nproc_per_node"]),
         "--node-rank", str(params["node_rank"]),
@@ -218,11 +287,13 @@ def build_argv(params, worker_path, out_dir, role):
     return argv
 
 
-def build_env(params):
+def build_env(params, scratch):
     env = dict(os.environ)
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")})
     # torch warns at import when numpy is absent; noise in every node's log.
     env.setdefault("PYTHONWARNINGS", "ignore:Failed to initialize NumPy")
+    # Whatever torch, gloo or the worker put in the temp directory goes away with the scratch directory.
+    env["TMPDIR"] = scratch
     if params["socket_ifname"]:
         env["GLOO_SOCKET_IFNAME"] = params["socket_ifname"]
         env["NCCL_SOCKET_IFNAME"] = "=" + params["socket_ifname"]
@@ -250,21 +321,67 @@ def read_rank_files(out_dir):
     return results
 
 
-def collect_stacks(root_pid, worker_path, py_spy):
-    """Stacks of every live rank under ``root_pid``: {global_rank: {pid, state, stack}}."""
-    stacks = {}
-    for pid in descendants(root_pid):
+def read_tail(path, max_bytes):
+    """(text of the last ``max_bytes`` bytes, full size in bytes) of ``path``."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - max_bytes))
+        return handle.read().decode(errors="replace"), size
+
+
+def read_rank_logs(log_dir, first_rank, max_bytes):
+    """Tails of the files torchrun writes per rank: ``<log_dir>/<run_id>_*/attempt_<n>/<local_rank>/std*.log``."""
+    logs = []
+    for path in glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "std*.log")):
+        attempt_dir, local, name = path.rsplit(os.sep, 3)[-3:]
+        attempt = attempt_dir[len("attempt_"):]
+        stream = name[:-len(".log")]
+        if not (local.isdigit() and attempt.isdigit() and stream in ("stdout", "stderr")):
+            continue
+        try:
+            text, size = read_tail(path, max_bytes)
+        except OSError:
+            continue
+        rank = first_rank + int(local)
+        logs.append({"rank": rank, "local_rank": int(local), "stream": stream, "attempt": int(attempt),
+                     "name": "rank%d.%s%s.log" % (rank, stream, ".attempt%s" % attempt if attempt != "0" else ""),
+                     "bytes": size, "truncated": size > max_bytes, "text": text})
+    return sorted(logs, key=lambda entry: (entry["attempt"], entry["rank"], entry["stream"]))
+
+
+def live_ranks(root_pid, worker_path, marker):
+    """{pid: (global_rank, state)} of the worker processes still alive.
+
+    By parentage and by marker: a worker whose launcher died was re-parented."""
+    found = {}
+    for pid in set(descendants(root_pid)) | set(pids_with_marker(marker) if marker else ()):
         if worker_path not in cmdline_of(pid):
             continue
-        env = environ_of(pid)
-        rank = int(env.get("RANK", -1))
         stat = proc_stat(pid)
-        state = stat[0] if stat else "gone"
+        if not stat or stat[0] in ("Z", "X"):
+            continue
+        found[pid] = (int(environ_of(pid).get("RANK", -1)), stat[0])
+    return found
+
+
+def collect_stacks(root_pid, worker_path, py_spy, budget, marker=None):
+    """Stacks of every live rank, dumped at once within ``budget`` seconds.
+
+    Returns {global_rank: {pid, state, stack, stack_finished}}."""
+    ranks = live_ranks(root_pid, worker_path, marker)
+    if py_spy:
+        env = dict(os.environ)
+        if marker:
+            # A py-spy left behind by a killed module is then found and killed with the tree.
+            env[MARKER_ENV] = marker
         # A stopped rank cannot be paused again by py-spy; it cannot move either.
-        stack = (py_spy_dump(pid, py_spy, nonblocking=state in ("T", "t")) if py_spy
-                 else "py-spy not found on this node")
-        stacks[rank] = {"pid": pid, "state": state, "stack": stack}
-    return stacks
+        dumps = py_spy_dump_all({pid: state in ("T", "t") for pid, (_rank, state) in ranks.items()}, py_spy,
+                                budget, env=env)
+    else:
+        dumps = {pid: (False, "py-spy not found on this node") for pid in ranks}
+    return {rank: {"pid": pid, "state": state, "stack": dumps[pid][1], "stack_finished": dumps[pid][0]}
+            for pid, (rank, state) in ranks.items()}
 
 
 STATE_NAMES = {"R": "running", "S": "sleeping", "D": "uninterruptible (I/O)", "T": "stopped (SIGSTOP)",
@@ -297,7 +414,7 @@ def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
             entry["status"] = "hung" if (timed_out or rank in stacks) else "died"
         if rank in stacks:
             entry.update(process_state=STATE_NAMES.get(stacks[rank]["state"], stacks[rank]["state"]),
-                         stack=stacks[rank]["stack"])
+                         stack=stacks[rank]["stack"], stack_finished=stacks[rank].get("stack_finished", True))
         ranks.append(entry)
     return ranks
 
@@ -306,7 +423,7 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
     checks = {}
     bad = [r for r in ranks if r["status"] != "ok"]
     if not bad and rc == 0:
-        checks["allreduce_ranks"] = passed(
+        checks["ranks"] = passed(
             "%d rank(s) on %s completed init, correctness, barrier and bandwidth in %.1f s"
             % (len(ranks), host, elapsed), "every rank reaches stage done")
     else:
@@ -317,6 +434,8 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
                 text += " exit code %d" % r["exitcode"]
             if r.get("process_state"):
                 text += " process %s" % r["process_state"]
+            if r.get("stack_finished") is False:
+                text += " (no stack: %s)" % r["stack"].strip().splitlines()[0][:200]
             if r.get("error"):
                 text += ": %s" % r["error"].splitlines()[0][:300]
             described.append(text)
@@ -331,18 +450,18 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
             fix = ("read this node's log in the run directory for the first failing rank's traceback; if the "
                    "ranks never started check that %s imports torch and that port %d is free on the master"
                    % (params["python"], params["master_port"]))
-        checks["allreduce_ranks"] = failed(found, "every rank on %s reaches stage done and exits 0" % host, fix)
+        checks["ranks"] = failed(found, "every rank on %s reaches stage done and exits 0" % host, fix)
     wrong = [r for r in ranks if r.get("correctness") and r["correctness"].get("wrong")]
     if wrong:
         r = wrong[0]
-        checks["allreduce_correctness"] = failed(
+        checks["correctness"] = failed(
             "rank %d on %s saw %d wrong element(s) after all-reduce; first %s" % (
                 r["rank"], host, r["correctness"]["wrong"], json.dumps(r["correctness"]["first_wrong"])),
             "every element equals sum over ranks of (rank+1)*(i%13+1)",
             "silent data corruption: drain %s and run the vendor's diagnostics (GPU memory, NIC, PCIe)" % host)
     elif any(r.get("correct") for r in ranks):
-        checks["allreduce_correctness"] = passed("every element correct on every rank of %s" % host,
-                                                 "exact all-reduce result")
+        checks["correctness"] = passed("every element correct on every rank of %s" % host,
+                                       "exact all-reduce result")
     rows = [r["bandwidth"][-1] for r in ranks if r.get("bandwidth")]
     if rows:
         slowest = min(rows, key=lambda row: row["busbw_gbps"])
@@ -350,12 +469,12 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
             slowest["busbw_gbps"], slowest["algbw_gbps"], slowest["size_bytes"], host)
         minimum = params["min_busbw_gbps"]
         if minimum and slowest["busbw_gbps"] < minimum:
-            checks["allreduce_bandwidth"] = failed(
+            checks["bandwidth"] = failed(
                 found, "busbw >= %.3f GB/s" % minimum,
                 "check the chosen interface (NCCL_SOCKET_IFNAME), link speed and MTU on %s; run with "
                 "allreduce_env NCCL_DEBUG=INFO to see which transport NCCL picked" % host)
         else:
-            checks["allreduce_bandwidth"] = passed(
+            checks["bandwidth"] = passed(
                 found, ("busbw >= %.3f GB/s" % minimum) if minimum else "reported (no minimum set)")
     return checks
 
@@ -367,6 +486,55 @@ def find_py_spy(params):
     if os.access(sibling, os.X_OK):
         return sibling
     return shutil.which("py-spy")
+
+
+def run_gate(params, host, role, scratch, marker):
+    """Launch, bound, take stacks, kill; the module's result (without ``changed``)."""
+    worker_path = os.path.join(scratch, WORKER_NAME)
+    with open(worker_path, "w") as handle:
+        handle.write(params["worker_source"])
+    out_dir = os.path.join(scratch, "ranks")
+    log_dir = os.path.join(scratch, "torchrun-logs")
+    log_path = os.path.join(scratch, "torchrun.log")
+    argv = build_argv(params, worker_path, out_dir, role, log_dir)
+    py_spy = find_py_spy(params)
+    stacks = {}
+    # One budget for every stack collection of the run, so the module's bound
+    # is hard_timeout + stack_budget + the kill, however often ranks fail.
+    budget = {"left": float(params["stack_budget"]), "spent": 0.0}
+
+    def take_stacks(pid):
+        if budget["left"] <= 0:
+            return
+        start = time.monotonic()
+        try:
+            found = collect_stacks(pid, worker_path, py_spy, budget["left"], marker=marker)
+        finally:
+            spent = time.monotonic() - start
+            budget["left"] -= spent
+            budget["spent"] += spent
+        for rank, entry in found.items():
+            # A later stack is the newer story, unless it did not finish.
+            if entry["stack_finished"] or not stacks.get(rank, {}).get("stack_finished"):
+                stacks[rank] = entry
+
+    def poll(pid):
+        # A rank that failed lingers a moment (the worker's --linger) so the
+        # stacks of its still-running peers can be taken before torchrun
+        # tears them down: the peer stuck in a collective is the story.
+        if not stacks and any(data.get("status") in ("error", "wrong")
+                              for data in read_rank_files(out_dir).values()):
+            take_stacks(pid)
+
+    rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, scratch), cwd=scratch,
+                                         stdout_path=log_path, marker=marker, on_timeout=take_stacks, poll=poll)
+    log_text = read_tail(log_path, params["log_max_bytes"])[0]
+    ranks = summarize_ranks(params, read_rank_files(out_dir), parse_exitcodes(log_text), stacks, timed_out)
+    first = params["node_rank"] * params["nproc_per_node"]
+    return dict(torchrun_rc=rc, timed_out=timed_out, elapsed=elapsed, stack_seconds=round(budget["spent"], 3),
+                ranks=ranks, log=log_text, rank_logs=read_rank_logs(log_dir, first, params["rank_log_max_bytes"]),
+                argv=argv, hostname=host, scratch=scratch if params["keep_scratch"] else None,
+                checks=node_checks(params, host, rc, timed_out, elapsed, ranks))
 
 
 def main():
@@ -382,6 +550,7 @@ def main():
             backend=dict(type="str", default="gloo", choices=["gloo", "nccl"]),
             timeout=dict(type="float", default=30),
             hard_timeout=dict(type="float", default=120),
+            stack_budget=dict(type="float", default=20),
             sizes=dict(type="list", elements="int", default=[1048576, 4194304, 16777216]),
             iters=dict(type="int", default=5),
             warmup=dict(type="int", default=2),
@@ -393,6 +562,7 @@ def main():
             scratch_dir=dict(type="path"),
             keep_scratch=dict(type="bool", default=False),
             log_max_bytes=dict(type="int", default=262144),
+            rank_log_max_bytes=dict(type="int", default=32768),
             selftest_fault=dict(type="str", default="none", choices=["none", "exit", "hang", "corrupt"]),
             selftest_rank=dict(type="int", default=-1),
         ),
@@ -409,49 +579,42 @@ def main():
     if params["timeout"] <= 0 or params["hard_timeout"] <= params["timeout"]:
         problems.append("need 0 < timeout < hard_timeout, got timeout=%s hard_timeout=%s"
                         % (params["timeout"], params["hard_timeout"]))
+    if params["stack_budget"] < 0:
+        problems.append("stack_budget must be 0 or more seconds, got %s" % params["stack_budget"])
+    for name in ("log_max_bytes", "rank_log_max_bytes"):
+        if params[name] < 0:
+            problems.append("%s must be 0 or more, got %d" % (name, params[name]))
+    if params["scratch_dir"] and not os.path.isdir(params["scratch_dir"]):
+        problems.append("scratch_dir %s is not a directory" % params["scratch_dir"])
     if problems:
         module.fail_json(msg="; ".join(problems))
 
     host = socket.gethostname().split(".")[0]
     role = params["role"] or host
-    scratch = tempfile.mkdtemp(prefix="preflight-allreduce-", dir=params["scratch_dir"])
-    try:
-        worker_path = os.path.join(scratch, WORKER_NAME)
-        with open(worker_path, "w") as handle:
-            handle.write(params["worker_source"])
-        out_dir = os.path.join(scratch, "ranks")
-        log_path = os.path.join(scratch, "torchrun.log")
-        argv = build_argv(params, worker_path, out_dir, role)
-        py_spy = find_py_spy(params)
-        stacks = {}
-
-        def on_timeout(pid):
-            stacks.update(collect_stacks(pid, worker_path, py_spy))
-
-        def poll(pid):
-            # A rank that failed lingers a moment (the worker's --linger) so the
-            # stacks of its still-running peers can be taken before torchrun
-            # tears them down: the peer stuck in a collective is the story.
-            if not stacks and any(data.get("status") in ("error", "wrong")
-                                  for data in read_rank_files(out_dir).values()):
-                stacks.update(collect_stacks(pid, worker_path, py_spy))
-
-        rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params), cwd=scratch,
-                                             stdout_path=log_path, marker=uuid.uuid4().hex, on_timeout=on_timeout,
-                                             poll=poll)
-        with open(log_path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - params["log_max_bytes"]))
-            log_text = handle.read().decode(errors="replace")
-        ranks = summarize_ranks(params, read_rank_files(out_dir), parse_exitcodes(log_text), stacks, timed_out)
-        checks = node_checks(params, host, rc, timed_out, elapsed, ranks)
-    finally:
-        if not params["keep_scratch"]:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    module.exit_json(changed=False, torchrun_rc=rc, timed_out=timed_out, elapsed=elapsed, ranks=ranks, log=log_text,
-                     argv=argv, hostname=host, scratch=scratch if params["keep_scratch"] else None, checks=checks)
+    marker = uuid.uuid4().hex
+    started = time.monotonic()
+    result, interrupted = None, None
+    with interruptible():
+        scratch = None
+        try:
+            scratch = tempfile.mkdtemp(prefix="preflight-allreduce-", dir=params["scratch_dir"])
+            # The guard cleans up if this process is killed outright (SIGKILL).
+            with Guard(marker, cleanup=[] if params["keep_scratch"] else [scratch]):
+                try:
+                    result = run_gate(params, host, role, scratch, marker)
+                finally:
+                    if not params["keep_scratch"]:
+                        shutil.rmtree(scratch, ignore_errors=True)
+        except Interrupted as exc:
+            interrupted = exc
+            # The signal may have cut the removal above short; another one cannot interrupt this.
+            if scratch and not params["keep_scratch"]:
+                shutil.rmtree(scratch, ignore_errors=True)
+    if interrupted:
+        module.fail_json(msg="the all-reduce on %s was interrupted by %s after %.1f s; its process tree was killed"
+                             % (host, interrupted.signal_name, time.monotonic() - started),
+                         interrupted=interrupted.signal_name, hostname=host)
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,13 @@ description:
     other arguments, trailing comments and every other line stay byte-for-byte.
   - When a file changed, regenerates grub.cfg with O(update_command) (never in check mode).
   - Compares the result with the running kernel's command line (O(proc_cmdline)) and reports whether a reboot
-    is needed. Reports findings as check results in RV(checks) and never fails the task for a finding.
+    is needed. Reports findings as check results in RV(checks) and never fails the task for a finding (no grub
+    defaults, a file grub-mkconfig could not parse, an unreadable O(proc_cmdline)). It fails only when it cannot
+    do its job - a grub file that exists but cannot be read or written, or O(update_command) failing - with a
+    message that says what was found, what was expected and the fix.
+  - Reads, decides and judges with the functions of C(module_utils/preflight_grub.py) that the preflight audit's
+    C(iommu) decider also runs, so an audit reports exactly what bring-up would change; the files are written
+    only outside check mode.
 version_added: "1.0.0"
 author:
   - Cluster preflight maintainers
@@ -227,39 +233,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_files import write_atomic
-from ansible.module_utils.preflight_checks import check, passed, warned
 from ansible.module_utils.preflight_grub import (
-    CMDLINE_VARIABLES, GrubFiles, ShellParseError, append_args, contributing, dropin_text, is_safe_arg,
-    matches_absent, new_assignment, parse_proc_cmdline, remove_args, replace_value, split_args)
-
-DROPIN_HEADER = (
-    "Managed by Ansible (grub_cmdline module of the cluster preflight); rewritten whole on every run.",
-    "grub-mkconfig sources this file after /etc/default/grub.",
-)
-AUTO_UPDATE_COMMANDS = (
-    ("update-grub", []),
-    ("grub2-mkconfig", ["-o", "/boot/grub2/grub.cfg"]),
-    ("grub-mkconfig", ["-o", "/boot/grub/grub.cfg"]),
-)
-
-
-def under_root(root, path):
-    if not root or root == "/":
-        return path
-    return os.path.join(root, path.lstrip("/"))
-
-
-def read_text(path):
-    """The file's text (bytes kept through surrogateescape), or None if absent."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read().decode("utf-8", "surrogateescape")
-    except FileNotFoundError:
-        return None
-
-
-def describe_args(words):
-    return " ".join(words) if words else "(none)"
+    AUTO_UPDATE_COMMANDS, CMDLINE_VARIABLES, argument_problems, cmdline_check, grub_check, plan, read_cmdline,
+    read_files, reboot_required, rooted, running_args, wanted_args)
 
 
 def find_update_command(module, root):
@@ -272,80 +248,40 @@ def find_update_command(module, root):
     return None
 
 
-def plan(params, grub_default, dropin_dir, dropin_path, mode):
-    """Work out the new contents of every file; touches nothing."""
-    order = [grub_default]
-    dropins = []
-    if os.path.isdir(dropin_dir):
-        dropins = [os.path.join(dropin_dir, name) for name in os.listdir(dropin_dir)
-                   if name.endswith(".cfg") and os.path.isfile(os.path.join(dropin_dir, name))]
-    if mode == "dropin" and dropin_path not in dropins:
-        dropins.append(dropin_path)
-    order.extend(sorted(dropins))
-    contents = dict((path, read_text(path)) for path in order)
-    files = GrubFiles(order, contents)
-    exclude = (dropin_path,) if mode == "dropin" else ()
-
-    # Removals: edit the assignments that reach each variable's final value.
-    _env, assignments, _notes = files.evaluate(exclude=exclude)
-    edits = {}
-    removed = []
-    for name in params["absent_variables"]:
-        for item in contributing(assignments, name):
-            new_value, gone = remove_args(files.contents[item.path], item, params["absent"])
-            if gone:
-                edits.setdefault(item.path, []).append((item, new_value))
-                removed.extend(gone)
-    for path, path_edits in edits.items():
-        text = files.contents[path]
-        for item, new_value in sorted(path_edits, key=lambda edit: edit[0].value_start, reverse=True):
-            text = replace_value(text, item, new_value)
-        files.contents[path] = text
-
-    # Additions: the drop-in, or the last assignment in the grub defaults file.
-    env, assignments, _notes = files.evaluate(exclude=exclude)
-    current = split_args(env.get(params["variable"], ""))
-    added = []
-    for arg in params["args"]:
-        if arg not in current and arg not in added:
-            added.append(arg)
-    if mode == "dropin":
-        files.contents[dropin_path] = (
-            dropin_text(params["variable"], added, DROPIN_HEADER) if added else None)
-    elif added:
-        text = files.contents[grub_default]
-        own = [item for item in assignments if item.name == params["variable"] and item.path == grub_default]
-        if own:
-            files.contents[grub_default] = replace_value(text, own[-1], append_args(text, own[-1], added))
-        else:
-            files.contents[grub_default] = new_assignment(text, params["variable"], added)
-
-    env, assignments, notes = files.evaluate()
-    effective = dict((name, split_args(env.get(name, ""))) for name in CMDLINE_VARIABLES)
-    return {
-        "original": contents,
-        "files": files,
-        "effective": effective,
-        "added": added,
-        "removed": removed,
-        "notes": notes,
-        "assignments": assignments,
-    }
+def write_files(module, outcome, backup, result):
+    """Write (or remove) every changed file; fails the task naming the file."""
+    files = outcome["files"]
+    for path in outcome["changed_paths"]:
+        if backup and outcome["original"].get(path) is not None:
+            result["backup_files"].append(module.backup_local(path))
+        text = files.contents.get(path)
+        try:
+            if text is None:
+                os.unlink(path)
+            else:
+                write_atomic(module, path, text)
+        except (IOError, OSError) as exc:
+            module.fail_json(msg="cannot write %s: %s. Expected: a writable grub defaults directory. Fix: run as "
+                                 "root (become) on a node whose /etc is writable" % (path, exc), **result)
 
 
-def grub_findings(params, effective, assignments):
-    """Text of what the grub defaults lack or carry, empty when they match."""
-    findings = []
-    variable = params["variable"]
-    lacking = [arg for arg in params["args"] if arg not in effective[variable]]
-    if lacking:
-        findings.append("%s lacks %s" % (variable, " ".join(lacking)))
-    for name in params["absent_variables"]:
-        unwanted = [arg for arg in effective[name] if matches_absent(arg, params["absent"])]
-        if unwanted:
-            where = ["%s line %d" % (item.path, item.line) for item in reversed(contributing(assignments, name))]
-            findings.append("%s carries %s (from %s)" % (name, " ".join(unwanted), ", ".join(where)))
-    return findings
+def regenerate(module, params, update_command, changed_paths, result):
+    """Run the update command; returns why grub.cfg was not regenerated, or None."""
+    if update_command:
+        rc, out, err = module.run_command(update_command, environ_update=dict(LANG="C", LC_ALL="C"))
+        if rc != 0:
+            result.update(rc=rc, stdout=out, stderr=err)
+            module.fail_json(msg="%s failed (rc %d) after changing %s: %s. Expected: grub.cfg regenerated. Fix: "
+                                 "repair the boot loader set-up the message names, then re-run bring-up" % (
+                                     " ".join(update_command), rc, ", ".join(changed_paths), (err or out).strip()),
+                             **result)
+        result["regenerated"] = True
+        return None
+    if params["update_command"] is not None and not params["update_command"]:
+        return "grub.cfg was not regenerated (update_command is empty)"
+    if params["root"] not in ("", "/"):
+        return "grub.cfg was not regenerated (root is %s and no update_command was given)" % params["root"]
+    return "grub.cfg was not regenerated: none of update-grub, grub2-mkconfig, grub-mkconfig was found"
 
 
 def main():
@@ -370,89 +306,41 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    for arg in params["args"] + params["absent"]:
-        if not is_safe_arg(arg):
-            module.fail_json(msg="kernel argument %r is not allowed: it must not contain blanks, quotes, '$', "
-                                 "backslashes or shell operators" % arg)
-    clashes = [arg for arg in params["args"] if matches_absent(arg, params["absent"])]
-    if clashes:
-        module.fail_json(msg="absent names %s, which args asks to add; drop it from one of the two"
-                             % ", ".join(clashes))
-    if "/" in params["dropin_name"] or not params["dropin_name"].endswith(".cfg"):
-        module.fail_json(msg="dropin_name %r must be a file name ending in .cfg (grub-mkconfig sources only "
-                             "*.cfg from the drop-in directory)" % params["dropin_name"])
+    wanted = wanted_args(params["args"], params["absent"], params["variable"], params["absent_variables"],
+                         params["dropin_name"], params["grub_default"])
+    problems = argument_problems(wanted)
+    if problems:
+        module.fail_json(msg="; ".join("%s. Expected: %s. Fix: %s" % problem for problem in problems))
 
     root = params["root"]
-    grub_default = under_root(root, params["grub_default"])
-    dropin_dir = under_root(root, params["dropin_dir"])
-    dropin_path = os.path.join(dropin_dir, params["dropin_name"])
-    proc_cmdline = under_root(root, params["proc_cmdline"])
-    mode = params["mode"]
-    if mode == "auto":
-        mode = "dropin" if os.path.isdir(dropin_dir) else "inplace"
     grub_name = "%s_grub" % params["check_prefix"]
     cmdline_name = "%s_cmdline" % params["check_prefix"]
-    variable = params["variable"]
-    wanted = "%s has %s" % (variable, describe_args(params["args"]))
-    if params["absent"]:
-        wanted += "; %s carry none of %s" % ("/".join(params["absent_variables"]), describe_args(params["absent"]))
-    by_hand = []
-    if params["args"]:
-        by_hand.append("add %s to %s in %s" % (" ".join(params["args"]), variable, params["grub_default"]))
-    if params["absent"]:
-        by_hand.append("remove %s from %s" % (" ".join(params["absent"]), " and ".join(params["absent_variables"])))
-    manual_fix = "run bringup.yml, or %s, then run update-grub (grub2-mkconfig -o /boot/grub2/grub.cfg on RHEL) " \
-                 "and reboot the node" % " and ".join(by_hand)
-
-    result = dict(changed=False, mode=mode, files=[], effective_args=[], effective={}, added=[], removed=[],
-                  converged=False, reboot_required=False, regenerated=False, update_command=None,
+    result = dict(changed=False, mode=params["mode"], files=[], effective_args=[], effective={}, added=[],
+                  removed=[], converged=False, reboot_required=False, regenerated=False, update_command=None,
                   backup_files=[], notes=[], checks={})
 
-    # The running kernel.
-    running = None
-    try:
-        with open(proc_cmdline, "r") as handle:
-            running = parse_proc_cmdline(handle.read())
-    except (IOError, OSError) as exc:
-        result["checks"][cmdline_name] = warned(
-            "cannot read %s: %s" % (proc_cmdline, exc), "running kernel booted with %s" % wanted,
-            "check that %s is readable on the node" % proc_cmdline)
-    if running is not None:
-        result["reboot_required"] = (any(arg not in running for arg in params["args"])
-                                     or any(matches_absent(arg, params["absent"]) for arg in running))
-
-    if read_text(grub_default) is None and not (mode == "dropin" and os.path.isdir(dropin_dir)):
-        result["checks"][grub_name] = check(
-            params["drift_status"], "no %s on this node: grub does not appear to be its boot loader" % grub_default,
-            wanted, "add %s to the kernel command line of the node's boot loader and reboot"
-            % describe_args(params["args"]))
-        finish_cmdline_check(result, running, params, cmdline_name, grub_ready=False)
+    # Read, then decide what to write: the same functions the audit's decider uses.
+    snapshot = read_files(rooted(root, params["grub_default"]), rooted(root, params["dropin_dir"]))
+    cmdline = read_cmdline(rooted(root, params["proc_cmdline"]))
+    outcome = plan(snapshot, wanted, params["mode"])
+    result["mode"] = outcome["mode"]
+    result["reboot_required"] = bool(reboot_required(running_args(cmdline), wanted))
+    if outcome["state"] == "unreadable":
+        module.fail_json(msg="cannot read the grub defaults %s: %s. Expected: readable grub defaults. Fix: run as "
+                             "root (become)" % (outcome["path"], outcome["error"]), **result)
+    if outcome["state"] != "planned":
+        result["checks"][grub_name] = grub_check(outcome, wanted, params["drift_status"])
+        result["checks"][cmdline_name] = cmdline_check(cmdline, wanted, grub_ready=False)
         module.exit_json(**result)
 
-    try:
-        outcome = plan(params, grub_default, dropin_dir, dropin_path, mode)
-    except ShellParseError as exc:
-        result["checks"][grub_name] = check(
-            "fail", "cannot evaluate the grub defaults: %s" % exc, wanted,
-            "fix the shell syntax of %s line %d (grub-mkconfig fails on it too)" % (exc.path, exc.line))
-        finish_cmdline_check(result, running, params, cmdline_name, grub_ready=False)
-        module.exit_json(**result)
-    except (IOError, OSError) as exc:
-        module.fail_json(msg="cannot read the grub defaults: %s" % exc)
-
-    files = outcome["files"]
-    original = outcome["original"]
-    changed_paths = [path for path in files.order if files.contents.get(path) != original.get(path)]
+    changed_paths = outcome["changed_paths"]
     effective = outcome["effective"]
-    findings_after = grub_findings(params, effective, outcome["assignments"])
-    converged = not findings_after
     result.update(changed=bool(changed_paths), files=changed_paths, effective=effective,
-                  effective_args=effective[variable], added=outcome["added"], removed=outcome["removed"],
-                  converged=converged, notes=outcome["notes"])
-
+                  effective_args=effective[params["variable"]], added=outcome["added"], removed=outcome["removed"],
+                  converged=not outcome["findings_after"], notes=outcome["notes"])
     if changed_paths and module._diff:
-        diffs = [dict(before_header=path, after_header=path, before=original.get(path) or "",
-                      after=files.contents.get(path) or "") for path in changed_paths]
+        diffs = [dict(before_header=path, after_header=path, before=outcome["original"].get(path) or "",
+                      after=outcome["files"].contents.get(path) or "") for path in changed_paths]
         result["diff"] = diffs[0] if len(diffs) == 1 else diffs
 
     update_command = params["update_command"]
@@ -462,99 +350,18 @@ def main():
         update_command = None
     result["update_command"] = update_command
 
+    # Act only outside check mode.
     regenerate_problem = None
-    if changed_paths and not module.check_mode:
-        for path in changed_paths:
-            if params["backup"] and original.get(path) is not None:
-                result["backup_files"].append(module.backup_local(path))
-            text = files.contents.get(path)
-            try:
-                if text is None:
-                    os.unlink(path)
-                else:
-                    if not os.path.isdir(os.path.dirname(path)):
-                        os.makedirs(os.path.dirname(path), 0o755)
-                    write_atomic(module, path, text)
-            except (IOError, OSError) as exc:
-                module.fail_json(msg="cannot write %s: %s" % (path, exc), **result)
-        if update_command:
-            rc, out, err = module.run_command(update_command, environ_update=dict(LANG="C", LC_ALL="C"))
-            if rc != 0:
-                result.update(rc=rc, stdout=out, stderr=err)
-                module.fail_json(msg="%s failed (rc %d) after changing %s: %s" % (
-                    " ".join(update_command), rc, ", ".join(changed_paths), (err or out).strip()), **result)
-            result["regenerated"] = True
-        elif params["update_command"] is not None and not params["update_command"]:
-            regenerate_problem = "grub.cfg was not regenerated (update_command is empty)"
-        elif root not in ("", "/"):
-            regenerate_problem = "grub.cfg was not regenerated (root is %s and no update_command was given)" % root
-        else:
-            regenerate_problem = ("grub.cfg was not regenerated: none of update-grub, grub2-mkconfig, grub-mkconfig "
-                                  "was found")
+    applied = bool(changed_paths) and not module.check_mode
+    if applied:
+        write_files(module, outcome, params["backup"], result)
+        regenerate_problem = regenerate(module, params, update_command, changed_paths, result)
 
-    # The grub defaults check.
-    if not converged:
-        result["checks"][grub_name] = check(
-            params["drift_status"],
-            "%s even after this module's edits (arguments built from variables or glued to other text are not "
-            "edited, and a later file can override an earlier one)" % "; ".join(findings_after),
-            wanted, "edit the lines named by hand: %s" % manual_fix)
-    elif changed_paths and module.check_mode:
-        before, before_assignments = evaluate_original(original, files.order)
-        findings_before = (grub_findings(params, before, before_assignments)
-                           or ["%s need rewriting" % ", ".join(changed_paths)])
-        result["checks"][grub_name] = check(
-            params["drift_status"], "; ".join(findings_before), wanted, manual_fix,
-            files=changed_paths)
-    elif regenerate_problem:
-        result["checks"][grub_name] = warned(
-            "grub defaults now carry the change but %s" % regenerate_problem, "%s in grub.cfg" % wanted,
-            "regenerate grub.cfg (update-grub, or grub2-mkconfig -o /boot/grub2/grub.cfg) and reboot the node")
-    else:
-        result["checks"][grub_name] = passed(
-            "%s (%s)" % (describe_effective(params), "changed: " + ", ".join(changed_paths)
-                         if changed_paths else "no change needed"), wanted)
+    result["checks"][grub_name] = grub_check(outcome, wanted, params["drift_status"], applied=applied,
+                                             regenerate_problem=regenerate_problem)
     grub_ready = result["checks"][grub_name]["status"] == "pass"
-    finish_cmdline_check(result, running, params, cmdline_name, grub_ready)
+    result["checks"][cmdline_name] = cmdline_check(cmdline, wanted, grub_ready)
     module.exit_json(**result)
-
-
-def evaluate_original(original, order):
-    """Effective arguments and assignments of the files as they are on disk."""
-    files = GrubFiles(order, original)
-    env, assignments, _notes = files.evaluate()
-    return dict((name, split_args(env.get(name, ""))) for name in CMDLINE_VARIABLES), assignments
-
-
-def describe_effective(params):
-    text = "%s has %s" % (params["variable"], describe_args(params["args"]))
-    if params["absent"]:
-        text += ", and no %s" % " ".join(params["absent"])
-    return text
-
-
-def finish_cmdline_check(result, running, params, name, grub_ready):
-    """The running kernel check; ``grub_ready``: a reboot alone would fix it."""
-    if running is None:
-        return
-    not_running = [arg for arg in params["args"] if arg not in running]
-    unwanted = [arg for arg in running if matches_absent(arg, params["absent"])]
-    without = ", without %s" % " ".join(params["absent"]) if params["absent"] else ""
-    expected = "running kernel booted with %s%s" % (describe_args(params["args"]), without)
-    if not not_running and not unwanted:
-        result["checks"][name] = passed(
-            "running kernel command line has %s%s" % (describe_args(params["args"]), without), expected)
-        return
-    found = []
-    if not_running:
-        found.append("running kernel command line lacks %s" % " ".join(not_running))
-    if unwanted:
-        found.append("running kernel command line carries %s" % " ".join(unwanted))
-    if grub_ready:
-        fix = "reboot the node so it boots with the new kernel command line"
-    else:
-        fix = "run bringup.yml to fix the grub defaults and regenerate grub.cfg, then reboot the node"
-    result["checks"][name] = warned("; ".join(found), expected, fix)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,13 @@ description:
   - Reports whether any PAM service in C(/etc/pam.d) loads C(pam_limits.so), since limits.d is applied
     only by it. Processes started by systemd units or a batch daemon get their limits elsewhere
     (C(LimitCORE=), the daemon's own propagation) and are not covered by this file.
-  - Findings never fail the task; they are returned in RV(checks).
+  - "Reads the node (C(preflight_limits.read_limits)), writes only outside check mode, then judges what is
+    there with C(decide_limits) - the same reader and decider the preflight audit (capability C(core_dumps))
+    uses, so the writer and the audit never disagree. The drop-in passes when its lines are exactly the
+    wanted ones (comments aside); C(changed) compares the whole file, header and comment included."
+  - Findings never fail the task; they are returned in RV(checks). The task fails only for bad arguments or
+    when the drop-in cannot be written (read-only C(/etc), no permission), with found, expected and fix.
+    A missing C(limits.d), PAM directory or unreadable limits file is a finding, not an error.
 version_added: "1.0.0"
 author: Cluster preflight maintainers
 options:
@@ -159,171 +165,10 @@ diff:
 """
 
 import os
-import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_checks import check, not_applicable, passed
-from ansible.module_utils.preflight_sysctl import read_text, rooted, write_dropin
-
-MAN = "see man limits.conf"
-TYPES = ("soft", "hard", "-")
-# Items of limits.conf(5).
-ITEMS = ("core", "data", "fsize", "memlock", "nofile", "rss", "stack", "cpu", "nproc", "as", "maxlogins",
-         "maxsyslogins", "nonewprivs", "priority", "locks", "sigpending", "msgqueue", "nice", "rtprio")
-UNLIMITED = ("unlimited", "infinity", "-1")
-HEADER = ("# Managed by the cluster preflight (module limits_dropin): %s limits only;\n"
-          "# local edits are overwritten: change the preflight variables instead.\n")
-_RANGE = re.compile(r"^@?[0-9]*:[0-9]*$")
-
-def validate(domains, types, item, value):
-    """Every problem with the inputs, each naming the bad value."""
-    errors = []
-    if item not in ITEMS:
-        errors.append("item %r is not a limits.conf item (one of %s; %s)" % (item, ", ".join(ITEMS), MAN))
-    for limit_type in types:
-        if limit_type not in TYPES:
-            errors.append("limit type %r is not one of soft, hard, - (%s)" % (limit_type, MAN))
-    if not types:
-        errors.append("types must name at least one of soft, hard, - (%s)" % MAN)
-    if not domains:
-        errors.append("domains must name at least one domain such as * or root (%s)" % MAN)
-    for domain in domains:
-        if not domain or any(char.isspace() for char in domain) or "#" in domain:
-            errors.append("domain %r is not a user name, @group, * or uid range (%s)" % (domain, MAN))
-        elif domain.startswith("%"):
-            errors.append("domain %r: %% domains apply to maxlogins only (%s)" % (domain, MAN))
-    normalized = str(value).strip().lower()
-    if item in ("nice", "priority"):
-        if not re.match(r"^-?[0-9]+$", normalized) or not -20 <= int(normalized) <= 19:
-            errors.append("value %r for %s must be an integer from -20 to 19 (%s)" % (value, item, MAN))
-    elif normalized not in UNLIMITED and not re.match(r"^[0-9]+$", normalized):
-        errors.append("value %r for %s must be a non-negative integer or unlimited (%s)" % (value, item, MAN))
-    return errors
-
-
-def normalize_value(value):
-    value = str(value).strip().lower()
-    return "unlimited" if value in UNLIMITED else value
-
-
-def is_uid_range(domain):
-    return bool(_RANGE.match(domain)) and not domain.startswith("@")
-
-
-def parse(text):
-    """Lines of a limits file: list of ``(lineno, domain, type, item, value)``."""
-    result = []
-    for lineno, raw in enumerate((text or "").splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        fields = line.split()
-        if len(fields) != 4:
-            continue
-        domain, limit_type, item, value = (field.lower() if index else field for index, field in enumerate(fields))
-        result.append((lineno, domain, limit_type, item, value))
-    return result
-
-
-def render(item, entries, comment=""):
-    lines = [HEADER % item]
-    for line in str(comment or "").splitlines():
-        lines.append(("# " + line.strip()).rstrip() + "\n")
-    for entry in entries:
-        lines.append("%-10s %-5s %-8s %s\n" % (entry["domain"], entry["type"], entry["item"], entry["value"]))
-    return "".join(lines)
-
-
-def read_order(root, limits_conf, limits_dir, dropin):
-    """Files in the order pam_limits reads them (limits.conf, then limits.d/*.conf sorted)."""
-    files = [limits_conf]
-    names = set()
-    full_dir = rooted(root, limits_dir)
-    if os.path.isdir(full_dir):
-        names.update(name for name in os.listdir(full_dir) if name.endswith(".conf"))
-    names.add(os.path.basename(dropin))
-    files.extend(os.path.join(limits_dir, name) for name in sorted(names))
-    return files
-
-
-def _applies_to(domain):
-    if domain == "*":
-        return "every user but root"
-    if domain.startswith("@"):
-        return "members of group %s (not root)" % domain[1:]
-    if is_uid_range(domain):
-        return "uids %s" % domain
-    return "user %s" % domain
-
-
-def _range_has_root(domain):
-    low, _sep, high = domain.partition(":")
-    if not low:
-        return high == "0"  # ":N" matches uid N exactly
-    return int(low) == 0
-
-
-def _beats(our_domain, line_domain, later):
-    """Whether a line for ``line_domain`` overrides ours for some users
-    (pam_limits: a user or uid-range line beats a group line beats '*';
-    among lines of the same kind the one read later wins)."""
-    if our_domain == "*":
-        if line_domain == "*":
-            return later
-        # root is never covered by '*', so a root line takes nothing from ours.
-        return line_domain != "root"
-    if our_domain.startswith("@"):
-        if line_domain == our_domain:
-            return later
-        return not line_domain.startswith("@") and line_domain != "*"
-    if line_domain == our_domain:
-        return later
-    if our_domain == "root" and is_uid_range(line_domain):
-        return later and _range_has_root(line_domain)
-    return False
-
-
-def conflicts_for(lines, ours, item, entries):
-    """Lines (from every file, in read order, ours included) that override
-    ours for some users with a different value."""
-    found = []
-    positions = [index for index, line in enumerate(lines) if line["file"] == ours]
-    last_ours = positions[-1] if positions else -1
-    for entry in entries:
-        want = normalize_value(entry["value"])
-        wanted_types = ("soft", "hard") if entry["type"] == "-" else (entry["type"],)
-        for index, line in enumerate(lines):
-            if line["file"] == ours or line["item"] != item:
-                continue
-            if not any(line["type"] in ("-", wanted) for wanted in wanted_types):
-                continue
-            if normalize_value(line["value"]) == want:
-                continue
-            if not _beats(entry["domain"], line["domain"], index > last_ours):
-                continue
-            conflict = {"file": line["file"], "line": line["lineno"], "domain": line["domain"],
-                        "type": line["type"], "item": line["item"], "value": line["value"],
-                        "overrides": "%s %s" % (entry["domain"], entry["type"]),
-                        "applies_to": _applies_to(line["domain"])}
-            if conflict not in found:
-                found.append(conflict)
-    return found
-
-
-def pam_services(root, pam_dir):
-    """PAM service files with a live ``pam_limits.so`` line; ``None`` without a PAM directory."""
-    full = rooted(root, pam_dir)
-    if not os.path.isdir(full):
-        return None
-    services = []
-    for name in sorted(os.listdir(full)):
-        text = read_text(root, os.path.join(pam_dir, name))
-        if text is None:
-            continue
-        for raw in text.splitlines():
-            line = raw.split("#", 1)[0]
-            if "pam_limits.so" in line:
-                services.append(os.path.join(pam_dir, name))
-                break
-    return services
+from ansible.module_utils import preflight_limits as limits
+from ansible.module_utils.preflight_sysctl import rooted, write_dropin
 
 
 def main():
@@ -335,9 +180,9 @@ def main():
             item=dict(type="str", default="core"),
             value=dict(type="str", default="unlimited"),
             state=dict(type="str", default="present", choices=["present", "audit"]),
-            limits_conf=dict(type="path", default="/etc/security/limits.conf"),
-            limits_dir=dict(type="path", default="/etc/security/limits.d"),
-            pam_dir=dict(type="path", default="/etc/pam.d"),
+            limits_conf=dict(type="path", default=limits.LIMITS_CONF),
+            limits_dir=dict(type="path", default=limits.LIMITS_DIR),
+            pam_dir=dict(type="path", default=limits.PAM_DIR),
             root=dict(type="path", default="/"),
             backup=dict(type="bool", default=False),
             policy=dict(type="str", default="fail", choices=["warn", "fail"]),
@@ -351,86 +196,52 @@ def main():
     types = [str(limit_type).strip().lower() for limit_type in params["types"]]
     domains = [str(domain).strip() for domain in params["domains"]]
     value = str(params["value"]).strip().lower()
-    errors = validate(domains, types, item, value)
+    errors = limits.validate(domains, types, item, value)
     path = os.path.normpath(params["path"])
-    limits_dir = os.path.normpath(params["limits_dir"])
-    limits_conf = os.path.normpath(params["limits_conf"])
-    if not path.endswith(".conf") or os.path.dirname(path) != limits_dir or path == limits_conf:
-        errors.append("path %s must be a *.conf file of its own in %s, otherwise pam_limits never reads it (%s)"
-                      % (path, limits_dir, MAN))
+    problem = limits.path_problem(path, os.path.normpath(params["limits_dir"]),
+                                  os.path.normpath(params["limits_conf"]))
+    if problem:
+        errors.append(problem)
     if errors:
         module.fail_json(msg="Invalid limits: " + "; ".join(errors), errors=errors)
 
     root = params["root"]
-    policy = params["policy"]
     short = params["check_name"] or "%s_limits" % item
     present = params["state"] == "present"
-    entries = [{"domain": domain, "type": limit_type, "item": item, "value": value}
-               for domain in domains for limit_type in types]
+    entries = limits.entries_for(domains, types, item, value)
 
-    before = read_text(root, path)
-    desired_text = render(item, entries, params["comment"])
-    after = desired_text if present else before
-    changed = present and before != desired_text
+    # Read, decide what to write, write only outside check mode, then judge what
+    # is there now with the same decider the audit uses.
+    def read():
+        return limits.read_limits(root, path, params["limits_conf"], params["limits_dir"], params["pam_dir"],
+                                  item=item)
+
+    before = read()
+    if before["error"] and present:
+        module.fail_json(msg="Found: %s. Expected: a readable %s. Fix: run the bring-up as root "
+                             "(preflight_become: true)." % (before["error"], path))
+    desired_text = limits.render(item, entries, params["comment"])
+    after_text = desired_text if present else before["text"]
+    changed = present and before["text"] != desired_text
     result = dict(changed=changed, entries=entries, path=path)
-    if changed and not module.check_mode:
-        backup_file = write_dropin(module, rooted(root, path), desired_text, params["backup"])
+    applied = changed and not module.check_mode
+    if applied:
+        try:
+            backup_file = write_dropin(module, rooted(root, path), desired_text, params["backup"])
+        except OSError as exc:
+            module.fail_json(
+                msg="Cannot write %s on %s. Found: %s. Expected: a writable %s. Fix: make %s writable (a "
+                    "read-only /etc needs the image that provides it to carry the drop-in) or run the bring-up "
+                    "as root." % (path, os.uname().nodename, exc.strerror or exc, os.path.dirname(path), path))
         if backup_file:
             result["backup_file"] = backup_file
+    after = read() if applied else before
 
-    checks = {}
-    expected = "; ".join("%s %s %s %s" % (e["domain"], e["type"], e["item"], e["value"]) for e in entries)
-    now = desired_text if (changed and not module.check_mode) else before
-    if now == desired_text:
-        checks[short] = passed("%s holds %s" % (path, expected), "%s in %s" % (expected, path))
-    else:
-        ours = [(d, t, i, v) for _n, d, t, i, v in parse(now)]
-        missing = [e for e in entries
-                   if (e["domain"], e["type"], e["item"], e["value"]) not in ours]
-        found = ("%s does not exist" % path if now is None else
-                 "%s lacks %s" % (path, "; ".join("%s %s %s %s" % (e["domain"], e["type"], e["item"], e["value"])
-                                                 for e in missing)) if missing else
-                 "%s holds other lines besides the managed ones" % path)
-        checks[short] = check(policy, found, "%s in %s" % (expected, path),
-                              "run the node bring-up (it writes %s) or write those lines there by hand" % path)
-
-    lines = []
-    for name in read_order(root, limits_conf, limits_dir, path):
-        text = desired_text if (name == path and present) else read_text(root, name)
-        for lineno, domain, limit_type, line_item, line_value in parse(text):
-            lines.append({"file": name, "lineno": lineno, "domain": domain, "type": limit_type,
-                          "item": line_item, "value": line_value})
-    conflicts = conflicts_for(lines, path, item, entries)
-    if conflicts:
-        checks[short + "_conflicts"] = check(
-            policy,
-            "; ".join("'%s %s %s %s' at %s:%s overrides %s from %s for %s" % (
-                c["domain"], c["type"], c["item"], c["value"], c["file"], c["line"], c["overrides"], path,
-                c["applies_to"]) for c in conflicts),
-            "no other line sets %s for these users to anything but %s" % (item, value),
-            "remove or change %s (a user line beats a group line beats '*'; among equals the file read last "
-            "wins; %s)" % (", ".join("%s:%s" % (c["file"], c["line"]) for c in conflicts), MAN))
-    else:
-        checks[short + "_conflicts"] = passed(
-            "no line in %s or %s overrides %s" % (limits_conf, limits_dir, path),
-            "no other line sets %s for these users to anything but %s" % (item, value))
-
-    services = pam_services(root, params["pam_dir"])
-    if services is None:
-        checks[short + "_pam"] = not_applicable("no PAM directory %s: limits.d is not read here" % params["pam_dir"],
-                                                "pam_limits.so in a PAM session stack")
-    elif services:
-        checks[short + "_pam"] = passed("pam_limits.so in %s" % ", ".join(services),
-                                        "pam_limits.so in a PAM session stack")
-    else:
-        checks[short + "_pam"] = check(
-            policy, "no service in %s loads pam_limits.so, so %s is never applied" % (params["pam_dir"], path),
-            "pam_limits.so in a PAM session stack",
-            "add 'session required pam_limits.so' to the session stack (e.g. %s/common-session)" % params["pam_dir"])
-
-    result.update(checks=checks, conflicts=conflicts, pam_services=services or [])
+    checks = limits.decide_limits(after, entries, params["policy"], short)
+    result.update(checks=checks, conflicts=limits.conflicts(after, entries),
+                  pam_services=after["pam_services"] or [])
     if present and module._diff:
-        result["diff"] = dict(before_header=path, after_header=path, before=before or "", after=after)
+        result["diff"] = dict(before_header=path, after_header=path, before=before["text"] or "", after=after_text)
     result["msg"] = "%s: %s" % (path, "would change" if changed and module.check_mode else
                                 ("changed" if changed else "unchanged"))
     module.exit_json(**result)

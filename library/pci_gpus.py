@@ -15,7 +15,9 @@ description:
     NVIDIA data centre GPUs as C(0x030200).
   - Vendors are named for C(0x1002) (amd), C(0x10de) (nvidia) and C(0x8086) (intel); any other vendor (for
     example the ASPEED BMC VGA, C(0x1a03)) is listed as C(other) and counted in none of the vendor counts.
-  - Changes nothing; runs the same in check mode.
+  - Changes nothing; runs the same in check mode. A node without a PCI bus in sysfs has no GPU (a note says so);
+    a bus that exists but cannot be read fails the task, saying what to check.
+  - The scan is the reader the preflight audit's C(iommu) capability runs (C(module_utils/preflight_iommu.py)).
 version_added: "1.0.0"
 author:
   - Cluster preflight maintainers
@@ -113,66 +115,10 @@ ansible_facts:
   type: dict
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
-
-VENDORS = {"0x1002": "amd", "0x10de": "nvidia", "0x8086": "intel"}
-DISPLAY_CLASS = 0x03  # base class: display controller (VGA, XGA, 3D, other)
-ACCELERATOR_CLASS = 0x1200  # base 0x12 processing accelerator, subclass 0x00
-
-
-def normalise_id(value):
-    """``'0x74A1'``, ``'74a1'`` -> ``'0x74a1'``; raises ValueError if not hex."""
-    text = value.strip().lower()
-    if text.startswith("0x"):
-        text = text[2:]
-    return "0x%04x" % int(text, 16)
-
-
-def is_gpu_class(code):
-    return (code >> 16) == DISPLAY_CLASS or (code >> 8) == ACCELERATOR_CLASS
-
-
-def read_attribute(device_dir, name):
-    try:
-        with open(os.path.join(device_dir, name)) as handle:
-            return handle.read().strip()
-    except (IOError, OSError):
-        return None
-
-
-def scan(sysfs_root, amd_device_ids=()):
-    """The GPUs under ``sysfs_root``; see RETURN for the shape."""
-    base = os.path.join(sysfs_root, "bus", "pci", "devices")
-    wanted_amd = set(normalise_id(value) for value in amd_device_ids)
-    gpus = []
-    for address in sorted(os.listdir(base)):
-        device_dir = os.path.join(base, address)
-        raw_class = read_attribute(device_dir, "class")
-        vendor = read_attribute(device_dir, "vendor")
-        device = read_attribute(device_dir, "device")
-        if raw_class is None or vendor is None or device is None:
-            continue
-        try:
-            code = int(raw_class, 16)
-            vendor = normalise_id(vendor)
-            device = normalise_id(device)
-        except ValueError:
-            continue
-        if not is_gpu_class(code):
-            continue
-        vendor_name = VENDORS.get(vendor, "other")
-        if vendor_name == "amd" and wanted_amd and device not in wanted_amd:
-            continue
-        driver_link = os.path.join(device_dir, "driver")
-        driver = os.path.basename(os.readlink(driver_link)) if os.path.islink(driver_link) else None
-        gpus.append({"address": address, "vendor": vendor, "vendor_name": vendor_name, "device": device,
-                     "class": "0x%06x" % code, "driver": driver})
-    summary = {"gpus": gpus, "count": len(gpus)}
-    for name in ("amd", "nvidia", "intel"):
-        summary["%s_gpus" % name] = sum(1 for gpu in gpus if gpu["vendor_name"] == name)
-    return summary
+# The scan is the iommu capability's reader (module_utils/preflight_iommu.py); this module is its face
+# for roles and ad-hoc use.
+from ansible.module_utils.preflight_iommu import normalise_id, read_pci, scan  # noqa: F401 (scan: public name)
 
 
 def main():
@@ -187,19 +133,15 @@ def main():
         try:
             normalise_id(value)
         except ValueError:
-            module.fail_json(msg="amd_device_ids entry %r is not a hexadecimal PCI device id (e.g. 0x74a1)" % value)
-    base = os.path.join(module.params["sysfs_root"], "bus", "pci", "devices")
-    notes = []
-    if not os.path.isdir(base):
-        # A node without a PCI bus (some VMs, containers) has no GPU to find.
-        notes.append("%s does not exist: no PCI bus visible on this node" % base)
-        summary = {"gpus": [], "count": 0, "amd_gpus": 0, "nvidia_gpus": 0, "intel_gpus": 0}
-    else:
-        try:
-            summary = scan(module.params["sysfs_root"], module.params["amd_device_ids"])
-        except (IOError, OSError) as exc:
-            module.fail_json(msg="cannot read %s: %s" % (base, exc))
-    module.exit_json(changed=False, notes=notes, ansible_facts={"preflight_pci_gpus": summary}, **summary)
+            module.fail_json(msg="amd_device_ids entry %r is not a hexadecimal PCI device id. Expected: an id such as "
+                                 "0x74a1 or 74a1. Fix: use the id lspci -nn shows after 1002: (for example "
+                                 "[1002:74a1] -> 0x74a1)" % value)
+    found = read_pci(module.params["sysfs_root"], module.params["amd_device_ids"])
+    if found["error"]:
+        module.fail_json(msg="%s. Expected: a readable PCI bus in sysfs. Fix: check that sysfs is mounted at %s "
+                             "(sysfs_root) and readable" % (found["error"], module.params["sysfs_root"]))
+    summary = dict((key, found[key]) for key in ("gpus", "count", "amd_gpus", "nvidia_gpus", "intel_gpus"))
+    module.exit_json(changed=False, notes=found["notes"], ansible_facts={"preflight_pci_gpus": summary}, **summary)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-results:
+probes:
   description: Capability name to its probe's result (the shape is the capability's own).
   returned: always
   type: dict
@@ -67,9 +67,9 @@ def main():
                            selftest_error=dict(type="str", default="")),
         supports_check_mode=True,
     )
-    results, errors, elapsed = run_all("probe", module.params["capabilities"], NodeOps(module),
+    probes, errors, elapsed = run_all("probe", module.params["capabilities"], NodeOps(module),
                                        module.params["selftest_error"])
-    module.exit_json(changed=False, results=results, errors=errors, elapsed=elapsed)
+    module.exit_json(changed=False, probes=probes, errors=errors, elapsed=elapsed)
 
 
 if __name__ == "__main__":

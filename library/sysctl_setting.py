@@ -20,12 +20,18 @@ description:
     with the file and line to change; other files are only read, never written.
   - A key the running kernel does not have (for example C(kernel.yama.ptrace_scope) without the Yama
     LSM) is reported as C(not_applicable) with the reason; nothing is written and the task does not fail.
+    A sysctl file that cannot be read makes the boot finding say so instead of failing.
   - "C(kernel.core_pattern) gets extra care: a pipe (C(|program)) as the desired value is refused with
     the reason, a pattern without C(%p) is a warning (ranks of one job would overwrite each other's
     cores) unless C(kernel.core_uses_pid=1), and a running pipe pattern is reported with where its
     cores go (apport, systemd-coredump) and how to override it."
-  - Findings never fail the task; they are returned in RV(checks) for the verdict. The task fails only
-    for bad arguments or when the kernel refuses the new value.
+  - "Reads the node (C(preflight_sysctl.read_setting)), works out what to write (C(plan_setting)), writes
+    only outside check mode, then judges what is there with C(decide_setting) - the same reader and decider
+    the preflight audit (capabilities C(kernel_debug), C(core_dumps)) uses, so the writer and the audit never
+    disagree. In check mode RV(checks) are the audit's findings for the node as it is."
+  - Findings never fail the task; they are returned in RV(checks). The task fails only for bad arguments,
+    when a drop-in cannot be written (read-only C(/etc), no permission) or when the kernel refuses the new
+    value, each with found, expected and fix.
 version_added: "1.0.0"
 author: Cluster preflight maintainers
 options:
@@ -40,7 +46,8 @@ options:
     required: true
   state:
     description:
-      - V(present) applies the value (running and persisted); V(audit) only reads and reports.
+      - V(present) applies the value (running and persisted); V(audit) only reads and reports (the preflight
+        itself audits through its capabilities, not through this option).
     type: str
     choices: [present, audit]
     default: present
@@ -82,7 +89,7 @@ options:
   policy:
     description:
       - Status of a finding that means the desired value does not hold (drift in check mode or with
-        O(state=audit), a conflicting file that wins at boot).
+        O(state=audit), a conflicting file that wins at boot, a file that cannot be read).
     type: str
     choices: [warn, fail]
     default: fail
@@ -154,7 +161,8 @@ checks:
   sample:
     ptrace_scope: {status: pass, found: "0", expected: "0", fix: ""}
 runtime:
-  description: The running value after this task (before it in check mode); null when the key does not exist.
+  description: The running value after this task (before it in check mode); null when the key does not exist
+    or cannot be read.
   returned: always
   type: str
 runtime_before:
@@ -201,79 +209,29 @@ diff:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_checks import check, not_applicable, passed, warned
 from ansible.module_utils import preflight_corepattern as corepattern
 from ansible.module_utils import preflight_sysctl as sysctl
 
-CORE_PATTERN = "kernel.core_pattern"
-PTRACE_SCOPE = "kernel.yama.ptrace_scope"
-
-
-def _fix_command(key, value, dropin):
-    return "sysctl -w %s='%s' and persist it as '%s = %s' in %s (the node bring-up does both)" % (
-        key, value, key, value, dropin)
-
-
-def _describe_value(key, value):
-    if value is None:
-        return "unset"
-    if key == CORE_PATTERN:
-        return "%s (%s)" % (value, corepattern.describe(value))
-    return value
-
 
 def _validate(module, key, desired, dropin, search):
-    if not key or any(char.isspace() for char in key):
-        module.fail_json(msg="name %r is not a sysctl key; expected something like kernel.yama.ptrace_scope" % key)
+    problem = sysctl.key_problem(key)
+    if problem:
+        module.fail_json(msg="Found name %s. Expected a sysctl key. Fix: set name to a dotted key such as "
+                             "kernel.yama.ptrace_scope." % problem)
     if "\n" in str(module.params["value"]).strip():
-        module.fail_json(msg="value for %s must be one line" % key)
-    directories = [entry.rstrip("/") for entry in search if not entry.endswith(".conf")]
-    plain = [entry for entry in search if entry.endswith(".conf")]
-    if not dropin.endswith(".conf") or dropin in plain or os.path.dirname(dropin) not in directories:
-        module.fail_json(
-            msg="dropin %s would never be read at boot or is a shared file: expected a *.conf file of its "
-                "own in one of %s" % (dropin, ", ".join(directories)))
-    if key == CORE_PATTERN:
+        module.fail_json(msg="Found a value for %s with several lines. Expected one line. Fix: set value to the "
+                             "single line /proc/sys/%s takes." % (key, key.replace(".", "/")))
+    problem = sysctl.dropin_problem(dropin, search)
+    if problem:
+        module.fail_json(msg="Found %s. Fix: set dropin to a file of its own such as /etc/sysctl.d/60-%s.conf."
+                             % (problem, key.split(".")[-1].replace("_", "-")))
+    if key == sysctl.CORE_PATTERN:
         errors = corepattern.validate_desired(desired)
         if errors:
             module.fail_json(msg="Refusing kernel.core_pattern: " + "; ".join(errors), errors=errors)
-    if key == PTRACE_SCOPE and desired == "3":
+    if key == sysctl.PTRACE_SCOPE and desired == "3":
         module.warn("kernel.yama.ptrace_scope=3 disables ptrace entirely and cannot be lowered again "
                     "without a reboot.")
-
-
-def _conflicts(files, shadowed, key, desired, dropin, root):
-    """Other files that would override the drop-in (holding the desired value) at boot."""
-    found = []
-    for entry in shadowed:
-        if entry["path"] == dropin:
-            found.append({"file": entry["shadowed_by"], "line": 0, "value": None, "target": entry["shadowed_by"],
-                          "reason": "%s has the same basename in a directory read first, so %s is never read"
-                                    % (entry["shadowed_by"], dropin)})
-    order = next((index for index, entry in enumerate(files) if entry["path"] == dropin), None)
-    if order is None:
-        return found
-    seen = {}
-    for item in sysctl.assignments(root, files, key):
-        if item["path"] == dropin or item["order"] <= order:
-            continue
-        # The same file read twice (99-sysctl.conf -> ../sysctl.conf, then sysctl.conf) counts once.
-        seen[(item["target"], item["line"])] = item
-    for item in seen.values():
-        if item["value"] != desired:
-            found.append({"file": item["path"], "line": item["line"], "value": item["value"],
-                          "target": item["target"],
-                          "reason": "%s=%s in %s overrides %s at boot" % (
-                              key, item["value"], sysctl.location(item), os.path.basename(dropin))})
-    return found
-
-
-def _effective(files, key, root, contents):
-    found = sysctl.assignments(root, files, key, contents)
-    if not found:
-        return None
-    last = found[-1]
-    return {"value": last["value"], "file": last["path"], "line": last["line"]}
 
 
 def main():
@@ -300,117 +258,69 @@ def main():
     dropin = os.path.normpath(params["dropin"])
     search = [os.path.normpath(entry) for entry in params["sysctl_dirs"]]
     root = params["root"]
-    policy = params["policy"]
     short = params["check_name"] or key.split(".")[-1]
     present = params["state"] == "present"
     _validate(module, key, desired, dropin, search)
 
-    runtime_path, runtime = sysctl.read_runtime(root, params["proc_root"], key)
-    dropin_before = sysctl.read_text(root, dropin)
-    persisted_before = sysctl.dropin_value(dropin_before, key)
-    files, shadowed = sysctl.boot_files(root, search, extra=dropin)
-    conflicts = _conflicts(files, shadowed, key, desired, dropin, root)
-
-    if runtime is None:
-        reason = sysctl.missing_reason(key, runtime_path)
+    # Read, decide what to write, write only outside check mode, then judge what
+    # is there now with the same decider the audit uses.
+    before = sysctl.read_setting(root, params["proc_root"], key, dropin, search)
+    if before["runtime"] is None and not before["runtime_error"]:
+        reason = before["missing_reason"]
         module.exit_json(
             changed=False, not_applicable=True, reason=reason,
-            checks={short: not_applicable(reason, "%s = %s" % (key, desired))},
-            runtime=None, runtime_before=None, persisted=persisted_before,
-            effective_at_boot=_effective(files, key, root, {}), conflicts=conflicts, dropin=dropin,
-            msg=reason)
+            checks=sysctl.decide_setting(before, desired, params["policy"], short),
+            runtime=None, runtime_before=None, persisted=before["dropin_value"],
+            effective_at_boot=sysctl.effective(before), conflicts=sysctl.conflicts(before, desired),
+            dropin=dropin, msg=reason)
+    if before["runtime_error"] and present and params["reload"]:
+        module.fail_json(msg="Found: %s. Expected: a readable %s. Fix: run the bring-up as root "
+                             "(preflight_become: true)." % (before["runtime_error"], before["runtime_path"]))
 
-    dropin_after = sysctl.render_dropin(key, desired, params["comment"]) if present else dropin_before
-    write_file = present and dropin_before != dropin_after
-    set_runtime = present and params["reload"] and runtime != desired
-    changed = write_file or set_runtime
+    plan = sysctl.plan_setting(before, desired, params["comment"], present, params["reload"])
+    changed = plan["write_file"] or plan["set_runtime"]
     applied = changed and not module.check_mode
 
-    result = dict(changed=changed, not_applicable=False, dropin=dropin, runtime_before=runtime)
+    result = dict(changed=changed, not_applicable=False, dropin=dropin, runtime_before=before["runtime"])
     if applied:
-        if write_file:
-            backup_file = sysctl.write_dropin(module, sysctl.rooted(root, dropin), dropin_after, params["backup"])
+        if plan["write_file"]:
+            backup_file = _write_dropin(module, root, dropin, plan["dropin_after"], params["backup"])
             if backup_file:
                 result["backup_file"] = backup_file
-        if set_runtime:
-            _write_runtime(module, root, runtime_path, key, desired, runtime, dropin, write_file)
+        if plan["set_runtime"]:
+            _write_runtime(module, root, before["runtime_path"], key, desired, before["runtime"], dropin,
+                           plan["write_file"])
+    after = sysctl.read_setting(root, params["proc_root"], key, dropin, search) if applied else before
 
-    runtime_now = desired if (applied and set_runtime) else runtime
-    persisted_now = sysctl.dropin_value(dropin_after, key) if applied or not write_file else persisted_before
-    contents = {dropin: dropin_after} if applied else {}
-    effective = _effective(files, key, root, contents)
-
-    checks = {}
-    fix = _fix_command(key, desired, dropin)
-    if runtime_now == desired:
-        checks[short] = passed(_describe_value(key, runtime_now), desired)
-    elif present and not params["reload"] and not module.check_mode:
-        checks[short] = warned(
-            "running %s (reload=false: the drop-in applies at the next boot)" % _describe_value(key, runtime_now),
-            desired, "sysctl -p %s" % dropin)
-    else:
-        runtime_fix = fix
-        if key == CORE_PATTERN and corepattern.is_pipe(runtime_now):
-            runtime_fix = corepattern.destination(runtime_now)["override"]
-        checks[short] = check(policy, "running %s" % _describe_value(key, runtime_now), desired, runtime_fix)
-
-    expected_persisted = "%s = %s in %s" % (key, desired, dropin)
-    if persisted_now == desired:
-        checks[short + "_persisted"] = passed("%s sets %s" % (dropin, desired), expected_persisted)
-    else:
-        if persisted_now is not None:
-            found = "%s sets %s" % (dropin, persisted_now)
-        elif dropin_before is not None:
-            found = "%s has no %s" % (dropin, key)
-        else:
-            found = "%s does not exist" % dropin
-        checks[short + "_persisted"] = check(policy, found, expected_persisted, fix)
-
-    expected_boot = "%s = %s applied last at boot" % (key, desired)
-    if conflicts:
-        checks[short + "_boot"] = check(
-            policy, "; ".join(item["reason"] for item in conflicts), expected_boot,
-            "remove or change %s in %s, or give %s a name that sorts after it" % (
-                key, ", ".join("%s:%s" % (item["file"], item["line"]) for item in conflicts), dropin))
-    elif effective is None:
-        checks[short + "_boot"] = check(
-            policy, "no sysctl file sets %s: the kernel default applies at boot" % key, expected_boot, fix)
-    elif effective["value"] != desired:
-        checks[short + "_boot"] = check(
-            policy, "%s from %s:%s at boot" % (_describe_value(key, effective["value"]), effective["file"],
-                                              effective["line"]), expected_boot, fix)
-    else:
-        checks[short + "_boot"] = passed("%s from %s:%s" % (effective["value"], effective["file"], effective["line"]),
-                                         expected_boot)
-
-    if key == CORE_PATTERN:
-        checks[short + "_pid"] = _pid_check(module, root, params["proc_root"], desired)
-
+    checks = sysctl.decide_setting(after, desired, params["policy"], short, reload=params["reload"])
+    pid = checks.get(short + "_pid")
+    if pid and pid["status"] == "warn":
+        module.warn(pid["found"])
     result.update(
-        checks=checks, runtime=runtime_now, persisted=persisted_now, effective_at_boot=effective,
-        conflicts=conflicts)
+        checks=checks, runtime=after["runtime"], persisted=after["dropin_value"],
+        effective_at_boot=sysctl.effective(after), conflicts=sysctl.conflicts(after, desired))
     if present and module._diff:
+        runtime = before["runtime"] or ""
         result["diff"] = [
-            dict(before_header=dropin, after_header=dropin, before=dropin_before or "", after=dropin_after),
-            dict(before_header="%s (running)" % runtime_path, after_header="%s (running)" % runtime_path,
-                 before=runtime + "\n", after=(desired if set_runtime else runtime) + "\n"),
+            dict(before_header=dropin, after_header=dropin, before=before["dropin_text"] or "",
+                 after=plan["dropin_after"]),
+            dict(before_header="%s (running)" % before["runtime_path"],
+                 after_header="%s (running)" % before["runtime_path"],
+                 before=runtime + "\n", after=(desired if plan["set_runtime"] else runtime) + "\n"),
         ]
     result["msg"] = "%s: %s" % (key, "would change" if changed and module.check_mode else
                                 ("changed" if changed else "unchanged"))
     module.exit_json(**result)
 
 
-def _pid_check(module, root, proc_root, desired):
-    expected = "%p in kernel.core_pattern (or kernel.core_uses_pid = 1)"
-    if corepattern.has_pid(desired):
-        return passed("%s has %%p" % desired, expected)
-    _path, uses_pid = sysctl.read_runtime(root, proc_root, "kernel.core_uses_pid")
-    if uses_pid == "1":
-        return passed("%s has no %%p but kernel.core_uses_pid = 1 appends .PID" % desired, expected)
-    message = ("kernel.core_pattern %s has no %%p and kernel.core_uses_pid is %s: the ranks of one job that "
-               "crash together overwrite each other's core files" % (desired, uses_pid or "unset"))
-    module.warn(message)
-    return warned(message, expected, "add %p to the pattern, e.g. /tmp/core-%e.%p.%h.%t")
+def _write_dropin(module, root, dropin, text, backup):
+    try:
+        return sysctl.write_dropin(module, sysctl.rooted(root, dropin), text, backup)
+    except OSError as exc:
+        module.fail_json(
+            msg="Cannot write %s on %s. Found: %s. Expected: a writable %s. Fix: make %s writable (a read-only "
+                "/etc needs the image that provides it to carry the drop-in) or run the bring-up as root." % (
+                    dropin, os.uname().nodename, exc.strerror or exc, os.path.dirname(dropin), dropin))
 
 
 def _write_runtime(module, root, path, key, desired, before, dropin, wrote_dropin):
@@ -424,7 +334,7 @@ def _write_runtime(module, root, path, key, desired, before, dropin, wrote_dropi
             os.close(handle)
     except OSError as exc:
         hint = ""
-        if key == PTRACE_SCOPE and before == "3":
+        if key == sysctl.PTRACE_SCOPE and before == "3":
             hint = " kernel.yama.ptrace_scope=3 can only be lowered by a reboot;"
         module.fail_json(
             changed=wrote_dropin,

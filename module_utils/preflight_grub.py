@@ -18,7 +18,10 @@ as they were.
 
 from __future__ import annotations
 
+import os
 import re
+
+from ansible.module_utils.preflight_checks import check, passed, warned
 
 CMDLINE_VARIABLES = ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT")
 
@@ -476,3 +479,319 @@ def dropin_text(variable, args, header):
 
 def parse_proc_cmdline(text):
     return text.split()
+
+
+# --- Reading the files, planning the change, judging the result ---------------------------------------
+# Shared by the writer (library/grub_cmdline.py) and the decider (module_utils/preflight_iommu.py), so an
+# audit reports exactly what bring-up would change.
+
+DROPIN_HEADER = (
+    "Managed by Ansible (grub_cmdline module of the cluster preflight); rewritten whole on every run.",
+    "grub-mkconfig sources this file after /etc/default/grub.",
+)
+# How grub.cfg is regenerated, by distribution family (first found wins).
+AUTO_UPDATE_COMMANDS = (
+    ("update-grub", []),
+    ("grub2-mkconfig", ["-o", "/boot/grub2/grub.cfg"]),
+    ("grub-mkconfig", ["-o", "/boot/grub/grub.cfg"]),
+)
+REGENERATE_HINT = "update-grub (grub2-mkconfig -o /boot/grub2/grub.cfg on RHEL)"
+
+
+def rooted(root, path):
+    """The file-system path of logical ``path`` under ``root`` (tests use a sandbox root)."""
+    if not root or root == "/":
+        return path
+    return os.path.join(root, path.lstrip("/"))
+
+
+def read_text(path, errors="surrogateescape"):
+    """The file's text, or None if it does not exist; other errors raise.
+
+    The writer keeps foreign bytes (surrogateescape); the reader, whose text
+    travels as JSON, replaces them.
+    """
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("utf-8", errors)
+    except FileNotFoundError:
+        return None
+
+
+def read_files(grub_default, dropin_dir, errors="surrogateescape"):
+    """The grub defaults file and every ``*.cfg`` drop-in, as a JSON-safe dict.
+
+    ``{grub_default, dropin_dir, dropin_dir_exists, dropins, texts, errors}``:
+    ``dropins`` in the order grub-mkconfig sources them, ``texts`` maps each
+    path to its text (None: absent), ``errors`` a path that could not be read
+    to why.  Nothing raises for a node that lacks the files.
+    """
+    snapshot = {"grub_default": grub_default, "dropin_dir": dropin_dir,
+                "dropin_dir_exists": os.path.isdir(dropin_dir), "dropins": [], "texts": {}, "errors": {}}
+    if snapshot["dropin_dir_exists"]:
+        try:
+            names = os.listdir(dropin_dir)
+        except OSError as exc:
+            snapshot["errors"][dropin_dir] = str(exc)
+            names = []
+        snapshot["dropins"] = sorted(os.path.join(dropin_dir, name) for name in names
+                                     if name.endswith(".cfg") and os.path.isfile(os.path.join(dropin_dir, name)))
+    for path in [grub_default] + snapshot["dropins"]:
+        try:
+            snapshot["texts"][path] = read_text(path, errors)
+        except (OSError, ValueError) as exc:
+            snapshot["texts"][path] = None
+            snapshot["errors"][path] = str(exc)
+    return snapshot
+
+
+def wanted_args(args, absent=(), variable="GRUB_CMDLINE_LINUX_DEFAULT", absent_variables=CMDLINE_VARIABLES,
+                dropin_name="90-preflight-cmdline.cfg", grub_default="/etc/default/grub"):
+    """What the grub defaults should carry; ``grub_default`` is the path named in fix texts."""
+    return {"args": list(args), "absent": list(absent), "variable": variable,
+            "absent_variables": list(absent_variables), "dropin_name": dropin_name, "grub_default": grub_default}
+
+
+def argument_problems(wanted):
+    """Why ``wanted`` cannot be written safely, as ``(found, expected, fix)`` triples."""
+    problems = []
+    for arg in wanted["args"] + wanted["absent"]:
+        if not is_safe_arg(arg):
+            problems.append((
+                "kernel argument %r is not allowed: it must not contain blanks, quotes, '$', backslashes or "
+                "shell operators" % arg, "one kernel argument per list entry, such as iommu=soft",
+                "split it into separate entries or drop the characters named"))
+    clashes = [arg for arg in wanted["args"] if matches_absent(arg, wanted["absent"])]
+    if clashes:
+        problems.append((
+            "absent names %s, which args asks to add" % ", ".join(clashes),
+            "no argument both wanted and unwanted", "drop it from one of the two"))
+    name = wanted["dropin_name"]
+    if "/" in name or not name.endswith(".cfg") or name == ".cfg":
+        problems.append((
+            "dropin_name %r must be a file name ending in .cfg (grub-mkconfig sources only *.cfg from the drop-in "
+            "directory)" % name, "a file name such as 90-preflight-iommu.cfg", "rename it to end in .cfg"))
+    return problems
+
+
+def resolve_mode(mode, snapshot):
+    """``auto`` -> ``dropin`` when the drop-in directory exists, else ``inplace``."""
+    if mode == "auto":
+        return "dropin" if snapshot["dropin_dir_exists"] else "inplace"
+    return mode
+
+
+def effective_of(env):
+    return dict((name, split_args(env.get(name, ""))) for name in CMDLINE_VARIABLES)
+
+
+def plan(snapshot, wanted, mode):
+    """Work out the new contents of every file for ``wanted`` in ``mode``; touches nothing.
+
+    Returns ``{state, ...}``: ``state`` is ``no_grub`` (no grub defaults to edit), ``unreadable``
+    (``error``, ``path``), ``parse_error`` (``error``: a ShellParseError) or ``planned`` with
+    ``original``, ``files``, ``changed_paths``, ``effective``, ``added``, ``removed``, ``notes``,
+    ``assignments``, ``findings_before`` and ``findings_after`` (empty when converged).
+    """
+    mode = resolve_mode(mode, snapshot)
+    grub_default = snapshot["grub_default"]
+    dropin_dir = snapshot["dropin_dir"]
+    dropin_path = os.path.join(dropin_dir, wanted["dropin_name"])
+    base = {"mode": mode, "dropin_path": dropin_path}
+    if snapshot["errors"]:
+        path = sorted(snapshot["errors"])[0]
+        return dict(base, state="unreadable", path=path, error=snapshot["errors"][path])
+    if snapshot["texts"].get(grub_default) is None and not (mode == "dropin" and snapshot["dropin_dir_exists"]):
+        return dict(base, state="no_grub")
+    order = [grub_default]
+    dropins = list(snapshot["dropins"])
+    if mode == "dropin" and dropin_path not in dropins:
+        dropins.append(dropin_path)
+    order.extend(sorted(dropins))
+    original = dict((path, snapshot["texts"].get(path)) for path in order)
+    files = GrubFiles(order, original)
+    exclude = (dropin_path,) if mode == "dropin" else ()
+    try:
+        before_env, before_assignments, _notes = GrubFiles(order, original).evaluate()
+
+        # Removals: edit the assignments that reach each variable's final value.
+        _env, assignments, _notes = files.evaluate(exclude=exclude)
+        edits = {}
+        removed = []
+        for name in wanted["absent_variables"]:
+            for item in contributing(assignments, name):
+                new_value, gone = remove_args(files.contents[item.path], item, wanted["absent"])
+                if gone:
+                    edits.setdefault(item.path, []).append((item, new_value))
+                    removed.extend(gone)
+        for path, path_edits in edits.items():
+            text = files.contents[path]
+            for item, new_value in sorted(path_edits, key=lambda edit: edit[0].value_start, reverse=True):
+                text = replace_value(text, item, new_value)
+            files.contents[path] = text
+
+        # Additions: the drop-in, or the last assignment in the grub defaults file.
+        env, assignments, _notes = files.evaluate(exclude=exclude)
+        current = split_args(env.get(wanted["variable"], ""))
+        added = []
+        for arg in wanted["args"]:
+            if arg not in current and arg not in added:
+                added.append(arg)
+        if mode == "dropin":
+            files.contents[dropin_path] = dropin_text(wanted["variable"], added, DROPIN_HEADER) if added else None
+        elif added:
+            text = files.contents[grub_default] or ""
+            own = [item for item in assignments if item.name == wanted["variable"] and item.path == grub_default]
+            if own:
+                files.contents[grub_default] = replace_value(text, own[-1], append_args(text, own[-1], added))
+            else:
+                files.contents[grub_default] = new_assignment(text, wanted["variable"], added)
+
+        env, assignments, notes = files.evaluate()
+    except ShellParseError as exc:
+        return dict(base, state="parse_error", error=exc)
+    effective = effective_of(env)
+    changed_paths = [path for path in files.order if files.contents.get(path) != original.get(path)]
+    return dict(
+        base, state="planned", original=original, files=files, changed_paths=changed_paths, effective=effective,
+        added=added, removed=removed, notes=notes, assignments=assignments,
+        findings_before=findings(wanted, effective_of(before_env), before_assignments),
+        findings_after=findings(wanted, effective, assignments))
+
+
+def findings(wanted, effective, assignments):
+    """Text of what the grub defaults lack or carry, empty when they match."""
+    found = []
+    variable = wanted["variable"]
+    lacking = [arg for arg in wanted["args"] if arg not in effective[variable]]
+    if lacking:
+        found.append("%s lacks %s" % (variable, " ".join(lacking)))
+    for name in wanted["absent_variables"]:
+        unwanted = [arg for arg in effective[name] if matches_absent(arg, wanted["absent"])]
+        if unwanted:
+            where = ["%s line %d" % (item.path, item.line) for item in reversed(contributing(assignments, name))]
+            found.append("%s carries %s (from %s)" % (name, " ".join(unwanted), ", ".join(where)))
+    return found
+
+
+def describe_args(words):
+    return " ".join(words) if words else "(none)"
+
+
+def _on(host):
+    return " on %s" % host if host else ""
+
+
+def expected_text(wanted):
+    text = "%s has %s" % (wanted["variable"], describe_args(wanted["args"]))
+    if wanted["absent"]:
+        text += "; %s carry none of %s" % ("/".join(wanted["absent_variables"]), describe_args(wanted["absent"]))
+    return text
+
+
+def manual_fix(wanted):
+    by_hand = []
+    if wanted["args"]:
+        by_hand.append("add %s to %s in %s" % (" ".join(wanted["args"]), wanted["variable"], wanted["grub_default"]))
+    if wanted["absent"]:
+        by_hand.append("remove %s from %s" % (" ".join(wanted["absent"]), " and ".join(wanted["absent_variables"])))
+    return "run bringup.yml, or %s, then run %s and reboot the node" % (" and ".join(by_hand), REGENERATE_HINT)
+
+
+def describe_effective(wanted):
+    text = "%s has %s" % (wanted["variable"], describe_args(wanted["args"]))
+    if wanted["absent"]:
+        text += ", and no %s" % " ".join(wanted["absent"])
+    return text
+
+
+def grub_check(outcome, wanted, drift_status, host=None, applied=False, regenerate_problem=None):
+    """The grub defaults check for a :func:`plan` outcome.
+
+    ``applied``: the planned change was written (bring-up); otherwise a
+    pending change is drift, reported with ``drift_status`` (audit, check mode).
+    """
+    expected = expected_text(wanted)
+    if outcome["state"] == "unreadable":
+        return check(
+            drift_status, "cannot read %s%s: %s" % (outcome["path"], _on(host), outcome["error"]), expected,
+            "make %s readable to the preflight (connect as root or set preflight_become), then re-run"
+            % outcome["path"])
+    if outcome["state"] == "no_grub":
+        return check(
+            drift_status, "no %s%s: grub does not appear to be its boot loader" % (
+                wanted["grub_default"], _on(host) or " on this node"),
+            expected, "add %s to the kernel command line of the node's boot loader and reboot"
+            % describe_args(wanted["args"]))
+    if outcome["state"] == "parse_error":
+        exc = outcome["error"]
+        return check(
+            "fail", "cannot evaluate the grub defaults%s: %s" % (_on(host), exc), expected,
+            "fix the shell syntax of %s line %d (grub-mkconfig fails on it too)" % (exc.path, exc.line))
+    changed = outcome["changed_paths"]
+    if outcome["findings_after"]:
+        return check(
+            drift_status,
+            "%s%s even after this module's edits (arguments built from variables or glued to other text are not "
+            "edited, and a later file can override an earlier one)" % ("; ".join(outcome["findings_after"]), _on(host)),
+            expected, "edit the lines named by hand: %s" % manual_fix(wanted))
+    if changed and not applied:
+        before = outcome["findings_before"] or ["%s need rewriting" % ", ".join(changed)]
+        return check(drift_status, "%s%s" % ("; ".join(before), _on(host)), expected, manual_fix(wanted),
+                     files=changed)
+    if regenerate_problem:
+        return warned(
+            "grub defaults%s now carry the change but %s" % (_on(host), regenerate_problem),
+            "%s in grub.cfg" % expected,
+            "regenerate grub.cfg (%s) and reboot the node" % REGENERATE_HINT)
+    return passed("%s (%s)%s" % (describe_effective(wanted), "changed: " + ", ".join(changed) if changed
+                                 else "no change needed", _on(host)), expected)
+
+
+def running_args(cmdline):
+    """The running kernel's arguments from ``{text, error}``, or None when unreadable."""
+    if not cmdline or cmdline.get("text") is None:
+        return None
+    return parse_proc_cmdline(cmdline["text"])
+
+
+def read_cmdline(path):
+    """``{path, text, error}`` of the running kernel's command line; never raises."""
+    try:
+        with open(path, "rb") as handle:
+            return {"path": path, "text": handle.read().decode("utf-8", "replace"), "error": None}
+    except (OSError, ValueError) as exc:
+        return {"path": path, "text": None, "error": str(exc)}
+
+
+def reboot_required(running, wanted):
+    """Whether the running kernel lacks a wanted argument or carries an unwanted one (None: unknown)."""
+    if running is None:
+        return None
+    return (any(arg not in running for arg in wanted["args"])
+            or any(matches_absent(arg, wanted["absent"]) for arg in running))
+
+
+def cmdline_check(cmdline, wanted, grub_ready, host=None):
+    """The running kernel check; ``grub_ready``: a reboot alone would fix it."""
+    without = ", without %s" % " ".join(wanted["absent"]) if wanted["absent"] else ""
+    expected = "running kernel booted with %s%s" % (describe_args(wanted["args"]), without)
+    running = running_args(cmdline)
+    if running is None:
+        return warned("cannot read %s%s: %s" % (cmdline["path"], _on(host), cmdline.get("error")), expected,
+                      "check that %s is readable on the node (procfs mounted)" % cmdline["path"])
+    not_running = [arg for arg in wanted["args"] if arg not in running]
+    unwanted = [arg for arg in running if matches_absent(arg, wanted["absent"])]
+    if not not_running and not unwanted:
+        return passed("running kernel command line has %s%s%s" % (describe_args(wanted["args"]), without, _on(host)),
+                      expected)
+    found = []
+    if not_running:
+        found.append("running kernel command line lacks %s" % " ".join(not_running))
+    if unwanted:
+        found.append("running kernel command line carries %s" % " ".join(unwanted))
+    if grub_ready:
+        fix = "reboot the node so it boots with the new kernel command line"
+    else:
+        fix = "run bringup.yml to fix the grub defaults and regenerate grub.cfg, then reboot the node"
+    return warned("; ".join(found) + _on(host), expected, fix)

@@ -13,6 +13,13 @@ therefore applied after all directory files, in the order given.
 
 Every path here is a logical path (``/etc/sysctl.d/x.conf``) that is joined
 to ``root`` only for file-system access, so tests run on a sandbox tree.
+
+One setting is read by :func:`read_setting` (JSON-safe facts: the running
+value, the drop-in, the boot order and every assignment of the key) and judged
+by :func:`decide_setting` (pure: facts + desired value -> checks).  The audit
+(``preflight_kernel_debug``, ``preflight_core_dumps``) and the bring-up writer
+(``library/sysctl_setting.py``, which also uses :func:`plan_setting`) call
+exactly these, so they can never disagree about a node.
 """
 
 from __future__ import annotations
@@ -20,7 +27,13 @@ from __future__ import annotations
 import fnmatch
 import os
 
+from ansible.module_utils import preflight_corepattern as corepattern
+from ansible.module_utils.preflight_checks import check, not_applicable, passed, warned
 from ansible.module_utils.preflight_files import write_atomic
+
+CORE_PATTERN = "kernel.core_pattern"
+CORE_USES_PID = "kernel.core_uses_pid"
+PTRACE_SCOPE = "kernel.yama.ptrace_scope"
 
 DEFAULT_SYSCTL_DIRS = (
     "/etc/sysctl.d",
@@ -130,7 +143,7 @@ def key_matches(file_key, name):
     return any(char in file_key for char in "*?[") and fnmatch.fnmatchcase(name, file_key)
 
 
-def boot_files(root, search, extra=None):
+def boot_files(root, search, extra=None, errors=None):
     """The sysctl files in the order they are applied at boot.
 
     ``search`` is the list of directories and plain files (see the module
@@ -138,6 +151,8 @@ def boot_files(root, search, extra=None):
     exist yet (the drop-in about to be written).  Returns a list of dicts
     ``{path, target, shadowed_by}``; files shadowed by a namesake in an
     earlier directory are listed with ``shadowed_by`` set and are not applied.
+    A directory that cannot be listed is appended to ``errors`` (a list of
+    ``{path, error}``) when given, and raises otherwise.
     """
     by_name = {}
     shadowed = []
@@ -149,7 +164,12 @@ def boot_files(root, search, extra=None):
             continue
         names = []
         if os.path.isdir(full):
-            names = [name for name in os.listdir(full) if name.endswith(".conf")]
+            try:
+                names = [name for name in os.listdir(full) if name.endswith(".conf")]
+            except OSError as exc:
+                if errors is None:
+                    raise
+                errors.append({"path": entry, "error": _strerror(exc)})
         if extra and os.path.dirname(extra) == entry.rstrip("/") and os.path.basename(extra) not in names:
             names.append(os.path.basename(extra))
         for name in names:
@@ -165,10 +185,11 @@ def boot_files(root, search, extra=None):
     return ordered, shadowed
 
 
-def assignments(root, files, name, contents=None):
+def assignments(root, files, name, contents=None, errors=None):
     """Every assignment of ``name`` in boot order: list of dicts
     ``{path, target, line, value, order}``.  ``contents`` overrides the text of
-    logical paths (the drop-in as it would be after a change)."""
+    logical paths (the drop-in as it would be after a change).  A file that
+    cannot be read is appended to ``errors`` when given, and raises otherwise."""
     contents = contents or {}
     found = []
     for order, entry in enumerate(files):
@@ -177,7 +198,13 @@ def assignments(root, files, name, contents=None):
         if entry["path"] in contents:
             text = contents[entry["path"]]
         else:
-            text = read_text(root, entry["target"])
+            try:
+                text = read_text(root, entry["target"])
+            except OSError as exc:
+                if errors is None:
+                    raise
+                errors.append({"path": entry["path"], "error": _strerror(exc)})
+                continue
         if not text:
             continue
         for lineno, key, value in parse(text):
@@ -216,3 +243,246 @@ def location(entry):
 def write_dropin(module, path, text, backup=False, mode=0o644):
     """Write a drop-in atomically; returns the backup file name or ``None``."""
     return write_atomic(module, path, text, mode=mode, backup=backup)
+
+
+def _strerror(exc):
+    return "%s" % (exc.strerror or exc) if isinstance(exc, OSError) else str(exc)
+
+
+def _safe_text(text):
+    """Text that survives JSON: bytes that are not UTF-8 become U+FFFD."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def key_problem(key):
+    """Why ``key`` is not a sysctl key (None when it is one)."""
+    key = str(key or "").strip()
+    if not key or any(char.isspace() for char in key) or "=" in key or key.startswith(("/", ".")):
+        return "%r is not a sysctl key; expected something like kernel.yama.ptrace_scope" % key
+    return None
+
+
+def search_dirs(search):
+    """The directories of a sysctl search list (plain ``*.conf`` entries left out)."""
+    return [os.path.normpath(entry) for entry in search if not str(entry).endswith(".conf")]
+
+
+def dropin_problem(dropin, search):
+    """Why ``dropin`` would never be read at boot or is shared (None when it is fine)."""
+    search = [os.path.normpath(str(entry)) for entry in search]
+    directories = search_dirs(search)
+    plain = [entry for entry in search if entry.endswith(".conf")]
+    dropin = str(dropin or "")
+    normalized = os.path.normpath(dropin) if dropin else ""
+    if (not dropin.startswith("/") or not normalized.endswith(".conf") or normalized in plain
+            or os.path.dirname(normalized) not in directories):
+        return ("drop-in %s would never be read at boot or is a shared file: expected a *.conf file of its own "
+                "in one of %s" % (dropin or "''", ", ".join(directories) or "the sysctl.d directories"))
+    return None
+
+
+def fix_command(key, value, dropin):
+    """How to set ``key`` now and persist it, as one line for an operator."""
+    return "sysctl -w %s='%s' and persist it as '%s = %s' in %s (the node bring-up does both)" % (
+        key, value, key, value, dropin)
+
+
+def describe_value(key, value):
+    if value is None:
+        return "unset"
+    if normalize_key(key) == CORE_PATTERN:
+        return "%s (%s)" % (value, corepattern.describe(value))
+    return value
+
+
+def read_setting(root, proc_root, key, dropin, search=DEFAULT_SYSCTL_DIRS):
+    """Everything about one sysctl on this node, as JSON-safe facts.
+
+    ``{key, dropin, runtime_path, runtime, missing_reason, runtime_error,
+    dropin_text, dropin_value, dropin_error, boot_files, shadowed,
+    assignments, unreadable}`` and, for kernel.core_pattern, ``core_uses_pid``.
+    ``runtime`` is None when the kernel has no such key (``missing_reason``
+    says why) or when it cannot be read (``runtime_error``).  ``boot_files``
+    lists the files applied at boot in order (the drop-in included even when
+    it does not exist yet), ``assignments`` every assignment of the key in
+    them as they are on disk, ``unreadable`` the files and directories that
+    could not be read.  Nothing here raises for what a node may lack.
+    """
+    key = normalize_key(key)
+    dropin = os.path.normpath(dropin)
+    search = [os.path.normpath(entry) for entry in search]
+    runtime_path = os.path.join(proc_root, proc_relpath(key))
+    facts = {"key": key, "dropin": dropin, "runtime_path": runtime_path, "runtime": None,
+             "missing_reason": None, "runtime_error": None, "dropin_text": None, "dropin_value": None,
+             "dropin_error": None}
+    try:
+        text = read_text(root, runtime_path)
+        if text is None:
+            facts["missing_reason"] = missing_reason(key, runtime_path)
+        else:
+            facts["runtime"] = normalize_value(text)
+    except OSError as exc:
+        facts["runtime_error"] = "%s cannot be read: %s" % (runtime_path, _strerror(exc))
+    try:
+        text = read_text(root, dropin)
+        facts["dropin_text"] = _safe_text(text)
+        facts["dropin_value"] = dropin_value(text, key)
+    except OSError as exc:
+        facts["dropin_error"] = "%s cannot be read: %s" % (dropin, _strerror(exc))
+    unreadable = []
+    files, shadowed = boot_files(root, search, extra=dropin, errors=unreadable)
+    found = assignments(root, files, key, errors=unreadable)
+    facts.update(boot_files=files, shadowed=shadowed, assignments=found, unreadable=unreadable)
+    if key == CORE_PATTERN:
+        try:
+            facts["core_uses_pid"] = read_runtime(root, proc_root, CORE_USES_PID)[1]
+        except OSError:
+            facts["core_uses_pid"] = None
+    return facts
+
+
+def conflicts(facts, desired):
+    """Assignments that would override the drop-in (holding ``desired``) at boot,
+    and a namesake that shadows the drop-in itself."""
+    key, dropin = facts["key"], facts["dropin"]
+    desired = normalize_value(desired)
+    found = []
+    for entry in facts.get("shadowed") or []:
+        if entry["path"] == dropin:
+            found.append({"file": entry["shadowed_by"], "line": 0, "value": None, "target": entry["shadowed_by"],
+                          "reason": "%s has the same basename in a directory read first, so %s is never read"
+                                    % (entry["shadowed_by"], dropin)})
+    order = next((index for index, entry in enumerate(facts.get("boot_files") or [])
+                  if entry["path"] == dropin), None)
+    if order is None:
+        return found
+    seen = {}
+    for item in facts.get("assignments") or []:
+        if item["path"] == dropin or item["order"] <= order:
+            continue
+        # The same file read twice (99-sysctl.conf -> ../sysctl.conf, then sysctl.conf) counts once.
+        seen[(item["target"], item["line"])] = item
+    for item in seen.values():
+        if item["value"] != desired:
+            found.append({"file": item["path"], "line": item["line"], "value": item["value"],
+                          "target": item["target"],
+                          "reason": "%s=%s in %s overrides %s at boot" % (
+                              key, item["value"], location(item), os.path.basename(dropin))})
+    return found
+
+
+def effective(facts):
+    """The assignment the next boot applies last: ``{value, file, line}`` or None."""
+    found = facts.get("assignments") or []
+    if not found:
+        return None
+    last = found[-1]
+    return {"value": last["value"], "file": last["path"], "line": last["line"]}
+
+
+def plan_setting(facts, desired, comment="", present=True, reload=True):
+    """What the writer has to do: ``{dropin_after, write_file, set_runtime}``."""
+    desired = normalize_value(desired)
+    before = facts.get("dropin_text")
+    after = render_dropin(facts["key"], desired, comment) if present else before
+    return {
+        "dropin_after": after,
+        "write_file": bool(present and before != after),
+        "set_runtime": bool(present and reload and facts.get("runtime") is not None
+                            and facts["runtime"] != desired),
+    }
+
+
+def pid_check(desired, core_uses_pid):
+    """Whether the cores of several ranks of one job get distinct names."""
+    expected = "%p in kernel.core_pattern (or kernel.core_uses_pid = 1)"
+    if corepattern.has_pid(desired):
+        return passed("%s has %%p" % desired, expected)
+    if core_uses_pid == "1":
+        return passed("%s has no %%p but kernel.core_uses_pid = 1 appends .PID" % desired, expected)
+    return warned("kernel.core_pattern %s has no %%p and kernel.core_uses_pid is %s: the ranks of one job that "
+                  "crash together overwrite each other's core files" % (desired, core_uses_pid or "unset"),
+                  expected, "add %p to the pattern, e.g. /tmp/core-%e.%p.%h.%t")
+
+
+def decide_setting(facts, desired, policy, check_name, reload=True):
+    """Checks for one setting: ``<check_name>`` (running value),
+    ``<check_name>_persisted`` (the drop-in), ``<check_name>_boot`` (what the
+    next boot applies) and, for kernel.core_pattern, ``<check_name>_pid``.
+    Only ``<check_name>`` (not_applicable) when the kernel has no such key.
+
+    ``policy`` (warn/fail) is the status of a finding that means the desired
+    value does not hold.  ``reload=False`` is the writer's choice to leave the
+    running value alone: a running value that differs while the drop-in
+    already holds the desired one is then a warning with ``sysctl -p``.
+    """
+    key, dropin = facts["key"], facts["dropin"]
+    desired = normalize_value(desired)
+    if facts.get("runtime") is None and not facts.get("runtime_error"):
+        return {check_name: not_applicable(facts.get("missing_reason") or missing_reason(key, facts["runtime_path"]),
+                                           "%s = %s" % (key, desired))}
+    checks = {}
+    fix = fix_command(key, desired, dropin)
+    runtime = facts.get("runtime")
+    if facts.get("runtime_error"):
+        checks[check_name] = check(policy, facts["runtime_error"], desired,
+                                   "read %s as root (preflight_become: true) or check how procfs is mounted"
+                                   % facts["runtime_path"])
+    elif runtime == desired:
+        checks[check_name] = passed(describe_value(key, runtime), desired)
+    elif not reload and facts.get("dropin_value") == desired:
+        checks[check_name] = warned(
+            "running %s (reload=false: the drop-in applies at the next boot)" % describe_value(key, runtime),
+            desired, "sysctl -p %s" % dropin)
+    else:
+        runtime_fix = fix
+        if key == CORE_PATTERN and corepattern.is_pipe(runtime):
+            runtime_fix = corepattern.destination(runtime)["override"]
+        checks[check_name] = check(policy, "running %s" % describe_value(key, runtime), desired, runtime_fix)
+
+    expected_persisted = "%s = %s in %s" % (key, desired, dropin)
+    persisted = facts.get("dropin_value")
+    if facts.get("dropin_error"):
+        checks[check_name + "_persisted"] = check(policy, facts["dropin_error"], expected_persisted, fix)
+    elif persisted == desired:
+        checks[check_name + "_persisted"] = passed("%s sets %s" % (dropin, desired), expected_persisted)
+    else:
+        if persisted is not None:
+            found = "%s sets %s" % (dropin, persisted)
+        elif facts.get("dropin_text") is not None:
+            found = "%s has no %s" % (dropin, key)
+        else:
+            found = "%s does not exist" % dropin
+        checks[check_name + "_persisted"] = check(policy, found, expected_persisted, fix)
+
+    checks[check_name + "_boot"] = _boot_check(facts, desired, policy, fix)
+    if key == CORE_PATTERN:
+        checks[check_name + "_pid"] = pid_check(desired, facts.get("core_uses_pid"))
+    return checks
+
+
+def _boot_check(facts, desired, policy, fix):
+    key, dropin = facts["key"], facts["dropin"]
+    expected = "%s = %s applied last at boot" % (key, desired)
+    found_conflicts = conflicts(facts, desired)
+    last = effective(facts)
+    unreadable = facts.get("unreadable") or []
+    if found_conflicts:
+        return check(
+            policy, "; ".join(item["reason"] for item in found_conflicts), expected,
+            "remove or change %s in %s, or give %s a name that sorts after it" % (
+                key, ", ".join("%s:%s" % (item["file"], item["line"]) for item in found_conflicts), dropin))
+    if unreadable:
+        return check(
+            policy, "cannot tell what the next boot applies: %s" % "; ".join(
+                "%s cannot be read (%s)" % (item["path"], item["error"]) for item in unreadable),
+            expected, "make %s readable, or run the preflight as root (preflight_become: true)"
+            % ", ".join(item["path"] for item in unreadable))
+    if last is None:
+        return check(policy, "no sysctl file sets %s: the kernel default applies at boot" % key, expected, fix)
+    if last["value"] != desired:
+        return check(policy, "%s from %s:%s at boot" % (describe_value(key, last["value"]), last["file"],
+                                                        last["line"]), expected, fix)
+    return passed("%s from %s:%s" % (last["value"], last["file"], last["line"]), expected)

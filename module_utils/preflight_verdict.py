@@ -217,8 +217,11 @@ def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_
     for host, logs in sorted((logs_by_host or {}).items()):
         if logs.get("log") is not None:
             atomic_write(os.path.join(run_dir, "%s.log" % host), logs.get("log") or "")
-        for rank, text in sorted((logs.get("rank_logs") or {}).items()):
-            atomic_write(os.path.join(run_dir, "%s.rank%s.log" % (host, rank)), text or "")
+        for entry in logs.get("rank_logs") or []:
+            # torchrun's own per-rank files (rank1.stderr.log); the name is the module's, never a path.
+            name = os.path.basename(str(entry.get("name") or ""))
+            if name:
+                atomic_write(os.path.join(run_dir, "%s.%s" % (host, name)), entry.get("text") or "")
         stacks = ["== rank %s (pid %s, %s) at stage %s ==\n%s" % (
             entry["rank"], entry.get("pid"), entry.get("process_state"), entry.get("stage"), entry["stack"])
             for entry in logs.get("ranks") or [] if entry.get("stack")]

@@ -1,7 +1,13 @@
 """The allreduce module: parsing, findings, and real bounded launches on this machine."""
 
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import time
 
 import pytest
 
@@ -9,8 +15,8 @@ import allreduce
 from ansible.module_utils import preflight_proc
 
 WORKER = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "allreduce", "files", "allreduce_worker.py")
-PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      ".venv", "bin", "python")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 
 TORCHRUN_FAILURE = """
 [vm:0]:preflight: rank 0 failed at stage correctness: RuntimeError: Connection closed by peer
@@ -66,7 +72,7 @@ def test_node_checks_fail_names_rank_stage_and_exit_code():
     params = base_params()
     ranks = allreduce.summarize_ranks(params, {0: {"stage": "init", "status": "running"}}, {0: -9}, {}, False)
     checks = allreduce.node_checks(params, "node7", 1, False, 3.0, ranks)
-    result = checks["allreduce_ranks"]
+    result = checks["ranks"]
     assert result["status"] == "fail"
     assert "rank 0" in result["found"] and "stage init" in result["found"] and "exit code -9" in result["found"]
     assert "node7" in result["found"] and result["fix"]
@@ -77,10 +83,35 @@ def test_bandwidth_minimum_gates(tmp_path):
     ranks = [{"rank": 0, "local_rank": 0, "status": "ok", "correct": True, "correctness": {"wrong": 0},
               "bandwidth": [{"size_bytes": 4096, "busbw_gbps": 1.5, "algbw_gbps": 1.5}]}]
     checks = allreduce.node_checks(params, "n1", 0, False, 1.0, ranks)
-    assert checks["allreduce_bandwidth"]["status"] == "fail"
-    assert "1.500 GB/s" in checks["allreduce_bandwidth"]["found"]
+    assert checks["bandwidth"]["status"] == "fail"
+    assert "1.500 GB/s" in checks["bandwidth"]["found"]
     checks = allreduce.node_checks(base_params(min_busbw_gbps=1.0), "n1", 0, False, 1.0, ranks)
-    assert checks["allreduce_bandwidth"]["status"] == "pass"
+    assert checks["bandwidth"]["status"] == "pass"
+
+
+def test_argv_and_env_keep_every_file_in_scratch():
+    params = base_params(socket_ifname="eth1", env={"NCCL_DEBUG": "INFO"})
+    argv = allreduce.build_argv(params, "/s/w.py", "/s/ranks", "n1", "/s/torchrun-logs")
+    assert argv[argv.index("--log-dir") + 1] == "/s/torchrun-logs"
+    assert argv.index("--log-dir") < argv.index("/s/w.py"), "a torchrun option, not the worker's"
+    env = allreduce.build_env(params, "/s")
+    assert env["TMPDIR"] == "/s" and env["NCCL_SOCKET_IFNAME"] == "=eth1" and env["NCCL_DEBUG"] == "INFO"
+
+
+def test_rank_logs_are_tails_of_torchruns_per_rank_files(tmp_path):
+    for local, text in ((0, "a" * 100), (1, "hello")):
+        directory = tmp_path / "run_abc" / "attempt_0" / str(local)
+        directory.mkdir(parents=True)
+        (directory / "stdout.log").write_text(text)
+        (directory / "stderr.log").write_text("")
+    (tmp_path / "run_abc" / "attempt_0" / "filtered_stdout.log").write_text("not a rank's")
+    logs = allreduce.read_rank_logs(str(tmp_path), 4, 10)
+    assert [(e["rank"], e["local_rank"], e["stream"]) for e in logs] == [
+        (4, 0, "stderr"), (4, 0, "stdout"), (5, 1, "stderr"), (5, 1, "stdout")]
+    first = logs[1]
+    assert first["name"] == "rank4.stdout.log" and first["text"] == "a" * 10
+    assert first["bytes"] == 100 and first["truncated"] is True
+    assert logs[3]["text"] == "hello" and logs[3]["truncated"] is False
 
 
 def module_args(**overrides):
@@ -91,33 +122,65 @@ def module_args(**overrides):
     return args
 
 
-def leftovers():
-    return [pid for pid in preflight_proc.all_pids()
-            if any("allreduce_worker.py" in part and "preflight-allreduce-" in part
-                   for part in preflight_proc.cmdline_of(pid))]
+def leftovers(result):
+    """Processes still running this run's worker (other runs may share the machine)."""
+    worker = result["argv"][result["argv"].index("--out") - 1]
+    return [(pid, preflight_proc.cmdline_of(pid)) for pid in preflight_proc.all_pids()
+            if worker in preflight_proc.cmdline_of(pid)]
+
+
+@pytest.fixture
+def temp_dirs(tmp_path, monkeypatch):
+    """(system temp dir, scratch parent): both empty, both under tmp_path."""
+    system = tmp_path / "systemtmp"
+    scratch = tmp_path / "scratch"
+    system.mkdir()
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    return system, scratch
+
+
+def entries(*directories):
+    return [str(path) for directory in directories for path in directory.iterdir()]
+
+
+def rank_log(result, rank, stream):
+    return [e for e in result["rank_logs"] if e["rank"] == rank and e["stream"] == stream][0]["text"]
 
 
 @pytest.mark.timeout(180)
-def test_real_two_rank_launch_passes_in_check_mode(run_module):
+def test_real_two_rank_launch_passes_in_check_mode_and_leaves_no_temp_files(run_module, temp_dirs):
+    system, _scratch = temp_dirs
     result, failed = run_module(allreduce, module_args(), check_mode=True)
     assert not failed, result
     assert result["torchrun_rc"] == 0 and not result["timed_out"]
     assert [r["status"] for r in result["ranks"]] == ["ok", "ok"]
-    assert result["checks"]["allreduce_ranks"]["status"] == "pass"
-    assert result["checks"]["allreduce_correctness"]["status"] == "pass"
+    assert result["checks"]["ranks"]["status"] == "pass"
+    assert result["checks"]["correctness"]["status"] == "pass"
+    assert set(result["checks"]) == {"ranks", "correctness", "bandwidth"}
     assert any(line.startswith("[") and ":0]" in line for line in result["log"].splitlines())
     assert result["ranks"][0]["versions"]["torch"].startswith("2.")
+    assert "preflight: world_size=2" in rank_log(result, 0, "stdout")
+    assert {(e["rank"], e["stream"]) for e in result["rank_logs"]} == {
+        (0, "stdout"), (0, "stderr"), (1, "stdout"), (1, "stderr")}
+    assert result["stack_seconds"] == 0
     assert not os.path.exists(result["argv"][result["argv"].index("--out") + 1]), "scratch removed"
+    assert entries(system) == [], "the scratch directory in the system temp dir is gone, and nothing else is there"
 
 
 @pytest.mark.timeout(180)
-def test_rank_exit_is_named_and_nothing_is_left(run_module):
-    result, failed = run_module(allreduce, module_args(selftest_fault="exit", selftest_rank=1))
+def test_rank_exit_is_named_and_nothing_is_left(run_module, temp_dirs):
+    system, scratch = temp_dirs
+    result, failed = run_module(allreduce, module_args(selftest_fault="exit", selftest_rank=1,
+                                                       scratch_dir=str(scratch)))
     assert not failed
     by_rank = {r["rank"]: r for r in result["ranks"]}
     assert by_rank[1]["status"] == "died" and by_rank[1]["exitcode"] == 3
-    assert result["checks"]["allreduce_ranks"]["status"] == "fail"
-    assert not leftovers()
+    assert result["checks"]["ranks"]["status"] == "fail"
+    assert "selftest: rank 1 exits with code 3" in rank_log(result, 1, "stdout")
+    assert not leftovers(result)
+    assert entries(system, scratch) == []
 
 
 @pytest.mark.timeout(180)
@@ -130,21 +193,25 @@ def test_hung_rank_is_caught_by_collective_timeout_with_its_stack(run_module):
     assert by_rank[0]["status"] == "error" and by_rank[0]["stage"] == "correctness"
     # Rank 1 never left init; its stack was taken while rank 0 lingered on its error.
     assert by_rank[1]["status"] == "hung" and by_rank[1]["stage"] == "init"
-    assert "main" in by_rank[1]["stack"]
-    assert result["checks"]["allreduce_ranks"]["status"] == "fail"
-    assert not leftovers()
+    assert "main" in by_rank[1]["stack"] and by_rank[1]["stack_finished"] is True
+    assert result["checks"]["ranks"]["status"] == "fail"
+    assert "failed at stage correctness" in rank_log(result, 0, "stderr")
+    assert not leftovers(result)
 
 
 @pytest.mark.timeout(180)
-def test_hard_timeout_dumps_stacks_and_kills_everything(run_module):
+def test_hard_timeout_dumps_stacks_and_kills_everything(run_module, temp_dirs):
+    system, scratch = temp_dirs
     result, failed = run_module(allreduce, module_args(selftest_fault="hang", selftest_rank=1, timeout=9.5,
-                                                       hard_timeout=10))
+                                                       hard_timeout=10, scratch_dir=str(scratch)))
     assert not failed
     assert result["timed_out"] is True and result["torchrun_rc"] is None
     stacks = {r["rank"]: r.get("stack", "") for r in result["ranks"]}
     assert all("Thread" in stack for stack in stacks.values()), stacks
-    assert "hard timeout" in result["checks"]["allreduce_ranks"]["found"]
-    assert not leftovers()
+    assert 0 < result["stack_seconds"] <= 20
+    assert "hard timeout" in result["checks"]["ranks"]["found"]
+    assert not leftovers(result)
+    assert entries(system, scratch) == []
 
 
 def test_bad_arguments_are_rejected(run_module):
@@ -152,3 +219,205 @@ def test_bad_arguments_are_rejected(run_module):
     assert failed and "master_port 70000" in result["msg"]
     result, failed = run_module(allreduce, module_args(nproc_per_node=0))
     assert failed and "nproc_per_node" in result["msg"]
+    result, failed = run_module(allreduce, module_args(stack_budget=-1))
+    assert failed and "stack_budget" in result["msg"]
+
+
+# Quick runs without torch: a launcher that does what torchrun does to the tree
+# (each rank in a session of its own, per-rank logs under --log-dir, a file in
+# the temp directory) and a worker that hangs, leaving an orphan re-parented to
+# init, or succeeds.
+FAKE_TORCHRUN = r"""#!{python}
+import os, subprocess, sys, tempfile
+args = sys.argv[3:]  # after "-m torch.distributed.run"
+options = {}
+while args[0].startswith("--"):
+    options[args[0]] = args[1]
+    args = args[2:]
+worker, rest = args[0], args[1:]
+nproc, node_rank = int(options["--nproc-per-node"]), int(options["--node-rank"])
+tempfile.mkstemp(prefix="fake-torchrun-")  # torch and gloo may do this; TMPDIR must catch it
+os.makedirs(options["--log-dir"], exist_ok=True)
+attempt = os.path.join(tempfile.mkdtemp(prefix="run_", dir=options["--log-dir"]), "attempt_0")
+ranks = []
+for local in range(nproc):
+    directory = os.path.join(attempt, str(local))
+    os.makedirs(directory)
+    env = dict(os.environ, RANK=str(node_rank * nproc + local), LOCAL_RANK=str(local), WORLD_SIZE=str(nproc))
+    ranks.append(subprocess.Popen([sys.executable, worker] + rest, env=env, start_new_session=True,
+                                  stdout=open(os.path.join(directory, "stdout.log"), "w"),
+                                  stderr=open(os.path.join(directory, "stderr.log"), "w")))
+print("fake torchrun started %d ranks" % nproc, flush=True)
+sys.exit(max(rank.wait() for rank in ranks))
+"""
+FAKE_WORKER = r"""
+import json, os, sys, time
+args = sys.argv[1:]
+out = args[args.index("--out") + 1]
+fault = args[args.index("--selftest-fault") + 1] if "--selftest-fault" in args else "none"
+rank = int(os.environ["RANK"])
+pids = os.environ["FAKE_PIDS"]
+os.makedirs(out, exist_ok=True)
+def write(**data):
+    path = os.path.join(out, "rank%d.json" % rank)
+    json.dump(dict(rank=rank, pid=os.getpid(), **data), open(path + ".tmp", "w"))
+    os.replace(path + ".tmp", path)
+def note(name, pid):
+    open(os.path.join(pids, name + ".tmp"), "w").write(str(pid))
+    os.replace(os.path.join(pids, name + ".tmp"), os.path.join(pids, name))
+print("fake rank %d says hello" % rank, flush=True)
+print("fake rank %d warns" % rank, file=sys.stderr, flush=True)
+if fault != "hang":
+    write(stage="done", status="ok", correct=True, correctness={"wrong": 0},
+          bandwidth=[{"size_bytes": 4096, "busbw_gbps": 1.0, "algbw_gbps": 1.0, "time_us": 1.0}])
+    sys.exit(0)
+write(stage="init", status="running")
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        note("orphan.%d" % rank, os.getpid())
+        while True:
+            time.sleep(1)
+    os._exit(0)
+note("rank.%d" % rank, os.getpid())
+while True:
+    time.sleep(1)
+"""
+# py-spy stand-in: answers at once for rank 0 and never for the others.
+FAKE_PY_SPY = r"""#!{python}
+import sys, time
+pid = sys.argv[sys.argv.index("--pid") + 1]
+environ = open("/proc/%s/environ" % pid, "rb").read().split(b"\0")
+if b"RANK=0" not in environ:
+    time.sleep(300)
+print("Thread %s (idle): MainThread\n    main (allreduce_worker.py:1)" % pid)
+"""
+
+
+def executable(path, text):
+    path.write_text(text.replace("{python}", sys.executable))
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    return {"python": executable(tmp_path / "fake-python", FAKE_TORCHRUN),
+            "py_spy": executable(tmp_path / "fake-py-spy", FAKE_PY_SPY), "pids": pids}
+
+
+def fake_args(fakes, **overrides):
+    args = module_args(python=fakes["python"], py_spy=fakes["py_spy"], worker_source=FAKE_WORKER,
+                       env={"FAKE_PIDS": str(fakes["pids"])}, timeout=1, hard_timeout=2, stack_budget=1.5)
+    args.update(overrides)
+    return args
+
+
+def tree_pids(fakes, count=4, seconds=20):
+    deadline = time.monotonic() + seconds
+    while len(list(fakes["pids"].glob("*.[0-9]"))) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [int(path.read_text()) for path in fakes["pids"].glob("*.[0-9]")]
+
+
+def all_dead(pids, seconds=10):
+    deadline = time.monotonic() + seconds
+    while any(preflight_proc._alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not [pid for pid in pids if preflight_proc._alive(pid)]
+
+
+@pytest.mark.timeout(60)
+def test_fake_pass_returns_rank_logs_and_leaves_no_temp_files(run_module, fakes, temp_dirs):
+    system, scratch = temp_dirs
+    result, failed = run_module(allreduce, fake_args(fakes, hard_timeout=30, scratch_dir=str(scratch)))
+    assert not failed, result
+    assert result["torchrun_rc"] == 0 and result["checks"]["ranks"]["status"] == "pass", result["log"]
+    assert rank_log(result, 1, "stdout") == "fake rank 1 says hello\n"
+    assert rank_log(result, 1, "stderr") == "fake rank 1 warns\n"
+    assert entries(system, scratch) == [], "the launcher's temp file went to the scratch directory"
+
+
+@pytest.mark.timeout(60)
+def test_stacks_are_taken_at_once_within_the_budget_and_late_ones_are_named(run_module, fakes, temp_dirs):
+    system, scratch = temp_dirs
+    start = time.monotonic()
+    result, failed = run_module(allreduce, fake_args(fakes, selftest_fault="hang", scratch_dir=str(scratch)))
+    took = time.monotonic() - start
+    assert not failed, result
+    assert result["timed_out"] is True
+    # hard_timeout + stack_budget + the kill, not a dump per rank one after another.
+    assert took < 2 + 1.5 + preflight_proc.KILL_GRACE + 2, took
+    assert result["stack_seconds"] <= 1.5 + 0.5
+    by_rank = {r["rank"]: r for r in result["ranks"]}
+    assert by_rank[0]["stack_finished"] is True and "MainThread" in by_rank[0]["stack"]
+    assert by_rank[1]["stack_finished"] is False
+    assert by_rank[1]["stack"] == "py-spy dump did not finish within the 1.5 s stack budget"
+    found = result["checks"]["ranks"]["found"]
+    assert "rank 1 (local 1) hung" in found and "no stack: py-spy dump did not finish" in found
+    pids = tree_pids(fakes)
+    assert len(pids) == 4 and all_dead(pids), "ranks and their orphans (re-parented, own session) are gone"
+    assert not [pid for pid in preflight_proc.all_pids() if fakes["py_spy"] in preflight_proc.cmdline_of(pid)]
+    assert entries(system, scratch) == []
+
+
+DRIVER = r"""
+import json, sys
+sys.path[:0] = [{library!r}, {root!r}]
+import ansible.module_utils
+ansible.module_utils.__path__.append({module_utils!r})
+from ansible.module_utils.testing import patch_module_args
+import allreduce
+with patch_module_args(json.load(open(sys.argv[1]))):
+    allreduce.main()
+"""
+
+
+def start_driver(tmp_path, args):
+    """The module in a process of its own (as Ansible runs it), in its own process group."""
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    source = DRIVER.format(library=os.path.join(ROOT, "library"), root=ROOT,
+                           module_utils=os.path.join(ROOT, "module_utils"))
+    return subprocess.Popen([sys.executable, "-c", source, str(tmp_path / "args.json")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_kills_the_tree_and_removes_scratch(tmp_path, fakes, temp_dirs):
+    system, _scratch = temp_dirs
+    driver = start_driver(tmp_path, fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40))
+    try:
+        pids = tree_pids(fakes)
+        assert len(pids) == 4
+        driver.send_signal(signal.SIGTERM)
+        out, err = driver.communicate(timeout=20)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    result = json.loads(out)
+    assert result["failed"] and result["interrupted"] == "SIGTERM", (out, err)
+    assert "interrupted by SIGTERM" in result["msg"]
+    assert all_dead(pids)
+    assert entries(system) == [], "scratch removed"
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_module_group_still_kills_the_tree_and_removes_scratch(tmp_path, fakes, temp_dirs):
+    system, _scratch = temp_dirs
+    driver = start_driver(tmp_path, fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40))
+    try:
+        pids = tree_pids(fakes)
+        assert len(pids) == 4
+        # What async_wrapper does when the task's async time runs out.
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert all_dead(pids, 15), "the guard killed the tree"
+    deadline = time.monotonic() + 10
+    while entries(system) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert entries(system) == [], "the guard removed the scratch directory"

@@ -7,9 +7,12 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 import grub_cmdline
 from ansible.module_utils import preflight_grub as pg
+from ansible.module_utils import preflight_iommu
+from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SH = shutil.which("sh")
@@ -426,7 +429,11 @@ def test_iommu_role_rejects_unknown_mode(tmp_path):
 
 
 def test_iommu_role_in_check_and_apply_mode(tmp_path, update_script):
-    """The role on a fake AMD node: check mode reports drift, bring-up fixes it."""
+    """The role on a fake AMD node: check mode writes nothing and the audit reports drift; bring-up fixes it.
+
+    The role only writes; the checks come from the audit's reader and decider
+    (module_utils/preflight_iommu.py) on the same node.
+    """
     sysfs = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:c1:00.0"
     sysfs.mkdir(parents=True)
     for name, value in (("vendor", "0x1002"), ("device", "0x74a1"), ("class", "0x120000")):
@@ -437,51 +444,52 @@ def test_iommu_role_in_check_and_apply_mode(tmp_path, update_script):
     (fake_root / "proc").mkdir()
     (fake_root / "proc" / "cmdline").write_text("root=/dev/sda1 quiet\n")
     script, log = update_script
-    out = tmp_path / "checks.json"
     playbook = tmp_path / "play.yml"
     playbook.write_text(
         "- hosts: localhost\n"
         "  connection: local\n"
         "  gather_facts: false\n"
         "  roles:\n"
-        "    - role: iommu\n"
-        "  post_tasks:\n"
-        "    - name: Save the checks.\n"
-        "      ansible.builtin.copy:\n"
-        "        content: '{{ iommu_checks | to_json }}'\n"
-        "        dest: %s\n"
-        "      check_mode: false\n" % out)
-    extra = json.dumps({
+        "    - role: iommu\n")
+    extra = {
         "ansible_python_interpreter": sys.executable, "iommu_root": str(fake_root),
         "iommu_sysfs_root": str(tmp_path / "sys"), "iommu_grub_update_command": [str(script)],
-        "iommu_drift_policy": "fail"})
+        "iommu_drift_policy": "fail"}
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     command = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,",
-               str(playbook), "-e", extra]
+               str(playbook), "-e", json.dumps(extra)]
+    with open(os.path.join(ROOT, "roles", "iommu", "defaults", "main.yml")) as handle:
+        settings = yaml.safe_load(handle)
+    settings.update((name, value) for name, value in extra.items() if name.startswith("iommu_"))
+
+    def audit():
+        args = preflight_iommu.read_args(settings, {"name": "localhost"})
+        facts = json.loads(json.dumps(preflight_iommu.read(args, FakeOps())))
+        return preflight_iommu.decide("localhost", facts, settings)
 
     proc = subprocess.run(command + ["--check"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    checks = json.loads(out.read_text())
-    assert checks["iommu_grub"]["status"] == "fail"
-    assert checks["iommu_cmdline"]["status"] == "warn"
+    checks = audit()
+    assert checks["grub"]["status"] == "fail"
+    assert checks["cmdline"]["status"] == "warn"
     assert (fake_root / "etc" / "default" / "grub").read_text() == FOREIGN
     assert not (fake_root / "etc" / "default" / "grub.d" / "90-preflight-iommu.cfg").exists()
     assert calls(log) == []
 
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    checks = json.loads(out.read_text())
-    assert checks["iommu_grub"]["status"] == "pass"
-    assert checks["iommu_cmdline"]["fix"].startswith("reboot the node")
+    checks = audit()
+    assert checks["grub"]["status"] == "pass"
+    assert checks["cmdline"]["fix"].startswith("reboot the node")
     assert (fake_root / "etc" / "default" / "grub.d" / "90-preflight-iommu.cfg").exists()
     assert len(calls(log)) == 1
 
     (sysfs / "vendor").write_text("0x10de\n")
     proc = subprocess.run(command + ["--check"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    checks = json.loads(out.read_text())
-    assert checks["iommu_grub"]["status"] == "not_applicable"
-    assert "no AMD GPU (vendor 0x1002" in checks["iommu_grub"]["found"]
+    checks = audit()
+    assert checks["grub"]["status"] == "not_applicable"
+    assert "no AMD GPU (vendor 0x1002" in checks["grub"]["found"]
 
 
 def test_a_later_dropin_that_overrides_the_variable(run_module, node):

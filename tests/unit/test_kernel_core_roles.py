@@ -1,5 +1,6 @@
-"""The kernel_debug and core_dumps roles through ansible-playbook on localhost, against a sandbox
-root: check mode (drift, nothing written) -> apply (changed) -> re-apply (nothing changed)."""
+"""The kernel_debug and core_dumps roles (bring-up writers only) through ansible-playbook on localhost,
+against a sandbox root: check mode (nothing written) -> apply (changed) -> re-apply (nothing changed).
+After each run the node is audited the way the preflight does it: each capability's read + decide."""
 
 import hashlib
 import json
@@ -9,8 +10,15 @@ import subprocess
 import sys
 
 import pytest
+import yaml
+
+from ansible.module_utils import preflight_core_dumps
+from ansible.module_utils import preflight_kernel_debug
+from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOST = "localhost"
+NODE = {"name": HOST, "ansible_host": HOST, "node_addr": HOST, "user": "root", "ssh_port": 22}
 PLAYBOOK = """
 - name: Run the kernel roles against a sandbox root.
   hosts: localhost
@@ -18,14 +26,6 @@ PLAYBOOK = """
   roles:
     - kernel_debug
     - core_dumps
-  post_tasks:
-    - name: Save the published checks.
-      ansible.builtin.copy:
-        content: "{{ {'kernel_debug': kernel_debug_checks, 'core_dumps': core_dumps_checks} | to_json }}"
-        dest: "{{ out }}"
-        mode: "0644"
-      check_mode: false
-      changed_when: false
 """
 
 
@@ -60,19 +60,20 @@ def hashes(root):
     return result
 
 
-def play(tmp_path, sandbox, check=False, **extra):
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(PLAYBOOK)
-    out = tmp_path / "checks.json"
-    if out.exists():
-        out.unlink()
+def base_variables(sandbox, **extra):
     variables = {
-        "out": str(out), "ansible_python_interpreter": sys.executable,
         "kernel_debug_sysctl_root": str(sandbox), "core_dumps_root": str(sandbox),
         "core_dumps_probe_enabled": False, "core_dumps_drift_policy": "fail",
         "kernel_debug_ptrace_scope_enabled": True,
     }
     variables.update(extra)
+    return variables
+
+
+def play(tmp_path, sandbox, check=False, **extra):
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(PLAYBOOK)
+    variables = dict(base_variables(sandbox, **extra), ansible_python_interpreter=sys.executable)
     argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
             "-e", json.dumps(variables), str(playbook)]
     if check:
@@ -81,8 +82,30 @@ def play(tmp_path, sandbox, check=False, **extra):
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     proc = subprocess.run(argv, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
     recap = re.search(r"localhost\s+: ok=\d+\s+changed=(\d+).*failed=(\d+)", proc.stdout)
-    checks = json.loads(out.read_text()) if out.exists() else None
-    return proc, (int(recap.group(1)) if recap else None), checks
+    return proc, (int(recap.group(1)) if recap else None)
+
+
+def role_settings(role, variables):
+    """The role's defaults with the run's variables, rendered: what preflight_settings hands a capability."""
+    with open(os.path.join(ROOT, "roles", role, "defaults", "main.yml")) as handle:
+        values = yaml.safe_load(handle)
+    values.update((name, value) for name, value in variables.items() if name.startswith(role + "_"))
+    if values.get("core_dumps_dir") == "{{ core_dumps_pattern | dirname }}":
+        values["core_dumps_dir"] = os.path.dirname(values["core_dumps_pattern"])
+    return values
+
+
+def audit(sandbox, **extra):
+    """Each capability's checks on the sandbox node, as the preflight's facts and decide stages make them."""
+    variables = base_variables(sandbox, **extra)
+    checks = {}
+    for capability in (preflight_kernel_debug, preflight_core_dumps):
+        wanted = role_settings(capability.CAPABILITY, variables)
+        assert capability.validate(wanted) == []
+        args = capability.read_args(wanted, NODE)
+        facts = None if args is None else json.loads(json.dumps(capability.read(args, FakeOps())))
+        checks[capability.CAPABILITY] = capability.decide(HOST, facts, wanted)
+    return checks
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the core directory is owned by root")
@@ -90,24 +113,25 @@ def test_roles_check_apply_reapply(tmp_path):
     sandbox = tmp_path / "node"
     sandbox_tree(sandbox)
     before = hashes(sandbox)
+    core = {"core_dumps_dir": "/var/cores", "core_dumps_pattern": "/var/cores/core-%e.%p.%h.%t"}
 
-    proc, changed, checks = play(tmp_path, sandbox, check=True, core_dumps_dir="/var/cores",
-                                 core_dumps_pattern="/var/cores/core-%e.%p.%h.%t")
+    proc, changed = play(tmp_path, sandbox, check=True, **core)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert changed > 0
     assert hashes(sandbox) == before, "check mode must write nothing"
-    kernel, core = checks["kernel_debug"], checks["core_dumps"]
+    checks = audit(sandbox, **core)
+    kernel, core_checks = checks["kernel_debug"], checks["core_dumps"]
     assert kernel["ptrace_scope"]["status"] == "warn" and kernel["ptrace_scope"]["found"] == "running 1"
-    assert core["core_pattern"]["status"] == "fail"
-    assert "/var/crash" in core["core_pattern"]["found"]
-    assert core["core_dir"]["status"] == "fail" and "does not exist" in core["core_dir"]["found"]
-    assert core["core_limits"]["status"] == "fail"
-    assert core["core_probe"]["status"] == "skipped"
+    assert core_checks["core_pattern"]["status"] == "fail"
+    assert "/var/crash" in core_checks["core_pattern"]["found"]
+    assert core_checks["core_dir"]["status"] == "fail" and "does not exist" in core_checks["core_dir"]["found"]
+    assert core_checks["core_limits"]["status"] == "fail"
+    assert core_checks["core_probe"]["status"] == "skipped"
 
-    proc, changed, checks = play(tmp_path, sandbox, core_dumps_dir="/var/cores",
-                                 core_dumps_pattern="/var/cores/core-%e.%p.%h.%t")
+    proc, changed = play(tmp_path, sandbox, **core)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert changed > 0
+    checks = audit(sandbox, **core)
     statuses = {name: result["status"] for role in checks.values() for name, result in role.items()}
     assert {status for name, status in statuses.items() if name != "core_probe"} == {"pass"}, statuses
     assert oct(os.stat(str(sandbox / "var/cores")).st_mode & 0o7777) == "0o1777"
@@ -117,8 +141,7 @@ def test_roles_check_apply_reapply(tmp_path):
         assert handle.read() == "# site settings\nvm.swappiness = 10\n"
 
     applied = hashes(sandbox)
-    proc, changed, _checks = play(tmp_path, sandbox, core_dumps_dir="/var/cores",
-                                  core_dumps_pattern="/var/cores/core-%e.%p.%h.%t")
+    proc, changed = play(tmp_path, sandbox, **core)
     assert proc.returncode == 0 and changed == 0, proc.stdout
     assert hashes(sandbox) == applied
 
@@ -127,32 +150,47 @@ def test_no_yama_is_not_applicable_and_switches_report_skipped(tmp_path):
     sandbox = tmp_path / "node"
     sandbox_tree(sandbox, yama=False)
     before = hashes(sandbox)
-    proc, _changed, checks = play(tmp_path, sandbox, core_dumps_enabled=False)
+    proc, _changed = play(tmp_path, sandbox, core_dumps_enabled=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = audit(sandbox, core_dumps_enabled=False)
     assert checks["kernel_debug"]["ptrace_scope"]["status"] == "not_applicable"
     assert "no Yama LSM" in checks["kernel_debug"]["ptrace_scope"]["found"]
-    assert checks["core_dumps"] == {"core_dumps": {
-        "status": "skipped", "found": "core_dumps_enabled is false", "expected": "", "fix": ""}}
+    assert list(checks["kernel_debug"]) == ["ptrace_scope"]
+    assert checks["core_dumps"] == {"enabled": {
+        "status": "skipped", "found": "core_dumps_enabled is false on localhost: core dumps are not checked",
+        "expected": "core pattern, directory, limits and crash probe checked once core_dumps_enabled is true",
+        "fix": ""}}
     assert hashes(sandbox) == before
 
 
-def test_pipe_pattern_is_refused_by_the_role(tmp_path):
+def test_pipe_pattern_is_refused_before_and_by_the_role(tmp_path):
     sandbox = tmp_path / "node"
     sandbox_tree(sandbox)
-    proc, _changed, checks = play(tmp_path, sandbox, core_dumps_pattern="|/lib/systemd/systemd-coredump %P")
+    before = hashes(sandbox)
+    pipe = "|/lib/systemd/systemd-coredump %P"
+    # preflight_settings runs validate before any role: the pattern never reaches a node.
+    problems = preflight_core_dumps.validate(role_settings("core_dumps", {"core_dumps_pattern": pipe,
+                                                                          "core_dumps_dir": ""}))
+    assert [problem["name"] for problem in problems] == ["core_dumps_pattern"]
+    assert "pipes cores to a program" in problems[0]["found"]
+    # Run on its own, the writer refuses it too, and writes nothing.
+    proc, _changed = play(tmp_path, sandbox, core_dumps_pattern=pipe, core_dumps_dir="",
+                          kernel_debug_ptrace_scope_enabled=False)
     assert proc.returncode != 0
-    assert "pipes cores to a program" in proc.stdout
-    assert checks is None
+    assert "pipes cores to /lib/systemd/systemd-coredump" in proc.stdout
+    assert hashes(sandbox) == before
 
 
-def test_ptrace_relaxation_is_opt_in(tmp_path):
-    """Secure by default: without kernel_debug_ptrace_scope_enabled nothing is written, and the check says why."""
+@pytest.mark.parametrize("switch", [False, "false"])
+def test_ptrace_relaxation_is_opt_in(tmp_path, switch):
+    """Secure by default: without kernel_debug_ptrace_scope_enabled nothing is written, and the check says why.
+    The switch also works typed as text, the way -e passes it."""
     sandbox = tmp_path / "root"
     sandbox_tree(sandbox, yama=True)
     before = hashes(sandbox)
-    proc, _changed, checks = play(tmp_path, sandbox, core_dumps_enabled=False,
-                                  kernel_debug_ptrace_scope_enabled=False)
+    proc, _changed = play(tmp_path, sandbox, core_dumps_enabled=False, kernel_debug_ptrace_scope_enabled=switch)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    check = checks["kernel_debug"]["ptrace_scope"]
+    check = audit(sandbox, core_dumps_enabled=False, kernel_debug_ptrace_scope_enabled=switch)[
+        "kernel_debug"]["ptrace_scope"]
     assert check["status"] == "skipped" and "kernel_debug_ptrace_scope_enabled is false" in check["found"]
     assert hashes(sandbox) == before

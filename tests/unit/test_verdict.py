@@ -148,14 +148,14 @@ def passing_verdict(run_dir):
 
 def test_run_dir_logs_stacks_and_latest_move_only_after_the_verdict(tmp_path):
     verdict = passing_verdict(str(tmp_path / "r1"))
-    logs = {"n1": {"log": "[n1:0]: hello\n", "rank_logs": {"0": "rank 0 says hi"},
+    logs = {"n1": {"log": "[n1:0]: hello\n", "rank_logs": [{"rank": 0, "name": "rank0.stderr.log", "text": "rank 0 says hi"}],
                    "ranks": [{"rank": 0, "pid": 7, "process_state": "sleeping", "stage": "init",
                               "stack": "Thread 1 (idle)\n  main (w.py:1)"}]}}
     pv.write_run_dir(verdict, logs, str(tmp_path), str(tmp_path / "r1"))
     latest = tmp_path / "latest"
     assert json.loads((latest / "verdict.json").read_text())["status"] == "pass"
     assert (latest / "n1.log").read_text().startswith("[n1:0]")
-    assert (latest / "n1.rank0.log").read_text() == "rank 0 says hi"
+    assert (latest / "n1.rank0.stderr.log").read_text() == "rank 0 says hi"
     assert "main (w.py:1)" in (latest / "n1.stacks.txt").read_text()
     pv.write_run_dir(verdict, {}, str(tmp_path), str(tmp_path / "r2"), filename="bringup.json")
     assert os.readlink(latest) == "r1", "a bring-up report never moves latest"

@@ -1,0 +1,650 @@
+# -*- coding: utf-8 -*-
+"""Capability ``core_dumps``: a crashing rank leaves a core file its job user can find.
+
+Reads ``kernel.core_pattern`` (now, in its drop-in, at the next boot), the
+core directory and the core limits login sessions get; the probe crashes a
+throw-away child with SIGSEGV and finds its core.  The interface is the one in
+``preflight_capabilities.py``; the role ``roles/core_dumps`` holds the
+variables and the bring-up writers (``sysctl_setting``, ``limits_dropin``,
+the core directory), which share the readers and deciders used here
+(``preflight_sysctl``, ``preflight_limits``) and, for ``library/core_probe.py``,
+:func:`probe` and :func:`probe_check`.
+
+Facts (``read``)::
+
+    {"core_pattern": preflight_sysctl.read_setting(...) facts,
+     "core_dir": {path, exists, is_dir, mode, uid, gid, owner, group, error} or None (relative pattern),
+     "limits": preflight_limits.read_limits(...) facts or None (limits switched off)}
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import re
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+
+from ansible.module_utils import preflight_corepattern as corepattern
+from ansible.module_utils import preflight_limits as limits
+from ansible.module_utils import preflight_sysctl as sysctl
+from ansible.module_utils.parsing.convert_bool import boolean
+from ansible.module_utils.preflight_checks import check, failed, not_applicable, passed, skipped
+
+CAPABILITY = "core_dumps"
+
+# Check names (the verdict prefixes them with ``core_dumps.``).
+ENABLED = "enabled"  # the one check when core_dumps_enabled is false
+PATTERN = "core_pattern"
+CORE_DIR = "core_dir"
+LIMITS = "core_limits"
+PROBE = "core_probe"
+
+LIMIT_TYPES = ("soft", "hard")
+EXAMPLE_PATTERN = "/tmp/core-%e.%p.%h.%t"
+_MODE = re.compile(r"^0?[0-7]{3,4}$")
+_NAME = re.compile(r"^[^\s:/]+$")
+
+# The initial PID namespace always has this inode number (PROC_PID_INIT_INO).
+INITIAL_PID_NS = "pid:[4026531836]"
+
+
+# ---------------------------------------------------------------------------------------------
+# validate (controller)
+
+def switched_on(value):
+    """A switch as typed on the command line (``-e core_dumps_enabled=false`` is the string "false")."""
+    return boolean(value, strict=False)
+
+
+def _problem(name, found, expected, fix):
+    return {"name": name, "found": str(found), "expected": str(expected), "fix": str(fix)}
+
+
+def _absolute_path_problem(settings, name):
+    value = settings[name]
+    if not isinstance(value, str) or not value.startswith("/"):
+        return _problem(name, value, "an absolute path", "set %s to an absolute path such as /" % name)
+    return None
+
+
+def validate(settings):
+    """Problems with the core_dumps inputs (beyond types and choices), each
+    ``{name, found, expected, fix}``."""
+    problems = []
+    pattern = str(settings["core_dumps_pattern"])
+    if corepattern.is_pipe(pattern):
+        dest = corepattern.destination(pattern)
+        problems.append(_problem(
+            "core_dumps_pattern",
+            "%r pipes cores to a program (%s): %s, out of a job user's reach" % (
+                pattern, dest["program"] or "?", dest["where"]),
+            "a file pattern (core(5)) such as %s" % EXAMPLE_PATTERN,
+            "set core_dumps_pattern to a path such as %s" % EXAMPLE_PATTERN))
+    else:
+        for error in corepattern.validate_desired(pattern):
+            problems.append(_problem("core_dumps_pattern", error, "one non-empty line of at most %d bytes"
+                                     % corepattern.MAX_PATTERN_LENGTH,
+                                     "set core_dumps_pattern to a path such as %s" % EXAMPLE_PATTERN))
+        if corepattern.dir_has_specifier(pattern):
+            problems.append(_problem(
+                "core_dumps_pattern",
+                "%r has a specifier in its directory part (%s); the kernel does not create directories, so "
+                "the directory would not exist for most processes" % (pattern, corepattern.pattern_dir(pattern)),
+                "specifiers in the file name only",
+                "move the specifiers into the file name, e.g. /var/cores/core-%u.%e.%p.%t"))
+
+    core_dir = settings["core_dumps_dir"]
+    core_dir = "" if core_dir is None else str(core_dir)
+    if "%" in core_dir:
+        problems.append(_problem(
+            "core_dumps_dir",
+            "%r has a core_pattern specifier in it; the kernel does not create directories, so this role "
+            "cannot make it exist for every process" % core_dir,
+            "a fixed directory",
+            "keep specifiers in the file name only, e.g. core_dumps_pattern /var/cores/core-%u.%e.%p.%t"))
+    elif core_dir and not core_dir.startswith("/"):
+        problems.append(_problem("core_dumps_dir", core_dir, "an absolute directory, or empty for a relative "
+                                 "core_dumps_pattern", "set core_dumps_dir to the directory of core_dumps_pattern"))
+    elif not corepattern.is_pipe(pattern) and not corepattern.dir_has_specifier(pattern):
+        wanted = os.path.normpath(corepattern.pattern_dir(pattern)) if pattern.startswith("/") else ""
+        have = os.path.normpath(core_dir) if core_dir else ""
+        if have != wanted:
+            problems.append(_problem(
+                "core_dumps_dir",
+                "%r while core_dumps_pattern %r writes cores %s" % (
+                    core_dir, pattern, "into %s" % wanted if wanted else "relative to each process's working "
+                                                                          "directory"),
+                "the directory of core_dumps_pattern (%s)" % (wanted or "empty for a relative pattern"),
+                "set core_dumps_dir to %r, or leave it at its default (the pattern's dirname)" % wanted))
+
+    mode = str(settings["core_dumps_dir_mode"])
+    if not _MODE.match(mode):
+        problems.append(_problem("core_dumps_dir_mode", mode, "an octal mode such as 1777",
+                                 "set core_dumps_dir_mode to an octal string, e.g. \"1777\""))
+    for name in ("core_dumps_dir_owner", "core_dumps_dir_group"):
+        if not _NAME.match(str(settings[name] or "")):
+            problems.append(_problem(name, settings[name], "a user or group name such as root",
+                                     "set %s to a name without spaces, ':' or '/'" % name))
+
+    problem = sysctl.dropin_problem(settings["core_dumps_sysctl_dropin"], sysctl.DEFAULT_SYSCTL_DIRS)
+    if problem:
+        problems.append(_problem("core_dumps_sysctl_dropin", problem, "a *.conf file of its own in a sysctl.d "
+                                 "directory", "set core_dumps_sysctl_dropin to a file of its own such as "
+                                 "/etc/sysctl.d/60-preflight-core.conf"))
+
+    domains = [str(domain).strip() for domain in settings["core_dumps_limits_domains"] or []]
+    value = str(settings["core_dumps_limits_value"]).strip().lower()
+    for error in limits.validate(domains, list(LIMIT_TYPES), "core", value):
+        name = "core_dumps_limits_value" if error.startswith("value") else "core_dumps_limits_domains"
+        problems.append(_problem(name, error, "limits.conf(5) domains (*, root, @group, a user) and a value "
+                                 "(unlimited or a size in KiB)", "correct %s (%s)" % (name, limits.MAN)))
+    problem = limits.path_problem(settings["core_dumps_limits_dropin"])
+    if problem:
+        problems.append(_problem("core_dumps_limits_dropin", problem, "a *.conf file of its own in %s"
+                                 % limits.LIMITS_DIR, "set core_dumps_limits_dropin to a file of its own such as "
+                                 "/etc/security/limits.d/90-preflight-core.conf"))
+
+    timeout = settings["core_dumps_probe_timeout"]
+    try:
+        timeout_ok = not isinstance(timeout, bool) and float(timeout) > 0
+    except (TypeError, ValueError):
+        timeout_ok = False
+    if not timeout_ok:
+        problems.append(_problem("core_dumps_probe_timeout", timeout, "a positive number of seconds",
+                                 "set core_dumps_probe_timeout to e.g. 10"))
+    task_timeout = settings["core_dumps_task_timeout"]
+    if isinstance(task_timeout, bool) or not isinstance(task_timeout, int) or task_timeout < 1:
+        problems.append(_problem("core_dumps_task_timeout", task_timeout, "a positive number of seconds",
+                                 "set core_dumps_task_timeout to e.g. 60"))
+    user = settings["core_dumps_probe_user"]
+    if user not in (None, "") and not _NAME.match(str(user)):
+        problems.append(_problem("core_dumps_probe_user", user, "a user name or uid, or empty for the connecting "
+                                 "user", "set core_dumps_probe_user to a job user such as nobody"))
+
+    for name in ("core_dumps_root", "core_dumps_proc_root"):
+        problem = _absolute_path_problem(settings, name)
+        if problem:
+            problems.append(problem)
+    if settings["core_dumps_drift_policy"] not in ("warn", "fail"):
+        problems.append(_problem("core_dumps_drift_policy", settings["core_dumps_drift_policy"], "warn or fail",
+                                 "set core_dumps_drift_policy to warn or fail"))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# read (node)
+
+def _limit_entries(settings):
+    return limits.entries_for(settings["core_dumps_limits_domains"], LIMIT_TYPES, "core",
+                              settings["core_dumps_limits_value"])
+
+
+def read_args(settings, node):
+    """What ``read`` needs on ``node``; None when core_dumps_enabled is false."""
+    if not switched_on(settings["core_dumps_enabled"]):
+        return None
+    return {
+        "root": settings["core_dumps_root"],
+        "proc_root": settings["core_dumps_proc_root"],
+        "sysctl_dirs": list(sysctl.DEFAULT_SYSCTL_DIRS),
+        "dropin": settings["core_dumps_sysctl_dropin"],
+        "core_dir": settings["core_dumps_dir"] or "",
+        "limits": {"path": settings["core_dumps_limits_dropin"], "limits_conf": limits.LIMITS_CONF,
+                   "limits_dir": limits.LIMITS_DIR, "pam_dir": limits.PAM_DIR}
+        if switched_on(settings["core_dumps_limits_enabled"]) else None,
+    }
+
+
+def _read_dir(root, path):
+    facts = {"path": path, "exists": False, "is_dir": False, "mode": None, "uid": None, "gid": None,
+             "owner": None, "group": None, "error": None}
+    try:
+        info = os.stat(sysctl.rooted(root, path))
+    except FileNotFoundError:
+        return facts
+    except OSError as exc:
+        facts["error"] = "%s cannot be read: %s" % (path, exc.strerror or exc)
+        return facts
+    facts.update(exists=True, is_dir=stat.S_ISDIR(info.st_mode), mode="%04o" % stat.S_IMODE(info.st_mode),
+                 uid=info.st_uid, gid=info.st_gid)
+    try:
+        facts["owner"] = pwd.getpwuid(info.st_uid).pw_name
+    except KeyError:
+        pass
+    try:
+        facts["group"] = grp.getgrgid(info.st_gid).gr_name
+    except KeyError:
+        pass
+    return facts
+
+
+def read(args, ops):
+    """The pattern, the core directory and the core limits on this node (pure reads)."""
+    root = args["root"]
+    facts = {
+        "core_pattern": sysctl.read_setting(root, args["proc_root"], sysctl.CORE_PATTERN, args["dropin"],
+                                            args["sysctl_dirs"]),
+        "core_dir": _read_dir(root, os.path.normpath(args["core_dir"])) if args["core_dir"] else None,
+        "limits": None,
+    }
+    if args.get("limits"):
+        spec = args["limits"]
+        facts["limits"] = limits.read_limits(root, spec["path"], spec["limits_conf"], spec["limits_dir"],
+                                             spec["pam_dir"], item="core")
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------
+# probe (node): crash a throw-away child and find its core
+
+def probe_args(settings, node, plan=None):
+    """What ``probe`` needs; None when core dumps or the probe are switched off."""
+    if not switched_on(settings["core_dumps_enabled"]) or not switched_on(settings["core_dumps_probe_enabled"]):
+        return None
+    return {
+        # The probe crashes a real process, so procfs is read as it is (not under core_dumps_root).
+        "proc_root": settings["core_dumps_proc_root"],
+        "timeout": float(settings["core_dumps_probe_timeout"]),
+        "run_as": str(settings["core_dumps_probe_user"] or ""),
+        "core_pattern": None,
+        "core_uses_pid": None,
+        "pipe_probe": False,
+    }
+
+
+def _read(path):
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _limit_text(value):
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
+
+
+def _writable_by(path, uid, gid):
+    """Whether ``uid``/``gid`` may create a file in directory ``path``."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    if uid == 0:
+        return os.access(path, os.W_OK)
+    if info.st_uid == uid:
+        return bool(info.st_mode & stat.S_IWUSR and info.st_mode & stat.S_IXUSR)
+    groups = {gid}
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        groups.update(group.gr_gid for group in grp.getgrall() if name in group.gr_mem)
+    except KeyError:
+        pass
+    if info.st_gid in groups:
+        return bool(info.st_mode & stat.S_IWGRP and info.st_mode & stat.S_IXGRP)
+    return bool(info.st_mode & stat.S_IWOTH and info.st_mode & stat.S_IXOTH)
+
+
+def _status_pids(proc_root, pid):
+    """NSpid of a process (outermost first) from its status file; None if unreadable."""
+    text = _read(os.path.join(proc_root, str(pid), "status"))
+    if not text:
+        return None
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            return [int(value) for value in line.split()[1:]]
+    return None
+
+
+def _in_initial_pid_ns(proc_root):
+    try:
+        return os.readlink(os.path.join(proc_root, "self", "ns", "pid")) == INITIAL_PID_NS
+    except OSError:
+        return False
+
+
+def _who(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return "uid %d" % uid
+
+
+def _wait(pid, timeout):
+    """waitpid with a deadline; returns the raw status or None on timeout."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return status
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def probe(args, ops):
+    """Crash a throw-away ``sleep`` with SIGSEGV and find (and remove) its core.
+
+    ``args``: ``proc_root``, ``timeout`` (seconds), ``run_as`` (user name or
+    uid; empty: this process's user), ``core_pattern`` / ``core_uses_pid``
+    (None: the running values), ``pipe_probe`` (crash even for a pipe pattern).
+    Returns JSON-safe facts; ``outcome`` is one of ``found``, ``not_found``
+    (dumped, no file), ``no_dump``, ``timeout``, ``pipe``, ``pipe_dumped``,
+    ``pipe_not_dumped``, ``empty_pattern``, ``unreadable``, ``user_missing``,
+    ``hard_limit_zero``, ``no_sleep``, ``start_failed``; :func:`probe_check`
+    turns it into the ``core_probe`` check.  What a node lacks is an outcome,
+    never an exception; nothing is left behind.
+    """
+    proc_root = args.get("proc_root") or "/proc"
+    timeout = float(args.get("timeout") or 10.0)
+    run_as = str(args.get("run_as") or "")
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    result = {
+        "outcome": None, "core_pattern": args.get("core_pattern"), "core_uses_pid": args.get("core_uses_pid"),
+        "run_as": run_as, "who": None, "uid": None, "note": "", "timeout": timeout, "wcoredump": None,
+        "child_pid": None, "expected_path": None, "core_file": None, "core_removed": None, "core_dir": None,
+        "core_dir_exists": None, "core_dir_writable": None, "core_dir_mode": None, "core_dir_listing": None,
+        "suid_dumpable": None, "destination": None, "error": None,
+        "session_rlimit_core": {"soft": _limit_text(soft), "hard": _limit_text(hard)},
+    }
+    if result["core_pattern"] is None:
+        path = os.path.join(proc_root, "sys", "kernel", "core_pattern")
+        text = _read(path)
+        if text is None:
+            result.update(outcome="unreadable", error="cannot read %s" % path)
+            return result
+        result["core_pattern"] = text.rstrip("\n")
+    pattern = result["core_pattern"]
+    if result["core_uses_pid"] is None:
+        result["core_uses_pid"] = (_read(os.path.join(proc_root, "sys", "kernel", "core_uses_pid")) or "0").strip() == "1"
+    if not pattern.strip():
+        result["outcome"] = "empty_pattern"
+        return result
+    if corepattern.is_pipe(pattern):
+        result["destination"] = corepattern.destination(pattern)
+        if not args.get("pipe_probe"):
+            result["outcome"] = "pipe"
+            return result
+
+    entry = None
+    uid, gid = os.getuid(), os.getgid()
+    if run_as:
+        try:
+            entry = pwd.getpwuid(int(run_as)) if run_as.isdigit() else pwd.getpwnam(run_as)
+        except (KeyError, ValueError):
+            result["outcome"] = "user_missing"
+            return result
+        if entry.pw_uid != os.getuid() and os.geteuid() != 0:
+            # Without root the child can only be ourselves; say so instead of failing the audit.
+            result["note"] = "ran as uid %d: run_as %s needs root" % (os.getuid(), run_as)
+            entry = None
+        else:
+            uid, gid = entry.pw_uid, entry.pw_gid
+    result.update(uid=uid, who=entry.pw_name if entry is not None else _who(uid))
+
+    child_limit = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    if os.geteuid() != 0 and hard != resource.RLIM_INFINITY:
+        child_limit = (hard, hard)
+    if child_limit[0] == 0:
+        result["outcome"] = "hard_limit_zero"
+        return result
+    sleep = ops.which("sleep")
+    if not sleep:
+        result["outcome"] = "no_sleep"
+        return result
+
+    workdir = tempfile.mkdtemp(prefix="core-probe-")
+    try:
+        if entry is not None:
+            os.chown(workdir, uid, gid)
+        _crash(result, args, proc_root, timeout, sleep, workdir, uid, gid, entry, child_limit)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def _start_child(sleep, workdir, uid, gid, entry, child_limit):
+    def prepare():
+        resource.setrlimit(resource.RLIMIT_CORE, child_limit)
+        if entry is not None and uid != os.getuid():
+            # The job user's own groups: they decide whether it may write the core directory.
+            os.initgroups(entry.pw_name, gid)
+            os.setgid(gid)
+            os.setuid(uid)
+
+    # A child that keeps running while we signal it needs Popen: a run that
+    # returns only after the command has finished cannot crash it.  Fixed argv, no shell.
+    return subprocess.Popen([sleep, "30"], cwd=workdir, preexec_fn=prepare, close_fds=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _crash(result, args, proc_root, timeout, sleep, workdir, uid, gid, entry, child_limit):
+    pattern = result["core_pattern"]
+    try:
+        child = _start_child(sleep, workdir, uid, gid, entry, child_limit)
+    except (OSError, subprocess.SubprocessError) as exc:
+        result.update(outcome="start_failed", error="%s could not be started as %s: %s" % (
+            sleep, result["who"], exc))
+        return
+    pid = child.pid
+    result["child_pid"] = pid
+    comm = (_read(os.path.join(proc_root, str(pid), "comm")) or os.path.basename(sleep)[:15]).strip()
+    nspids = _status_pids(proc_root, pid)
+    start = int(time.time())
+    os.kill(pid, signal.SIGSEGV)
+    status = _wait(pid, timeout)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        child.returncode = -signal.SIGKILL
+        result["outcome"] = "timeout"
+        return
+    child.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    end = int(time.time()) + 1
+    dumped = bool(os.WIFSIGNALED(status) and os.WCOREDUMP(status))
+    result["wcoredump"] = dumped
+    if corepattern.is_pipe(pattern):
+        result["outcome"] = "pipe_dumped" if dumped else "pipe_not_dumped"
+        return
+
+    own_pid = nspids[-1] if nspids else pid
+    global_pid = pid if _in_initial_pid_ns(proc_root) else None
+    fields = {
+        "p": own_pid, "i": own_pid, "P": global_pid, "I": global_pid,
+        "u": uid, "g": gid, "s": int(signal.SIGSEGV), "h": os.uname().nodename,
+        "e": comm[:15], "f": os.path.basename(os.path.realpath(sleep)),
+        "E": os.path.realpath(sleep),
+        "c": str(child_limit[0] if child_limit[0] != resource.RLIM_INFINITY else 2 ** 64 - 1),
+        "d": None, "C": None, "t": None, "core_uses_pid": result["core_uses_pid"],
+    }
+    absolute, regexes, shown = corepattern.component_regexes(pattern, fields)
+    result["expected_path"] = shown if absolute else os.path.join(workdir, shown)
+    matches = corepattern.find_matches(workdir, absolute, regexes, time_window=(start - 1, end + 1))
+    core_dir = os.path.dirname(result["expected_path"])
+    result["core_dir"] = core_dir
+    if matches:
+        removed = True
+        for path in matches:
+            try:
+                os.unlink(path)
+            except OSError:
+                removed = False
+        result.update(outcome="found", core_file=matches[0], core_removed=removed)
+        return
+    result["outcome"] = "not_found" if dumped else "no_dump"
+    result["core_dir_exists"] = os.path.isdir(core_dir)
+    if result["core_dir_exists"]:
+        result["core_dir_writable"] = _writable_by(core_dir, uid, gid)
+        result["core_dir_mode"] = "%04o" % stat.S_IMODE(os.stat(core_dir).st_mode)
+        try:
+            result["core_dir_listing"] = sorted(os.listdir(core_dir))[:10]
+        except OSError:
+            result["core_dir_listing"] = []
+    result["suid_dumpable"] = (_read(os.path.join(proc_root, "sys", "fs", "suid_dumpable")) or "").strip() or None
+
+
+def probe_check(result):
+    """The ``core_probe`` check for a :func:`probe` result."""
+    outcome = result.get("outcome")
+    pattern = result.get("core_pattern")
+    note = " (%s)" % result["note"] if result.get("note") else ""
+    expected = "a core file (WCOREDUMP set in the wait status)"
+    if result.get("expected_path"):
+        expected = "a core file matching %s" % result["expected_path"]
+    if outcome == "found":
+        found = "%s written by a child running as %s (WCOREDUMP %s) and removed%s" % (
+            result["core_file"], result["who"], "set" if result["wcoredump"] else "not set", note)
+        return passed(found, expected, core_file=result["core_file"], removed=result["core_removed"])
+    if outcome in ("pipe", "pipe_dumped"):
+        dest = result["destination"]
+        reason = ("kernel.core_pattern %s pipes cores to a helper, so there is no core file to look for: %s. "
+                  "To get plain core files instead: %s" % (pattern, dest["where"], dest["override"]))
+        if outcome == "pipe_dumped":
+            reason = "the kernel handed a dump to the pipe helper (WCOREDUMP set); " + reason
+        return not_applicable(reason, "a core file written by the kernel")
+    if outcome == "pipe_not_dumped":
+        return failed("the kernel did not dump the child (no WCOREDUMP) with pipe pattern %s" % pattern,
+                      expected, result["destination"]["override"])
+    if outcome == "unreadable":
+        return failed("kernel.core_pattern is unknown: %s" % result["error"], "a readable kernel.core_pattern",
+                      "check that procfs is mounted at the probe's proc_root (core_dumps_proc_root)")
+    if outcome == "empty_pattern":
+        return failed("kernel.core_pattern is empty: the kernel writes no core file", "a core file pattern",
+                      corepattern.OVERRIDE_HINT)
+    if outcome == "user_missing":
+        return failed("the probe user %s does not exist on this node, so no child was crashed" % result["run_as"],
+                      "a crash as the job user %s leaves a core file" % result["run_as"],
+                      "create the user, or set core_dumps_probe_user to a user every node has (empty: the "
+                      "connecting user)")
+    if outcome == "hard_limit_zero":
+        return failed("the hard core limit of this session is 0, so no process started from it can dump core",
+                      "a hard core limit above 0 (unlimited)",
+                      "raise it in /etc/security/limits.d (limits_dropin module: '* hard core unlimited') and log "
+                      "in again")
+    if outcome == "no_sleep":
+        return failed("no sleep program on the search path: nothing to crash", "sleep (coreutils) installed",
+                      "install coreutils")
+    if outcome == "start_failed":
+        return failed(result["error"], "a child the probe can crash", "check that %s may run programs (a noexec "
+                      "or full /tmp, a missing home, limits on processes)" % result["who"])
+    if outcome == "timeout":
+        return failed("the child did not exit within %ss of SIGSEGV" % result["timeout"],
+                      "the child dumps core and exits",
+                      "check for a slow or full file system under the core directory, or a stuck pipe helper; "
+                      "raise core_dumps_probe_timeout if the node is just slow")
+    core_dir = result.get("core_dir") or "?"
+    who = result.get("who") or "?"
+    if outcome == "no_dump":
+        if not result.get("core_dir_exists"):
+            found = "the core directory %s does not exist (the kernel does not create it)" % core_dir
+            fix = "mkdir -p %s && chmod 1777 %s (the core_dumps role does this)" % (core_dir, core_dir)
+        elif not result.get("core_dir_writable"):
+            found = "%s (mode %s) is not writable by %s" % (core_dir, result.get("core_dir_mode"), who)
+            fix = ("chmod 1777 %s so every job user can write cores there (the core_dumps role does this)"
+                   % core_dir)
+        else:
+            found = "%s exists and is writable by %s; fs.suid_dumpable is %s" % (
+                core_dir, who, result.get("suid_dumpable") or "unknown")
+            fix = ("check free space and RLIMIT_FSIZE under %s, that the file system allows writes, and dmesg "
+                   "for 'core dump' messages" % core_dir)
+        found = "no core file: the kernel did not dump the child (no WCOREDUMP in the wait status); " + found
+        return failed(found + note, expected, fix)
+    if outcome == "not_found":
+        found = ("the kernel reports a core dump (WCOREDUMP) but no file matches %s; %s holds: %s" % (
+            result["expected_path"], core_dir, ", ".join(result.get("core_dir_listing") or []) or "nothing"))
+        return failed(found + note, expected,
+                      "compare kernel.core_pattern with what the node really writes (a second sysctl writer, a "
+                      "cleaner removing cores, or a file system that hides them)")
+    return failed("the probe gave no known outcome (%r)" % (outcome,), "an outcome of the core probe",
+                  "this is a defect of the preflight itself: report it with the verdict file")
+
+
+# ---------------------------------------------------------------------------------------------
+# decide (controller, pure)
+
+def _on_node(host, checks):
+    """Name the node in every warn/fail, so a fix read out of context says where to apply it."""
+    if host:
+        for result in checks.values():
+            if result["status"] in ("warn", "fail") and not result["fix"].startswith("on %s:" % host):
+                result["fix"] = "on %s: %s" % (host, result["fix"])
+    return checks
+
+
+def _no_facts(what):
+    return failed("the core_dumps reader returned no %s" % what, "the %s read on the node" % what,
+                  "see core_dumps.error for this node, fix what it names and run the preflight again")
+
+
+def _dir_check(facts, settings, policy):
+    core_dir = settings["core_dumps_dir"] or ""
+    pattern = settings["core_dumps_pattern"]
+    if not core_dir:
+        return not_applicable("core_pattern %s is relative: each process writes its core into its own working "
+                              "directory" % pattern, "no core directory to manage")
+    mode, owner, group = str(settings["core_dumps_dir_mode"]), settings["core_dumps_dir_owner"], \
+        settings["core_dumps_dir_group"]
+    expected = "%s a directory with mode %s, owner %s, group %s" % (core_dir, mode, owner, group)
+    fix = ("run the node bring-up (role core_dumps), or: mkdir -p %s && chmod %s %s && chown %s:%s %s"
+           % (core_dir, mode, core_dir, owner, group, core_dir))
+    facts = facts or {}
+    if facts.get("error"):
+        return check(policy, facts["error"], expected, fix)
+    if not facts.get("exists"):
+        return check(policy, "%s does not exist" % core_dir, expected, fix)
+    if not facts.get("is_dir"):
+        return check(policy, "%s is not a directory" % core_dir, expected, fix)
+    have_owner = facts.get("owner") or str(facts.get("uid"))
+    have_group = facts.get("group") or str(facts.get("gid"))
+    found = "%s is a directory with mode %s, owner %s, group %s" % (core_dir, facts["mode"], have_owner, have_group)
+    same = (int(facts["mode"], 8) == int(mode, 8) & 0o7777
+            and owner in (facts.get("owner"), str(facts.get("uid")))
+            and group in (facts.get("group"), str(facts.get("gid"))))
+    return passed(found, expected) if same else check(policy, found, expected, fix)
+
+
+def decide(host, facts, settings, probe=None, cluster=None):
+    """``{name: check}`` for core dumps on ``host``: ``core_pattern``,
+    ``core_pattern_persisted``, ``core_pattern_boot``, ``core_pattern_pid``,
+    ``core_dir``, ``core_limits``, ``core_limits_conflicts``, ``core_limits_pam``,
+    ``core_probe``; with core dumps switched off only ``enabled`` (skipped)."""
+    if not switched_on(settings["core_dumps_enabled"]):
+        return {ENABLED: skipped("core_dumps_enabled is false on %s: core dumps are not checked" % host,
+                                 "core pattern, directory, limits and crash probe checked once core_dumps_enabled "
+                                 "is true")}
+    policy = settings["core_dumps_drift_policy"]
+    pattern = str(settings["core_dumps_pattern"])
+    checks = {}
+    if facts is None:
+        checks[PATTERN] = _no_facts("kernel.core_pattern facts")
+        checks[CORE_DIR] = _no_facts("core directory facts")
+    else:
+        checks.update(sysctl.decide_setting(facts["core_pattern"], pattern, policy, PATTERN))
+        checks[CORE_DIR] = _dir_check(facts.get("core_dir"), settings, policy)
+
+    if not switched_on(settings["core_dumps_limits_enabled"]):
+        checks[LIMITS] = skipped("core_dumps_limits_enabled is false",
+                                 "core limits managed once core_dumps_limits_enabled is true")
+    elif facts is None or facts.get("limits") is None:
+        checks[LIMITS] = _no_facts("limits facts")
+    else:
+        checks.update(limits.decide_limits(facts["limits"], _limit_entries(settings), policy, LIMITS))
+
+    if not switched_on(settings["core_dumps_probe_enabled"]):
+        checks[PROBE] = skipped("core_dumps_probe_enabled is false",
+                                "a crash probe once core_dumps_probe_enabled is true")
+    elif probe is None:
+        checks[PROBE] = skipped("no probe result for this run: the crash probe runs in the probe stage of "
+                                "preflight.yml", "a core file from a crashed child")
+    else:
+        checks[PROBE] = probe_check(probe)
+    return _on_node(host, checks)

@@ -1,0 +1,344 @@
+"""The kernel_debug capability: validate, read (sandbox roots, FakeOps), decide (tables), and the
+writer (library/sysctl_setting.py) agreeing with the audit because both use preflight_sysctl."""
+
+import json
+import os
+
+import pytest
+import yaml
+
+import sysctl_setting
+from ansible.module_utils import preflight_checks
+from ansible.module_utils import preflight_kernel_debug as kernel_debug
+from ansible.module_utils import preflight_sysctl
+from fake_ops import FakeOps
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROLE = os.path.join(ROOT, "roles", "kernel_debug")
+HOST = "node3"
+NODE = {"name": HOST, "ansible_host": "10.0.0.3", "node_addr": "10.0.0.3", "user": "root", "ssh_port": 22}
+PTRACE_DROPIN = "/etc/sysctl.d/10-ptrace.conf"
+PANIC = {"name": "kernel.panic_on_oops", "value": "1", "dropin": "/etc/sysctl.d/60-preflight-panic.conf",
+         "check_name": None}
+
+
+def load_yaml(*parts):
+    with open(os.path.join(ROLE, *parts)) as handle:
+        return yaml.safe_load(handle)
+
+
+def settings(**overrides):
+    """The role's defaults, typed, with ``overrides``: what preflight_settings hands a capability."""
+    values = load_yaml("defaults", "main.yml")
+    values.update(overrides)
+    return values
+
+
+def write(root, path, text):
+    full = os.path.join(str(root), path.lstrip("/"))
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "w") as handle:
+        handle.write(text)
+    return full
+
+
+def make_node(tmp_path, yama="1", dropin=None, files=None):
+    """A sandbox root: /proc/sys (Yama ptrace_scope ``yama``, or no Yama when None) and a sysctl tree."""
+    root = tmp_path / "node"
+    write(root, "/proc/sys/kernel/panic_on_oops", "0\n")
+    if yama is not None:
+        write(root, "/proc/sys/kernel/yama/ptrace_scope", yama + "\n")
+    write(root, "/etc/sysctl.conf", "# site settings\nvm.swappiness = 10\n")
+    os.makedirs(str(root / "etc/sysctl.d"), exist_ok=True)
+    if dropin is not None:
+        write(root, PTRACE_DROPIN, dropin)
+    for path, text in (files or {}).items():
+        write(root, path, text)
+    return root
+
+
+def node_settings(root, **overrides):
+    values = dict(kernel_debug_ptrace_scope_enabled=True, kernel_debug_sysctl_root=str(root))
+    values.update(overrides)
+    return settings(**values)
+
+
+def read_node(root, **overrides):
+    wanted = node_settings(root, **overrides)
+    args = kernel_debug.read_args(wanted, NODE)
+    if args is None:  # switched off: the node is not read at all
+        return None, wanted
+    ops = FakeOps()
+    facts = kernel_debug.read(json.loads(json.dumps(args)), ops)
+    assert ops.calls == []  # file reads only
+    # Facts travel from the node as JSON.
+    return json.loads(json.dumps(facts)), wanted
+
+
+def assert_contract(checks, host=HOST):
+    """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
+    for name, result in checks.items():
+        assert preflight_checks.NAME_RE.match(name), name
+        assert preflight_checks.normalize(result, name) == result, (name, result)
+        if result["status"] in ("warn", "fail"):
+            assert result["found"] and result["expected"] and result["fix"], (name, result)
+            assert host in result["fix"], (name, result)
+    preflight_checks.flatten({kernel_debug.CAPABILITY: checks})  # no duplicate, every name qualifies
+
+
+def statuses(checks):
+    return {name: result["status"] for name, result in checks.items()}
+
+
+# --- validate -------------------------------------------------------------------------------------
+
+
+def test_the_defaults_are_valid():
+    assert kernel_debug.validate(settings()) == []
+    assert kernel_debug.validate(settings(kernel_debug_ptrace_scope_enabled=True, kernel_debug_ptrace_scope=3,
+                                          kernel_debug_extra_sysctls=[PANIC])) == []
+
+
+@pytest.mark.parametrize("overrides, name, found", [
+    ({"kernel_debug_ptrace_scope": 4}, "kernel_debug_ptrace_scope", "4"),
+    ({"kernel_debug_ptrace_scope": -1}, "kernel_debug_ptrace_scope", "-1"),
+    ({"kernel_debug_ptrace_scope": "often"}, "kernel_debug_ptrace_scope", "often"),
+    ({"kernel_debug_ptrace_scope": True}, "kernel_debug_ptrace_scope", "True"),
+    ({"kernel_debug_ptrace_scope_dropin": "/etc/sysctl.conf"}, "kernel_debug_ptrace_scope_dropin",
+     "would never be read at boot"),
+    ({"kernel_debug_ptrace_scope_dropin": "/etc/ptrace.conf"}, "kernel_debug_ptrace_scope_dropin", "/etc/ptrace.conf"),
+    ({"kernel_debug_ptrace_scope_dropin": "/etc/sysctl.d/10-ptrace"}, "kernel_debug_ptrace_scope_dropin",
+     "10-ptrace"),
+    ({"kernel_debug_ptrace_scope_dropin": "etc/sysctl.d/10-ptrace.conf"}, "kernel_debug_ptrace_scope_dropin",
+     "etc/sysctl.d"),
+    ({"kernel_debug_sysctl_dirs": []}, "kernel_debug_sysctl_dirs", "[]"),
+    ({"kernel_debug_sysctl_dirs": ["/etc/sysctl.conf"]}, "kernel_debug_sysctl_dirs", "sysctl.conf"),
+    ({"kernel_debug_sysctl_dirs": ["etc/sysctl.d"]}, "kernel_debug_sysctl_dirs", "etc/sysctl.d"),
+    ({"kernel_debug_sysctl_root": "sandbox"}, "kernel_debug_sysctl_root", "sandbox"),
+    ({"kernel_debug_proc_root": ""}, "kernel_debug_proc_root", ""),
+    ({"kernel_debug_task_timeout": 0}, "kernel_debug_task_timeout", "0"),
+    ({"kernel_debug_drift_policy": "ignore"}, "kernel_debug_drift_policy", "ignore"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, dropin="/etc/panic.conf")]}, "kernel_debug_extra_sysctls[0]",
+     "/etc/panic.conf"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, dropin=PTRACE_DROPIN)]}, "kernel_debug_extra_sysctls[0]",
+     "also used by kernel_debug_ptrace_scope_dropin"),
+    ({"kernel_debug_extra_sysctls": [PANIC, dict(PANIC, name="kernel.panic")]}, "kernel_debug_extra_sysctls[1]",
+     "also used by kernel_debug_extra_sysctls[0]"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, name="kernel panic")]}, "kernel_debug_extra_sysctls[0]",
+     "not a sysctl key"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, name="kernel.core_pattern")]}, "kernel_debug_extra_sysctls[0]",
+     "kept by core_dumps_pattern"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, name="kernel/yama/ptrace_scope")]},
+     "kernel_debug_extra_sysctls[0]", "kept by kernel_debug_ptrace_scope"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, value="1\n2")]}, "kernel_debug_extra_sysctls[0]", "value"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, value="")]}, "kernel_debug_extra_sysctls[0]", "value"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, check_name="Panic-On-Oops")]}, "kernel_debug_extra_sysctls[0]",
+     "Panic-On-Oops"),
+    ({"kernel_debug_extra_sysctls": [dict(PANIC, check_name="ptrace_scope_boot")]},
+     "kernel_debug_extra_sysctls[0]", "ptrace_scope_boot is taken"),
+    ({"kernel_debug_extra_sysctls": [PANIC, dict(PANIC, name="vm.panic_on_oops",
+                                                 dropin="/etc/sysctl.d/61-vm.conf")]},
+     "kernel_debug_extra_sysctls[1]", "panic_on_oops is taken"),
+    ({"kernel_debug_extra_sysctls": [{"name": "kernel.panic", "value": "1"}]}, "kernel_debug_extra_sysctls[0]",
+     "kernel.panic"),
+])
+def test_validate_names_the_variable_with_found_expected_fix(overrides, name, found):
+    problems = kernel_debug.validate(settings(**overrides))
+    assert [problem["name"] for problem in problems] == [name], problems
+    problem = problems[0]
+    assert found in problem["found"], problem
+    assert set(problem) == {"name", "found", "expected", "fix"}
+    assert all(isinstance(value, str) and value for key, value in problem.items() if key != "found"), problem
+
+
+# --- read -----------------------------------------------------------------------------------------
+
+
+def test_read_args_none_when_switched_off_and_nothing_else_to_read():
+    assert kernel_debug.read_args(settings(), NODE) is None
+    args = kernel_debug.read_args(settings(kernel_debug_extra_sysctls=[PANIC]), NODE)
+    assert [item["check_name"] for item in args["settings"]] == ["panic_on_oops"]
+    # Switches typed on the command line arrive as text.
+    assert kernel_debug.read_args(settings(kernel_debug_ptrace_scope_enabled="false"), NODE) is None
+    args = kernel_debug.read_args(settings(kernel_debug_ptrace_scope_enabled="true"), NODE)
+    assert args["settings"] == [{"check_name": "ptrace_scope", "key": "kernel.yama.ptrace_scope",
+                                 "dropin": PTRACE_DROPIN}]
+
+
+def test_read_with_yama(tmp_path):
+    facts, _wanted = read_node(make_node(tmp_path, yama="1"))
+    ptrace = facts["settings"]["ptrace_scope"]
+    assert ptrace["runtime"] == "1" and ptrace["missing_reason"] is None
+    assert ptrace["dropin_text"] is None and ptrace["dropin_value"] is None
+    assert PTRACE_DROPIN in [entry["path"] for entry in ptrace["boot_files"]]
+    assert ptrace["assignments"] == []
+
+
+def test_read_without_yama(tmp_path):
+    facts, _wanted = read_node(make_node(tmp_path, yama=None))
+    ptrace = facts["settings"]["ptrace_scope"]
+    assert ptrace["runtime"] is None
+    assert ptrace["missing_reason"] == "kernel has no Yama LSM: /proc/sys/kernel/yama/ptrace_scope does not exist"
+
+
+def test_read_unreadable_files_are_facts_not_exceptions(tmp_path, monkeypatch):
+    root = make_node(tmp_path, dropin="kernel.yama.ptrace_scope = 0\n",
+                     files={"/etc/sysctl.d/99-locked.conf": "kernel.yama.ptrace_scope = 1\n"})
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if str(path).endswith(("99-locked.conf", "yama/ptrace_scope")):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", deny)
+    facts, wanted = read_node(root)
+    monkeypatch.undo()
+    ptrace = facts["settings"]["ptrace_scope"]
+    assert "Permission denied" in ptrace["runtime_error"]
+    assert ptrace["unreadable"] == [{"path": "/etc/sysctl.d/99-locked.conf", "error": "Permission denied"}]
+    checks = kernel_debug.decide(HOST, facts, wanted)
+    assert_contract(checks)
+    assert checks["ptrace_scope"]["status"] == "warn"
+    assert "preflight_become" in checks["ptrace_scope"]["fix"]
+    assert "99-locked.conf cannot be read" in checks["ptrace_scope_boot"]["found"]
+    assert checks["ptrace_scope_persisted"]["status"] == "pass"
+
+
+# --- decide ---------------------------------------------------------------------------------------
+
+OK_DROPIN = "kernel.yama.ptrace_scope = 0\n"
+
+
+@pytest.mark.parametrize("yama, dropin, files, overrides, expected", [
+    # drift everywhere, drift policy warn (the default)
+    ("1", None, {}, {}, {"ptrace_scope": "warn", "ptrace_scope_persisted": "warn", "ptrace_scope_boot": "warn"}),
+    # the same drift under policy fail
+    ("1", None, {}, {"kernel_debug_drift_policy": "fail"},
+     {"ptrace_scope": "fail", "ptrace_scope_persisted": "fail", "ptrace_scope_boot": "fail"}),
+    # all in place
+    ("0", OK_DROPIN, {}, {}, {"ptrace_scope": "pass", "ptrace_scope_persisted": "pass", "ptrace_scope_boot": "pass"}),
+    # running value right, the drop-in missing
+    ("0", None, {}, {}, {"ptrace_scope": "pass", "ptrace_scope_persisted": "warn", "ptrace_scope_boot": "warn"}),
+    # a later file wins at boot
+    ("0", OK_DROPIN, {"/etc/sysctl.d/99-vendor.conf": "kernel.yama.ptrace_scope = 2\n"}, {},
+     {"ptrace_scope": "pass", "ptrace_scope_persisted": "pass", "ptrace_scope_boot": "warn"}),
+    # an earlier file with another value is overridden: no finding
+    ("0", OK_DROPIN, {"/usr/lib/sysctl.d/05-vendor.conf": "kernel.yama.ptrace_scope = 2\n"}, {},
+     {"ptrace_scope": "pass", "ptrace_scope_persisted": "pass", "ptrace_scope_boot": "pass"}),
+    # /etc/sysctl.conf is applied last
+    ("0", OK_DROPIN, {"/etc/sysctl.conf": "kernel.yama.ptrace_scope=1\n"}, {},
+     {"ptrace_scope": "pass", "ptrace_scope_persisted": "pass", "ptrace_scope_boot": "warn"}),
+    # the drop-in sets another value
+    ("1", "kernel.yama.ptrace_scope = 1\n", {}, {},
+     {"ptrace_scope": "warn", "ptrace_scope_persisted": "warn", "ptrace_scope_boot": "warn"}),
+    # no Yama: one not_applicable, nothing else
+    (None, None, {}, {}, {"ptrace_scope": "not_applicable"}),
+    # switched off: skipped, whatever the node has
+    ("1", None, {}, {"kernel_debug_ptrace_scope_enabled": False}, {"ptrace_scope": "skipped"}),
+    (None, None, {}, {"kernel_debug_ptrace_scope_enabled": "false"}, {"ptrace_scope": "skipped"}),
+    # ptrace_scope 1 wanted and in place
+    ("1", "kernel.yama.ptrace_scope = 1\n", {}, {"kernel_debug_ptrace_scope": 1},
+     {"ptrace_scope": "pass", "ptrace_scope_persisted": "pass", "ptrace_scope_boot": "pass"}),
+    # an extra sysctl next to ptrace_scope, named by its key's last component
+    ("0", OK_DROPIN, {}, {"kernel_debug_extra_sysctls": [PANIC]},
+     {"ptrace_scope": "pass", "ptrace_scope_persisted": "pass", "ptrace_scope_boot": "pass",
+      "panic_on_oops": "warn", "panic_on_oops_persisted": "warn", "panic_on_oops_boot": "warn"}),
+    # an extra sysctl with its own check name, ptrace switched off
+    (None, None, {"/etc/sysctl.d/60-preflight-panic.conf": "kernel.panic_on_oops = 0\n"},
+     {"kernel_debug_ptrace_scope_enabled": False,
+      "kernel_debug_extra_sysctls": [dict(PANIC, value="0", check_name="oops")]},
+     {"ptrace_scope": "skipped", "oops": "pass", "oops_persisted": "pass", "oops_boot": "pass"}),
+])
+def test_decide(tmp_path, yama, dropin, files, overrides, expected):
+    facts, wanted = read_node(make_node(tmp_path, yama=yama, dropin=dropin, files=files), **overrides)
+    checks = kernel_debug.decide(HOST, facts, wanted)
+    assert statuses(checks) == expected, checks
+    assert_contract(checks)
+
+
+def test_decide_texts(tmp_path):
+    root = make_node(tmp_path, yama="1", files={"/etc/sysctl.d/99-vendor.conf": "# vendor\nkernel.yama.ptrace_scope = 2\n"})
+    facts, wanted = read_node(root)
+    checks = kernel_debug.decide(HOST, facts, wanted)
+    assert checks["ptrace_scope"]["found"] == "running 1"
+    assert checks["ptrace_scope"]["expected"] == "0"
+    assert checks["ptrace_scope"]["fix"] == (
+        "on node3: sysctl -w kernel.yama.ptrace_scope='0' and persist it as 'kernel.yama.ptrace_scope = 0' in "
+        "/etc/sysctl.d/10-ptrace.conf (the node bring-up does both)")
+    assert checks["ptrace_scope_persisted"]["found"] == "/etc/sysctl.d/10-ptrace.conf does not exist"
+    boot = checks["ptrace_scope_boot"]
+    assert "kernel.yama.ptrace_scope=2 in /etc/sysctl.d/99-vendor.conf:2 overrides 10-ptrace.conf at boot" \
+        in boot["found"]
+    assert "/etc/sysctl.d/99-vendor.conf:2" in boot["fix"]
+
+
+def test_no_yama_and_switched_off_say_why(tmp_path):
+    facts, wanted = read_node(make_node(tmp_path, yama=None))
+    assert kernel_debug.decide(HOST, facts, wanted) == {"ptrace_scope": {
+        "status": "not_applicable",
+        "found": "kernel has no Yama LSM: /proc/sys/kernel/yama/ptrace_scope does not exist",
+        "expected": "kernel.yama.ptrace_scope = 0", "fix": ""}}
+    off = settings()
+    checks = kernel_debug.decide(HOST, None, off)
+    assert list(checks) == ["ptrace_scope"]
+    assert checks["ptrace_scope"]["status"] == "skipped"
+    assert "kernel_debug_ptrace_scope_enabled is false" in checks["ptrace_scope"]["found"]
+
+
+def test_decide_without_facts_for_an_enabled_setting_fails_and_names_the_node():
+    checks = kernel_debug.decide(HOST, None, settings(kernel_debug_ptrace_scope_enabled=True))
+    assert statuses(checks) == {"ptrace_scope": "fail"}
+    assert_contract(checks)
+
+
+def test_shadowed_dropin_is_a_boot_finding(tmp_path):
+    root = make_node(tmp_path, yama="0", files={"/etc/sysctl.d/10-ptrace.conf": "kernel.yama.ptrace_scope = 1\n",
+                                                "/usr/lib/sysctl.d/10-ptrace.conf": OK_DROPIN})
+    facts, wanted = read_node(root, kernel_debug_ptrace_scope_dropin="/usr/lib/sysctl.d/10-ptrace.conf")
+    checks = kernel_debug.decide(HOST, facts, wanted)
+    assert checks["ptrace_scope_boot"]["status"] == "warn"
+    assert "is never read" in checks["ptrace_scope_boot"]["found"]
+
+
+# --- the writer and the audit agree ----------------------------------------------------------------
+
+
+def writer_args(root, wanted, **extra):
+    args = {"name": "kernel.yama.ptrace_scope", "value": str(wanted["kernel_debug_ptrace_scope"]),
+            "dropin": wanted["kernel_debug_ptrace_scope_dropin"], "root": str(root),
+            "policy": wanted["kernel_debug_drift_policy"], "sysctl_dirs": wanted["kernel_debug_sysctl_dirs"]}
+    args.update(extra)
+    return args
+
+
+def without_node(checks):
+    prefix = "on %s: " % HOST
+    return {name: dict(result, fix=result["fix"][len(prefix):] if result["fix"].startswith(prefix) else result["fix"])
+            for name, result in checks.items()}
+
+
+@pytest.mark.parametrize("yama, files", [
+    ("1", {}),
+    ("0", {"/etc/sysctl.d/99-vendor.conf": "kernel.yama.ptrace_scope = 2\n"}),
+    (None, {}),
+])
+def test_writer_check_mode_reports_exactly_what_the_audit_decides(run_module, tmp_path, yama, files):
+    root = make_node(tmp_path, yama=yama, files=files)
+    facts, wanted = read_node(root)
+    result, failed = run_module(sysctl_setting, writer_args(root, wanted), check_mode=True)
+    assert not failed
+    assert result["checks"] == without_node(kernel_debug.decide(HOST, facts, wanted))
+
+
+def test_audit_passes_after_the_writer_applied(run_module, tmp_path):
+    root = make_node(tmp_path, yama="1")
+    _facts, wanted = read_node(root)
+    result, failed = run_module(sysctl_setting, writer_args(root, wanted))
+    assert not failed and result["changed"]
+    assert set(statuses(result["checks"]).values()) == {"pass"}
+    facts, wanted = read_node(root)
+    checks = kernel_debug.decide(HOST, facts, wanted)
+    assert checks == result["checks"]
+    assert preflight_sysctl.dropin_value(facts["settings"]["ptrace_scope"]["dropin_text"],
+                                         "kernel.yama.ptrace_scope") == "0"
