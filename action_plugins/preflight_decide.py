@@ -108,7 +108,8 @@ def stage_plan(view, probes=True):
 
 def _probe_args(view, hosts, checks_by_host):
     """Node -> capability -> the arguments of its probe (peers are the nodes that were read)."""
-    probe_plan = {"hosts": hosts, "nodes": {host: view.nodes[host] for host in hosts}}
+    nodes = {host: view.nodes[host] for host in hosts}
+    plans = {}
     probe_args = {}
     for host in hosts:
         probe_args[host] = {}
@@ -116,8 +117,11 @@ def _probe_args(view, hosts, checks_by_host):
             module = registry.BY_NAME.get(name)
             if module is None or not hasattr(module, "probe_args") or name in view.facts(host)[1]:
                 continue
+            # One view per capability, shared by every node (the peers' settings, e.g. their ssh port).
+            plans.setdefault(name, {"hosts": hosts, "nodes": nodes,
+                                    "settings": view.capability_settings(name, hosts)})
             args = _guarded(checks_by_host, [host], name, module.probe_args, view.settings[host][name],
-                            view.nodes[host], probe_plan)
+                            view.nodes[host], plans[name])
             if args is not None:
                 probe_args[host][name] = args
     return probe_args

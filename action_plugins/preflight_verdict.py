@@ -63,6 +63,10 @@ class ActionModule(ActionBase):
         view = ClusterView(task_vars or {})
         first = view.hosts[0] if view.hosts else None
         decisions = [view.result(first, name) or {} for name in decision_names] if first else []
+        loaded = (view.result(first, "preflight_settings") or {}).get("capabilities") if first else None
+        if loaded:
+            # Only what this run loaded applies (bring-up of a chosen few capabilities).
+            capabilities = tuple(name for name in capabilities if name in loaded)
         records = {host: {registry.STAGE_REGISTERS[stage]: view.result(host, registry.STAGE_REGISTERS[stage])
                           for stage in stages} for host in view.hosts}
         results_dir = os.path.abspath(args.get("results_dir") or "results")

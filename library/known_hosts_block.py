@@ -19,6 +19,9 @@ description:
     the command to accept the new key, until the node is listed in O(accept_changed)."
   - Lines of nodes listed in O(keep_nodes) that have no entry this run (unreachable) are kept as they
     are; lines of any other node without an entry are dropped.
+  - The entries are the output of C(plan) in C(module_utils/preflight_ssh_trust.py) (role variable
+    C(ssh_trust_known_hosts_entries)); the preflight audit compares each node's block with the same
+    function this module writes with, so bring-up and audit cannot disagree.
   - The file is replaced atomically (temp file in the same directory, then rename); O(backup) keeps a
     copy first. A file with a BEGIN marker but no END (or two blocks) is refused, not guessed at.
 version_added: "1.0.0"
@@ -171,14 +174,10 @@ diff:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_checks import check, passed
 from ansible.module_utils.preflight_files import write_atomic
 from ansible.module_utils.preflight_ssh import (MARKER, SshTrustError, join_block, markers, plan_block, read_text,
                                                 rooted, sha256_text, split_block)
-
-
-def describe_missing(missing):
-    return "; ".join("%s (%s)" % (item["node"], ", ".join(item["names"])) for item in missing)
+from ansible.module_utils.preflight_ssh_trust import known_hosts_check
 
 
 def main():
@@ -213,9 +212,9 @@ def main():
     try:
         if params["state"] == "absent":
             begin, end = markers(params["marker"])
-            head, _body, tail, _present = split_block(before, begin, end)
-            plan = {"text": join_block(head, [], tail, begin, end), "block": [], "changed_keys": [], "missing": [],
-                    "dropped": []}
+            head, body, tail, _present = split_block(before, begin, end)
+            plan = {"text": join_block(head, [], tail, begin, end), "block": [], "old_block": body,
+                    "changed_keys": [], "missing": [], "dropped": []}
         else:
             plan = plan_block(before, params["entries"], params["keep_nodes"], params["accept_changed"],
                               params["marker"], path)
@@ -237,27 +236,11 @@ def main():
         if backup_file:
             result["backup_file"] = backup_file
 
-    expected = ("%s holds the current host keys of every reachable node in its managed block" % path
-                if params["state"] == "present" else "no managed block in %s" % path)
-    if not changed:
-        found = "%s is up to date (%d line(s) in the block)" % (path, len(plan["block"]))
-        result["checks"] = {"ssh_known_hosts": passed(found, expected)}
-    elif not module.check_mode:
-        found = "%s updated: %s" % (path, describe_missing(result["missing"]) or "block rewritten")
-        result["checks"] = {"ssh_known_hosts": passed(found, expected)}
-    else:
-        parts = []
-        if result["missing"]:
-            parts.append("lacks the current key for " + describe_missing(result["missing"]))
-        if plan["dropped"]:
-            parts.append("still lists nodes no longer in the inventory: " + ", ".join(plan["dropped"]))
-        if not parts:
-            parts.append("its managed block differs from the cluster's host keys")
-        found = "%s %s" % (path, "; ".join(parts))
-        result["checks"] = {"ssh_known_hosts": check(
-            params["drift_policy"], found, expected,
-            "run bringup.yml (role ssh_trust) to rewrite the managed block; nothing outside its "
-            "markers is touched")}
+    result["checks"] = {"ssh_known_hosts": known_hosts_check(
+        None, path, plan, params["drift_policy"], applied=not module.check_mode, held_back=held_back,
+        changed=changed)}
+    if params["state"] == "absent":
+        result["checks"]["ssh_known_hosts"]["expected"] = "no managed block in %s" % path
     if held_back:
         result["checks"]["ssh_known_hosts"]["details"] = {"held_back": held_back}
 

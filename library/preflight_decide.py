@@ -10,7 +10,7 @@ description:
   - Runs once on the controller (C(run_once)) and reads what every node the play targeted registered so far
     (C(preflight_settings), C(preflight_facts), the port probes, the all-reduce, the probes). Returns
     C({ok, blockers, checks_by_host}) plus the stage's plan; C(checks_by_host) maps a node to
-    C({capability: {name: check}}). A decision never fails the play; what blocks the gate is a blocker.
+    C({capability => {name => check}}). A decision never fails the play; what blocks the gate is a blocker.
   - C(inputs) stops the run before any node is touched when a node's settings are invalid.
   - C(plan) turns reader errors into C(<capability>.error), chooses the inter-node interface
     (C(nic_discovery)), finds the nodes ready to run ranks (C(allreduce)), plans the port mesh (in the
@@ -18,7 +18,7 @@ description:
   - C(launch) blames the nodes that break the port mesh and plans the one all-reduce launch over the nodes that
     are still reachable, ready and not blamed (a node lost before the launch is left out, so its peers are
     still proven).
-  - C(final) runs every capability's decider over its facts and probe results and summarises the all-reduce:
+  - C(final) runs every capability's decider over its facts and probe results and summarises the all-reduce,
     suspects, collateral failures of healthy peers, and the world size compared with the plan.
 version_added: "1.0.0"
 options:

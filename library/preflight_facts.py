@@ -9,10 +9,10 @@ DOCUMENTATION = r"""
 module: preflight_facts
 short_description: Read every preflight capability's facts on a node in one call
 description:
-  - Runs the reader (C(read(args, ops)) in C(module_utils/preflight_<capability>.py)) of every capability named in
+  - Runs the reader (the C(read) function of C(module_utils/preflight_<capability>.py)) of every capability named in
     O(capabilities) on the node and returns their facts. Readers only read (files under /proc, /sys, /etc; the
     training Python asked where torch is); nothing on the node changes.
-  - Each reader is its own failure domain: one that raises is reported under RV(errors) with the exception and
+  - Each reader is its own failure domain; one that raises is reported under RV(errors) with the exception and
     the others still run. The controller (C(preflight_decide)) turns facts into checks.
   - The arguments come from C(preflight_settings), which validated the role variables they derive from.
 version_added: "1.0.0"

@@ -9,10 +9,10 @@ DOCUMENTATION = r"""
 module: preflight_probes
 short_description: Run the preflight checks that have to act (crash a child, ssh to the peers) in one call
 description:
-  - Runs the probe (C(probe(args, ops)) in C(module_utils/preflight_<capability>.py)) of every capability named
-    in O(capabilities): for example C(core_dumps) crashes a throw-away child and finds its core file,
-    C(ssh_trust) logs in to every peer with host-key checking on. Probes leave nothing behind on the node.
-  - Each probe is its own failure domain: one that raises is reported under RV(errors) and the others still
+  - Runs the probe (the C(probe) function of C(module_utils/preflight_<capability>.py)) of every capability named
+    in O(capabilities), for example C(core_dumps) crashes a throw-away child and finds its core file,
+    and C(ssh_trust) logs in to every peer with host-key checking on. Probes leave nothing behind on the node.
+  - Each probe is its own failure domain; one that raises is reported under RV(errors) and the others still
     run. The controller (C(preflight_decide)) turns the results into checks.
 version_added: "1.0.0"
 options:

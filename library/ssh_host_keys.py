@@ -20,7 +20,9 @@ description:
     ssh-keygen only and never returned.
   - Also returns the node's host name and FQDN as the node reports them, so no fact gathering is
     needed.
-  - Never fails for a finding; a node with no readable host key gets a failing C(ssh_host_keys) check.
+  - Never fails for a finding; a node with no readable host key, no sshd configuration or no sshd at all
+    gets a failing C(ssh_host_keys) check that says so.
+  - The same reader as the preflight's (C(read) of C(module_utils/preflight_ssh_trust.py)).
 version_added: "1.0.0"
 author: Cluster preflight maintainers
 options:
@@ -81,7 +83,8 @@ host_key_files:
   type: list
   elements: str
 problems:
-  description: Key files that could not be read or parsed, with the reason.
+  description:
+    - A missing or unreadable sshd configuration, and key files that could not be read or parsed, with the reason.
   returned: always
   type: list
   elements: str
@@ -90,43 +93,19 @@ check_mode:
   returned: always
   type: bool
 checks:
-  description: C(ssh_host_keys), pass when at least one host public key was read.
+  description:
+    - C(ssh_host_keys), pass when at least one host public key was read; otherwise a fail whose fix names
+      O(sshd_config) and O(host_key_files).
   returned: always
   type: dict
 """
 
-import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_checks import failed, passed
-from ansible.module_utils.preflight_ssh import (SshTrustError, parse_public_key, read_text, rooted,
-                                                sshd_host_key_paths)
-
-
-def read_key(module, root, path):
-    """``(key dict or None, problem or None)`` for one host key path (private or .pub)."""
-    private = path[:-4] if path.endswith(".pub") else path
-    public = private + ".pub"
-    text = read_text(rooted(root, public))
-    source = public
-    if text is None:
-        if not os.path.exists(rooted(root, private)):
-            return None, "%s: no such host key (neither it nor %s exists)" % (private, public)
-        keygen = module.get_bin_path("ssh-keygen")
-        if not keygen:
-            return None, "%s has no .pub and ssh-keygen is not installed to derive it" % private
-        rc, out, err = module.run_command([keygen, "-y", "-f", rooted(root, private)],
-                                          environ_update={"LANG": "C", "LC_ALL": "C"})
-        if rc != 0:
-            return None, "%s: ssh-keygen -y failed: %s" % (private, (err or "").strip()[:200])
-        text, source = out, private + " (public half derived with ssh-keygen -y)"
-    try:
-        key = parse_public_key(text)
-    except SshTrustError as exc:
-        return None, "%s: %s" % (public, exc)
-    return {"type": key["type"], "public_key": "%s %s" % (key["type"], key["blob"]),
-            "fingerprint": key["fingerprint"], "path": source}, None
+from ansible.module_utils.preflight_node import NodeOps
+from ansible.module_utils.preflight_ssh import host_key_sources, read_host_keys
+from ansible.module_utils.preflight_ssh_trust import host_keys_check
 
 
 def main():
@@ -140,29 +119,13 @@ def main():
     )
     params = module.params
     root = params["root"]
-    try:
-        paths = params["host_key_files"] or sshd_host_key_paths(root, params["sshd_config"])
-    except SshTrustError as exc:
-        module.fail_json(msg="%s. Fix: point ssh_trust_sshd_config at the configuration the node's sshd runs with, "
-                             "or list its keys in ssh_trust_host_key_files" % exc)
-    keys, problems = [], []
-    for path in paths:
-        key, problem = read_key(module, root, path)
-        if problem:
-            problems.append(problem)
-        elif key["type"] not in [k["type"] for k in keys]:
-            keys.append(key)
+    paths, problem = host_key_sources(root, params["sshd_config"], params["host_key_files"])
+    keys, problems = read_host_keys(root, paths, NodeOps(module))
+    if problem:
+        problems.insert(0, problem)
     hostname = socket.gethostname()
     fqdn = socket.getfqdn() or hostname
-    if keys:
-        check = passed("%d host key(s) on %s: %s" % (len(keys), hostname,
-                                                     ", ".join("%s %s" % (k["type"], k["fingerprint"]) for k in keys)),
-                       "at least one readable host public key")
-    else:
-        check = failed("no readable host public key on %s (%s)" % (hostname, "; ".join(problems) or "none named"),
-                       "at least one readable host public key",
-                       "check the HostKey lines of %s on %s (ssh-keygen -A creates the default keys), or set "
-                       "ssh_trust_host_key_files" % (params["sshd_config"], hostname))
+    check = host_keys_check(hostname, keys, problems, params["sshd_config"])
     module.exit_json(changed=False, hostname=hostname, fqdn=fqdn, short_name=hostname.split(".")[0], keys=keys,
                      host_key_files=[p[:-4] if p.endswith(".pub") else p for p in paths], problems=problems,
                      check_mode=module.check_mode, checks={"ssh_host_keys": check})

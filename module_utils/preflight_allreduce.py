@@ -344,8 +344,9 @@ def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, 
             "wait_timeout": int(settings["allreduce_hard_timeout"] + settings["allreduce_stack_budget"]) + 60,
             "poll": settings["allreduce_poll_interval"],
         }
-    plan.update(master_addr=master_addr, world_size=nproc * len(gate_hosts), nproc_per_node=nproc,
-                backend=backends[master], socket_ifname=ifname or None)
+    plan.update(master_addr=master_addr, master_port=settings_by_host[master]["allreduce_master_port"],
+                world_size=nproc * len(gate_hosts), nproc_per_node=nproc, backend=backends[master],
+                socket_ifname=ifname or None)
     return dict(plan, ok=True, blockers=[], checks_by_host=checks_by_host)
 
 
@@ -435,7 +436,8 @@ def summarize(plan, results_by_host, lost=None):
         "launched": bool(plan.get("launch")), "world_size": plan.get("world_size"),
         "planned_world_size": plan.get("world_size"), "backend": plan.get("backend"),
         "hosts": list(plan.get("hosts") or []), "master": plan.get("master"),
-        "master_addr": plan.get("master_addr"), "socket_ifname": plan.get("socket_ifname"),
+        "master_addr": plan.get("master_addr"), "master_port": plan.get("master_port"),
+        "socket_ifname": plan.get("socket_ifname"),
         "correct": None, "sizes": [], "versions": None, "ranks": [], "suspects": [],
     }
     checks_by_host = {}

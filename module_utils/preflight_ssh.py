@@ -1,9 +1,12 @@
 # -*- coding: utf-8 -*-
-"""SSH host keys, the cluster known-hosts block and the node-to-node ssh mesh.
+"""SSH host keys, the cluster known-hosts block and the node-to-node ssh mesh: the primitives.
 
-Shared by the modules ``ssh_host_keys`` (read a node's own host keys),
+Shared by the capability ``module_utils/preflight_ssh_trust.py`` (reader, probe,
+decider) and the modules ``ssh_host_keys`` (read a node's own host keys),
 ``known_hosts_block`` (the managed block in /etc/ssh/ssh_known_hosts) and
 ``ssh_mesh`` (ssh from a node to every peer with host-key checking on).
+Commands run through an ``ops`` object (``module_utils/preflight_node.py``) as
+argv lists; nothing here decides a check.
 
 Text is handled as ``str`` decoded with ``surrogateescape`` so that lines the
 block does not own are written back byte for byte, whatever their encoding or
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import concurrent.futures
 import fnmatch
 import glob
 import hashlib
@@ -301,20 +305,22 @@ def key_type_file(key_type):
     return {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa", "ssh-dss": "dsa"}.get(key_type, key_type)
 
 
-def plan_block(text, entries, keep_nodes=(), accept_changed=(), marker=MARKER, path=KNOWN_HOSTS):
+def plan_block(text, entries, keep_nodes=(), accept_changed=(), marker=MARKER, path=KNOWN_HOSTS, desired=None):
     """Work out the block for ``entries`` against the current file ``text``.
 
     Returns a dict: ``text`` (the new file text), ``block`` (new body lines), ``old_block``,
     ``present`` (the block existed), ``changed_keys`` (a node's key differs from the one the
     block holds: node, names, key_type, old/new fingerprint, accepted, fix), ``missing``
     (per node the names whose current key the block lacks), ``dropped`` (nodes whose lines
-    go because they are neither in entries nor kept).
+    go because they are neither in entries nor kept).  ``desired`` is ``entries`` already
+    passed through :func:`normalize_entries` (a caller comparing many files saves the work).
 
     A changed key of a node not in ``accept_changed`` is never replaced: that node's old
     lines stay as they are.  Nodes in ``keep_nodes`` without an entry (not reachable this
     run) keep their old lines unchanged.  Every line outside the markers is kept as is."""
     begin, end = markers(marker)
-    desired = normalize_entries(entries)
+    if desired is None:
+        desired = normalize_entries(entries)
     accept = {str(n) for n in accept_changed or []}
     keep = {str(n) for n in keep_nodes or []}
     before, old_body, after, present = split_block(text, begin, end)
@@ -323,18 +329,27 @@ def plan_block(text, entries, keep_nodes=(), accept_changed=(), marker=MARKER, p
         for token in entry["tokens"]:
             desired_by_token[token.lower()] = entry["node"]
     old_lines = []
+    # The old lines that concern a node: tagged with it, or listing one of its names.  An index,
+    # so that comparing a block of n nodes costs O(n), not O(n^2).
+    relevant = {}
     for line in old_body:
         parsed = parse_known_hosts_line(line)
-        old_lines.append((line, parsed, _line_node(parsed, desired_by_token) if parsed else ""))
+        owner = _line_node(parsed, desired_by_token) if parsed else ""
+        old_lines.append((line, parsed, owner))
+        if not parsed or parsed["marker"]:
+            continue
+        nodes = [owner] + [desired_by_token[p.lower()] for p in parsed["patterns"] if p.lower() in desired_by_token]
+        for node in dict.fromkeys(n for n in nodes if n):
+            relevant.setdefault(node, []).append((line, parsed, owner))
 
     changed_keys = []
     held_back = set()
     for entry in desired:
+        if entry["node"] not in relevant:
+            continue
         tokens_l = {t.lower() for t in entry["tokens"]}
         wanted = {k["type"]: k for k in entry["keys"]}
-        for line, parsed, owner in old_lines:
-            if not parsed or parsed["marker"]:
-                continue
+        for _line, parsed, owner in relevant[entry["node"]]:
             overlap = [p for p in parsed["patterns"] if p.lower() in tokens_l]
             if owner != entry["node"] and not overlap:
                 continue
@@ -358,7 +373,9 @@ def plan_block(text, entries, keep_nodes=(), accept_changed=(), marker=MARKER, p
     for entry in desired:
         if entry["node"] in held_back:
             continue
-        groups[entry["node"]] = [render_line(entry["node"], entry["tokens"], key) for key in entry["keys"]]
+        if "lines" not in entry:  # kept on the normalised entry: a caller comparing many files renders once
+            entry["lines"] = [render_line(entry["node"], entry["tokens"], key) for key in entry["keys"]]
+        groups[entry["node"]] = entry["lines"]
     desired_nodes = {e["node"] for e in desired}
     dropped = []
     for line, parsed, owner in old_lines:
@@ -366,10 +383,11 @@ def plan_block(text, entries, keep_nodes=(), accept_changed=(), marker=MARKER, p
             groups.setdefault("\0" + owner, []).append(line)
         elif owner and owner not in desired_nodes and owner not in dropped:
             dropped.append(owner)
-    body = []
+    body, seen = [], set()
     for name in sorted(groups, key=lambda n: n.lstrip("\0")):
         for line in groups[name]:
-            if line not in body:
+            if line not in seen:
+                seen.add(line)
                 body.append(line)
 
     missing = []
@@ -379,8 +397,13 @@ def plan_block(text, entries, keep_nodes=(), accept_changed=(), marker=MARKER, p
             for pattern in parsed["patterns"]:
                 old_pairs.add((pattern.lower(), parsed["type"], parsed["blob"]))
     for entry in desired:
-        lacking = [t for t in entry["tokens"]
-                   if any((t.lower(), k["type"], k["blob"]) not in old_pairs for k in entry["keys"])]
+        if not old_pairs:
+            lacking = list(entry["tokens"])
+        elif entry["node"] not in relevant:
+            lacking = list(entry["tokens"])
+        else:
+            lacking = [t for t in entry["tokens"]
+                       if any((t.lower(), k["type"], k["blob"]) not in old_pairs for k in entry["keys"])]
         if lacking:
             missing.append({"node": entry["node"], "names": lacking})
 
@@ -434,6 +457,98 @@ def sshd_host_key_paths(root, config=SSHD_CONFIG, depth=0):
     return seen
 
 
+def read_file(path):
+    """``(text or None, problem or None)``: a missing file is ``(None, None)``, an unreadable one names why."""
+    try:
+        return read_text(path), None
+    except (OSError, UnicodeError) as exc:
+        return None, "%s cannot be read: %s" % (path, getattr(exc, "strerror", None) or exc)
+
+
+def host_key_sources(root, sshd_config=SSHD_CONFIG, host_key_files=()):
+    """``(paths, problem)``: the host key files to read and, when there are none, why.
+
+    ``host_key_files`` wins over the sshd configuration.  A missing or unreadable
+    configuration is a problem to report, never an exception: a node without
+    openssh-server is something to find, not a reason to stop."""
+    if host_key_files:
+        return list(host_key_files), None
+    if not os.path.exists(rooted(root, sshd_config)):
+        return [], ("sshd configuration %s does not exist (no openssh-server, or sshd runs with another -f)"
+                    % sshd_config)
+    try:
+        return sshd_host_key_paths(root, sshd_config), None
+    except (SshTrustError, OSError, UnicodeError) as exc:
+        return [], "sshd configuration %s cannot be read: %s" % (sshd_config, getattr(exc, "strerror", None) or exc)
+
+
+def read_host_key(root, path, ops, timeout=10):
+    """``(key or None, problem or None)`` for one host key path (private or ``.pub``).
+
+    key is ``{type, public_key, fingerprint, path}``.  A key without its ``.pub`` is derived
+    with ``ssh-keygen -y``, which reads the private half itself; it is never read here."""
+    private = path[:-4] if path.endswith(".pub") else path
+    public = private + ".pub"
+    text, problem = read_file(rooted(root, public))
+    if problem:
+        return None, problem
+    source = public
+    if text is None:
+        if not os.path.exists(rooted(root, private)):
+            return None, "%s: no such host key (neither it nor %s exists)" % (private, public)
+        keygen = ops.which("ssh-keygen")
+        if not keygen:
+            return None, "%s has no .pub and ssh-keygen is not installed to derive it" % private
+        rc, out, err = ops.run([keygen, "-y", "-f", rooted(root, private)], timeout=timeout)
+        if rc != 0:
+            return None, "%s: ssh-keygen -y failed: %s" % (private, (err or "rc %s" % rc).strip()[:200])
+        text, source = out, private + " (public half derived with ssh-keygen -y)"
+    try:
+        key = parse_public_key(text)
+    except SshTrustError as exc:
+        return None, "%s: %s" % (public, exc)
+    return {"type": key["type"], "public_key": "%s %s" % (key["type"], key["blob"]),
+            "fingerprint": key["fingerprint"], "path": source}, None
+
+
+def read_host_keys(root, paths, ops):
+    """``(keys, problems)``: one key per type, in the order of ``paths``."""
+    keys, problems = [], []
+    for path in paths:
+        key, problem = read_host_key(root, path, ops)
+        if problem:
+            problems.append(problem)
+        elif key["type"] not in [k["type"] for k in keys]:
+            keys.append(key)
+    return keys, problems
+
+
+# --------------------------------------------------------------------------
+# The ssh client configuration
+
+
+def ssh_config_includes(root, ssh_config):
+    """Include patterns of an ssh client configuration, as absolute logical paths, in order.
+
+    Relative patterns are relative to /etc/ssh for a system configuration (ssh_config(5))."""
+    text, _problem = read_file(rooted(root, ssh_config))
+    patterns = []
+    for line in split_lines(text or ""):
+        keyword, args = _sshd_config_words(line)
+        if keyword != "include":
+            continue
+        for pattern in args:
+            if pattern.startswith("~"):
+                continue
+            patterns.append(pattern if pattern.startswith("/") else os.path.join("/etc/ssh", pattern))
+    return patterns
+
+
+def included(patterns, path):
+    """Whether the file ``path`` is read through one of the Include ``patterns``."""
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
+
+
 # --------------------------------------------------------------------------
 # ssh mesh classification
 
@@ -482,3 +597,205 @@ def classify_ssh(rc, stderr, timed_out=False):
 def host_key_verified(status):
     """Whether ssh got past host-key verification (a login failure after it still counts)."""
     return status in ("ok", "auth_denied")
+
+
+# --------------------------------------------------------------------------
+# The ssh mesh: ssh from this node to every peer, all at once, each call bounded
+
+TIMEOUT_RCS = (124, 128 + 9)
+# Options that would turn the check into something else than what it measures.
+FORBIDDEN_SSH_OPTIONS = ("stricthostkeychecking", "userknownhostsfile", "globalknownhostsfile", "batchmode",
+                         "checkhostip", "updatehostkeys", "knownhostscommand", "proxycommand", "localcommand",
+                         "permitlocalcommand")
+
+
+def forbidden_ssh_options(options):
+    """The ``Key=Value`` options in ``options`` that would relax or bypass what the mesh measures."""
+    bad = []
+    for option in options or []:
+        key = str(option).replace("=", " ").split()[0].lower() if str(option).strip() else ""
+        if not key or key in FORBIDDEN_SSH_OPTIONS:
+            bad.append(option)
+    return bad
+
+
+def _client_args(port, user, extra):
+    argv = []
+    for option in extra or []:
+        argv += ["-o", option]
+    if int(port or 22) != 22:
+        argv += ["-p", str(port)]
+    if user:
+        argv += ["-l", user]
+    return argv
+
+
+def ssh_argv(ssh_bin, target, port=22, user="", connect_timeout=5, extra=()):
+    """One ``ssh ... TARGET true`` with host-key checking on that writes no known_hosts file."""
+    return ([ssh_bin, "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+             "-o", "ConnectTimeout=%d" % int(connect_timeout), "-o", "UpdateHostKeys=no",
+             "-o", "ControlMaster=no", "-o", "ControlPath=none"]
+            + _client_args(port, user, extra) + ["--", target, "true"])
+
+
+def config_argv(ssh_bin, target, port=22, user="", extra=()):
+    """``ssh -G TARGET``: the client's effective configuration for a target, without connecting."""
+    return [ssh_bin, "-G"] + _client_args(port, user, extra) + ["--", target]
+
+
+def parse_ssh_g(text):
+    """The settings of ``ssh -G`` output the client-configuration check reads."""
+    config = {"stricthostkeychecking": "", "globalknownhostsfile": [], "userknownhostsfile": [], "identityfile": []}
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        key = fields[0].lower()
+        if key == "stricthostkeychecking" and len(fields) > 1:
+            config[key] = fields[1].lower()
+        elif key in ("globalknownhostsfile", "userknownhostsfile"):
+            config[key].extend(fields[1:])
+        elif key == "identityfile" and len(fields) > 1:
+            config[key].append(" ".join(fields[1:]))
+    return config
+
+
+def parse_pdsh(hosts, out, err):
+    """``(ok_hosts, {host: stderr lines})`` from pdsh's ``host: line`` output."""
+    ok = []
+    for line in (out or "").splitlines():
+        host = line.split(":", 1)[0].strip()
+        if host in hosts and host not in ok:
+            ok.append(host)
+    errors = {}
+    for line in (err or "").splitlines():
+        text = line
+        if text.startswith("pdsh@"):
+            text = text.split(":", 1)[1].strip() if ":" in text else text
+        host = text.split(":", 1)[0].strip()
+        if host in hosts:
+            errors.setdefault(host, []).append(text.split(":", 1)[1].strip() if ":" in text else text)
+            continue
+        match = re.search(r'gethostbyname\("([^"]+)"\) failed', text)
+        if match and match.group(1) in hosts:
+            errors.setdefault(match.group(1), []).append("Could not resolve hostname %s (pdsh: %s)"
+                                                         % (match.group(1), text))
+    return ok, errors
+
+
+def short_stderr(text, limit=600):
+    """stderr without ssh's ``@@@`` banner, cut to its last ``limit`` characters."""
+    text = (text or "").strip()
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("@"))
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def offending_fingerprint(root, detail):
+    """Fingerprint of the known_hosts line ssh named as offending, or ``None``."""
+    path, number = detail.get("offending_file"), detail.get("offending_line")
+    if not path:
+        return None
+    text, _problem = read_file(rooted(root, path))
+    lines = split_lines(text or "")
+    if not 0 < number <= len(lines):
+        return None
+    entry = parse_known_hosts_line(lines[number - 1])
+    return safe_fingerprint(entry["blob"]) if entry else None
+
+
+def _ssh_row(ops, argv, timeout, root, row):
+    rc, _out, err = ops.run(argv, timeout=timeout)
+    timed_out = rc in TIMEOUT_RCS
+    status, detail = classify_ssh(rc, err, timed_out)
+    row.update(status=status, rc=rc, stderr=short_stderr(err))
+    if timed_out and status == "timeout":
+        row["stderr"] = (row["stderr"] + "\n" if row["stderr"] else "") + "killed after %ss" % timeout
+    for key in ("key_type", "new_fingerprint"):
+        if key in detail:
+            row[key] = detail[key]
+    if "offending_file" in detail:
+        row["offending"] = "%s:%d" % (detail["offending_file"], detail["offending_line"])
+        old = offending_fingerprint(root, detail)
+        if old:
+            row["old_fingerprint"] = old
+    return row
+
+
+def _ssh_config(ops, argv, timeout):
+    rc, out, err = ops.run(argv, timeout=timeout)
+    if rc != 0:
+        return {"error": short_stderr(err) or "ssh -G exited %s" % rc}
+    return parse_ssh_g(out)
+
+
+def _pdsh(ops, pdsh_bin, hosts, user, connect_timeout, timeout):
+    argv = [pdsh_bin, "-t", str(int(connect_timeout)), "-u", str(max(int(timeout) - 2, 1))]
+    if user:
+        argv += ["-l", user]
+    argv += ["-w", ",".join(hosts), "date"]
+    env = {"PDSH_RCMD_TYPE": "ssh",
+           "PDSH_SSH_ARGS_APPEND": "-o BatchMode=yes -o ConnectTimeout=%d -o UpdateHostKeys=no" % int(connect_timeout)}
+    rc, out, err = ops.run(argv, timeout=timeout, env=env)
+    ok, errors = parse_pdsh(hosts, out, err)
+    timed_out = rc in TIMEOUT_RCS
+    failed = {}
+    for host in hosts:
+        if host in ok:
+            continue
+        text = "\n".join(errors.get(host, [])) or ("pdsh killed after %ss" % timeout if timed_out else "no output")
+        status, _detail = classify_ssh(255, text, timed_out)
+        failed[host] = {"status": status, "stderr": text}
+    return {"state": "ran", "hosts": list(hosts), "argv": argv, "rc": rc, "ok": ok, "failed": failed,
+            "stderr": short_stderr(err)}
+
+
+def run_mesh(ops, source, peers, user="", connect_timeout=5, timeout=20, parallel=32, ssh_options=(),
+             connect=True, pdsh="auto", pdsh_hosts=(), ssh_bin="ssh", pdsh_bin="pdsh", root="/"):
+    """ssh from this node to every target of every peer, at most ``parallel`` at once.
+
+    ``peers`` is ``[{node, targets, port}]``.  Every target gets ``ssh -G`` (the client's
+    effective configuration, no connection); with ``connect`` also one ssh with
+    BatchMode and StrictHostKeyChecking=yes, and pdsh to ``pdsh_hosts`` when installed and
+    ``pdsh`` is ``auto``.  Each command is killed after ``timeout`` seconds, so the whole
+    run takes at most about ``ceil((targets * 2 + 1) / parallel) * (timeout + 2)`` seconds.
+
+    Returns ``{source, ssh, connect, results, client_config, pdsh, problem}``: ``results``
+    one row per (peer, target) with the classified ``status``; ``client_config`` per
+    target; ``pdsh`` with ``state`` ``ran``/``off``/``no_hosts``/``not_installed``/``no_ssh``.
+    A missing ssh client is ``problem``, not an exception."""
+    report = {"source": source, "ssh": None, "connect": bool(connect), "results": [], "client_config": {},
+              "pdsh": {"state": "off" if (not connect or pdsh == "never") else "no_hosts"}, "problem": ""}
+    ssh = ops.which(ssh_bin)
+    if not ssh:
+        report["problem"] = "no ssh client (%s) on %s; install openssh-client" % (ssh_bin, source)
+        if report["pdsh"]["state"] == "no_hosts":
+            report["pdsh"] = {"state": "no_ssh"}
+        return report
+    report["ssh"] = ssh
+    jobs, config_jobs = [], {}
+    for peer in peers or []:
+        port = int(peer.get("port") or 22)
+        for target in dict.fromkeys(t for t in peer.get("targets") or [] if t):
+            if connect:
+                row = {"source": source, "destination": peer["node"], "target": target}
+                jobs.append((ssh_argv(ssh, target, port, user, connect_timeout, ssh_options), row))
+            if target not in config_jobs:
+                config_jobs[target] = config_argv(ssh, target, port, user, ssh_options)
+    hosts = [h for h in pdsh_hosts or [] if h]
+    pdsh_path = None
+    if connect and pdsh != "never" and hosts:
+        pdsh_path = ops.which(pdsh_bin)
+        if not pdsh_path:
+            report["pdsh"] = {"state": "not_installed", "program": pdsh_bin, "hosts": hosts}
+    count = len(jobs) + len(config_jobs) + (1 if pdsh_path else 0)
+    if not count:
+        return report
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(int(parallel), count))) as pool:
+        pdsh_future = pool.submit(_pdsh, ops, pdsh_path, hosts, user, connect_timeout, timeout) if pdsh_path else None
+        config_futures = {target: pool.submit(_ssh_config, ops, argv, timeout) for target, argv in config_jobs.items()}
+        futures = [pool.submit(_ssh_row, ops, argv, timeout, root, row) for argv, row in jobs]
+        report["results"] = [future.result() for future in futures]
+        report["client_config"] = {target: future.result() for target, future in config_futures.items()}
+        if pdsh_future is not None:
+            report["pdsh"] = pdsh_future.result()
+    return report

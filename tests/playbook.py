@@ -12,8 +12,11 @@ BIN = os.path.dirname(sys.executable)
 
 
 def run_playbook(tmp_path, playbook="preflight.yml", inventory=None, extravars=None, limit=None, timeout=900,
-                 check=False, diff=False):
-    """Returns an object with rc, status, stats, events, stdout, verdict (or None), results_dir."""
+                 check=False, diff=False, forks=None, event_handler=None):
+    """Returns an object with rc, status, stats, events, stdout, verdict (or None), results_dir.
+
+    ``event_handler(event)`` sees every ansible-runner event as it happens (a fault test uses it to
+    strike a node at a precise point of the run); it must return True."""
     results_dir = str(tmp_path / "results")
     private = tmp_path / "runner"
     private.mkdir(exist_ok=True)
@@ -25,6 +28,8 @@ def run_playbook(tmp_path, playbook="preflight.yml", inventory=None, extravars=N
         cmdline.append("--check")
     if diff:
         cmdline.append("--diff")
+    if forks:
+        cmdline.append("--forks=%d" % forks)
     run = ansible_runner.run(
         private_data_dir=str(private), project_dir=ROOT, playbook=os.path.join(ROOT, playbook),
         inventory=os.path.abspath(inventory or os.path.join(ROOT, "inventory")), extravars=extravars,
@@ -32,7 +37,7 @@ def run_playbook(tmp_path, playbook="preflight.yml", inventory=None, extravars=N
         envvars={"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0",
                  "ANSIBLE_HOST_KEY_CHECKING": "True",
                  "PATH": os.environ["PATH"]},
-        limit=limit, timeout=timeout, quiet=True, cmdline=" ".join(cmdline) or None)
+        limit=limit, timeout=timeout, quiet=True, cmdline=" ".join(cmdline) or None, event_handler=event_handler)
     events = list(run.events)
     stdout = run.stdout.read()
     verdict_path = os.path.join(results_dir, "latest", "verdict.json")

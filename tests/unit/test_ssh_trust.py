@@ -17,6 +17,7 @@ import known_hosts_block
 import ssh_host_keys
 import ssh_mesh
 from ansible.module_utils import preflight_ssh as ps
+from ansible.module_utils import preflight_ssh_trust
 
 KH = "/etc/ssh/ssh_known_hosts"
 BEGIN, END = ps.markers()
@@ -335,8 +336,12 @@ def test_ssh_host_keys_without_any_key_is_a_finding_not_an_error(run_module, tmp
     assert not failed and result["keys"] == []
     check = result["checks"]["ssh_host_keys"]
     assert check["status"] == "fail" and "/etc/ssh/none_key" in check["found"] and check["fix"]
+    # No sshd configuration (no openssh-server): a finding that names the variable, never a module failure.
     result, failed = run_module(ssh_host_keys, {"root": str(tmp_path), "sshd_config": "/etc/ssh/missing"})
-    assert failed and "ssh_trust_sshd_config" in result["msg"]
+    assert not failed and result["keys"] == []
+    check = result["checks"]["ssh_host_keys"]
+    assert check["status"] == "fail" and "/etc/ssh/missing does not exist" in check["found"]
+    assert "ssh_trust_sshd_config" in check["fix"] and "ssh_trust_host_key_files" in check["fix"]
 
 
 # ----------------------------------------------------------------------------
@@ -375,6 +380,13 @@ SAMPLES = [
     (255, "ssh: connect to host 198.18.7.2 port 22: No route to host\n", False, "unreachable"),
     (255, "kex_exchange_identification: read: Connection reset by peer\n", False, "error"),
 ]
+
+
+def test_parse_pdsh_attributes_a_name_pdsh_cannot_resolve():
+    ok, errors = ps.parse_pdsh(["pfn2", "pfn9"], "pfn2: Thu Jan  1 00:00:00 UTC 2026\n",
+                               'pdsh@pfn1: gethostbyname("pfn9") failed\n')
+    assert ok == ["pfn2"] and list(errors) == ["pfn9"]
+    assert ps.classify_ssh(255, errors["pfn9"][0])[0] == "dns"
 
 
 @pytest.mark.parametrize("rc,stderr,timed_out,status", SAMPLES)
@@ -543,22 +555,18 @@ def test_mesh_pdsh_check(run_module, tmp_path):
 
 
 # ----------------------------------------------------------------------------
-# The role: client drop-in template and the defaults/argument_specs mirror
+# The role: client drop-in (rendered by the capability, written by the role) and the
+# defaults/argument_specs mirror
 
 ROLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                     "roles", "ssh_trust")
 
 
 def render_dropin(**overrides):
-    import jinja2  # pylint: disable=import-outside-toplevel
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROLE, "templates")),
-                             trim_blocks=True, lstrip_blocks=False, undefined=jinja2.StrictUndefined)
-    env.filters["bool"] = bool  # Ansible's filter, for the booleans given here
-    values = {"ssh_trust_cluster_names": ["pfn%d" % i for i in range(1, 21)] + ["198.19.7.1"],
-              "ssh_trust_cluster_key": True, "ssh_trust_cluster_key_name": "id_ed25519_cluster",
-              "ssh_trust_strict_host_key_checking_no": False}
+    values = {"names": ["pfn%d" % i for i in range(1, 21)] + ["198.19.7.1"], "cluster_key": True,
+              "key_name": "id_ed25519_cluster", "relaxed": False}
     values.update(overrides)
-    return env.get_template("ssh_config_cluster.conf.j2").render(**values)
+    return preflight_ssh_trust.render_dropin(**values)
 
 
 def test_dropin_scopes_settings_to_cluster_names_only():
@@ -568,7 +576,7 @@ def test_dropin_scopes_settings_to_cluster_names_only():
     assert "*" not in sum(hosts, [])
     assert text.count("IdentityFile ~/.ssh/id_ed25519_cluster") == len(hosts)
     assert "StrictHostKeyChecking" not in text
-    relaxed = render_dropin(ssh_trust_strict_host_key_checking_no=True, ssh_trust_cluster_key=False)
+    relaxed = render_dropin(relaxed=True, cluster_key=False)
     assert relaxed.count("    StrictHostKeyChecking no") == len(hosts) and "IdentityFile" not in relaxed
     assert "Host *" not in relaxed
 

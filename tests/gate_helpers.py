@@ -1,0 +1,115 @@
+"""What the multi-node tests share: the gate's processes on a node, their ranks and stages,
+a resolver the nodes answer at once, and a one-paragraph explanation of a verdict."""
+
+import json
+import os
+
+WORKER = "allreduce_worker.py"
+
+# The nodes inherit the host's resolv.conf but have no route to its
+# nameserver: every reverse lookup (c10d makes one per store connection) would
+# wait 10 s for DNS.  A resolver on the node's own loopback fails at once, as
+# a reachable cluster DNS answers at once.
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+REPLACE_FILE = ("import os, sys\n"
+                "tmp = sys.argv[1] + '.pft-tmp'\n"
+                "with open(tmp, 'w') as handle:\n"
+                "    handle.write(sys.argv[2])\n"
+                "os.replace(tmp, sys.argv[1])\n")
+
+
+def _read(path, mode="r"):
+    try:
+        with open(path, mode) as handle:  # pylint: disable=unspecified-encoding
+            return handle.read()
+    except OSError:
+        return None
+
+
+def cmdline(pid):
+    raw = _read(f"/proc/{pid}/cmdline", "rb") or b""
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def environ(pid):
+    raw = _read(f"/proc/{pid}/environ", "rb") or b""
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def proc_state(pid):
+    stat = _read(f"/proc/{pid}/stat")
+    return stat.rsplit(")", 1)[1].split()[0] if stat else None
+
+
+def node_pid(pid):
+    """The pid that host pid ``pid`` has inside its node's PID namespace."""
+    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return None
+
+
+def send_signal(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def gate_processes(bed, node):
+    """Host pids of live gate processes (torchrun or ranks) in the node."""
+    found = []
+    for pid in bed.host_pids(node):
+        if proc_state(pid) in (None, "Z", "X"):
+            continue
+        argv = cmdline(pid)
+        if any(part.endswith(WORKER) for part in argv) or "torch.distributed.run" in argv:
+            found.append(pid)
+    return found
+
+
+def rank_processes(bed, node):
+    """{global rank: host pid} of the worker processes (not torchrun) in the node."""
+    ranks = {}
+    for pid in gate_processes(bed, node):
+        argv = cmdline(pid)
+        env = environ(pid)
+        if "torch.distributed.run" in argv or "RANK" not in env:
+            continue
+        ranks[int(env["RANK"])] = pid
+    return ranks
+
+
+def rank_stage(pid, rank):
+    """The stage the rank recorded in its result file (read through its own mount namespace)."""
+    argv = cmdline(pid)
+    if "--out" not in argv:
+        return None
+    out_dir = argv[argv.index("--out") + 1]
+    if not os.path.isabs(out_dir):
+        return None
+    text = _read(f"/proc/{pid}/root{out_dir}/rank{rank}.json")
+    try:
+        return json.loads(text).get("stage") if text else None
+    except ValueError:
+        return None
+
+
+def explain(result):
+    """Context for an assertion message: the verdict's failure summary."""
+    verdict = result.verdict or {}
+    lines = [f"status={verdict.get('status')} failed={verdict.get('failed_hosts')} "
+             f"unreachable={verdict.get('unreachable_hosts')}"]
+    for host, node in (verdict.get("nodes") or {}).items():
+        for name, check in sorted(node["checks"].items()):
+            if check["status"] == "fail":
+                lines.append(f"{host}/{name}: {check['found']} | fix: {check['fix']}")
+    ar = verdict.get("allreduce") or {}
+    lines.append(f"allreduce: status={ar.get('status')} reason={ar.get('reason')} "
+                 f"suspects={ar.get('suspects')}")
+    return "\n".join(lines)
