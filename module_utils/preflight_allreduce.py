@@ -372,11 +372,24 @@ def find_suspects(rank_rows, lost=()):
     lost their peer are collateral.
     """
     suspects = []
+    if any(row["host"] in lost for row in rank_rows):
+        # A node that went away explains its peers' failed rendezvous and collectives; only wrong
+        # data or a stopped process elsewhere is a fault of its own.
+        for row in rank_rows:
+            if row["host"] in lost:
+                reason = "gave no result: %s" % lost[row["host"]]
+            elif row.get("status") == "wrong":
+                reason = "returned wrong all-reduce data (%s wrong elements)" % (
+                    (row.get("correctness") or {}).get("wrong"))
+            elif str(row.get("process_state", "")).startswith("stopped"):
+                reason = "process %s at stage %s" % (row["process_state"], row.get("stage"))
+            else:
+                continue
+            suspects.append({"host": row["host"], "rank": row["rank"], "reason": reason})
+        return suspects
     for row in rank_rows:
         reason = None
-        if row["host"] in lost:
-            reason = "gave no result: %s" % lost[row["host"]]
-        elif row.get("status") == "wrong":
+        if row.get("status") == "wrong":
             reason = "returned wrong all-reduce data (%s wrong elements)" % (row.get("correctness") or {}).get("wrong")
         elif row.get("status") == "died" and row.get("exitcode") not in TERMINATED_BY_AGENT:
             reason = "died at stage %s with exit code %s" % (row.get("stage"), row.get("exitcode"))

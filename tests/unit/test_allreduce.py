@@ -268,3 +268,14 @@ def test_a_plan_that_did_not_launch_is_skipped_with_its_reason():
     plan = plan_for(["n1", "n2"], blockers=["port mesh failures without a single culprit"])
     summary, checks = ar.summarize(plan, {})
     assert summary["status"] == "skipped" and "culprit" in summary["reason"] and checks == {}
+
+
+def test_a_lost_node_explains_peers_whose_rendezvous_failed():
+    """Peers whose torchrun never started its ranks because a node went away are not suspects."""
+    rows = [dict(rank("n1", 0, "missing", "not started"), host="n1"),
+            dict(rank("n1", 1, "missing", "not started"), host="n1"),
+            dict(rank("n2", 2, "no_result", "unknown"), host="n2"),
+            dict(rank("n3", 4, "wrong", correct=False, correctness={"wrong": 3}), host="n3")]
+    suspects = ar.find_suspects(rows, lost={"n2": "unreachable while running the probes"})
+    assert [(s["host"], s["rank"]) for s in suspects] == [("n2", 2), ("n3", 4)]
+    assert "unreachable while running the probes" in suspects[0]["reason"]
