@@ -231,14 +231,15 @@ def changed_by_host(result):
     return {host: (result.stats.get("changed") or {}).get(host, 0) for host in result.stats.get("ok", {})}
 
 
-def published(result, task_substring, fact):
-    """{host: fact} from the set_fact task publishing a role's checks."""
-    return {host: res["ansible_facts"][fact] for host, res in task_results(result, task_substring).items()
-            if fact in res.get("ansible_facts", {})}
-
-
 def node_checks(result, host):
     return result.verdict["nodes"][host]["checks"]
+
+
+def capability_checks(result, host, capability):
+    """{check name: check} of one capability on one node, from the verdict."""
+    prefix = capability + "."
+    return {name[len(prefix):]: check for name, check in node_checks(result, host).items()
+            if name.startswith(prefix)}
 
 
 def host_etc_state():
@@ -489,36 +490,33 @@ def test_audit_after_bringup_passes_every_node(seeded, audited):
     result = audited
     assert result.rc == 0 and result.verdict["status"] == "pass", explain(result)
     assert result.verdict["failed_hosts"] == [] and result.verdict["warn_hosts"] == [], explain(result)
-    core = published(result, "Publish the core dump results", "core_dumps_checks")
-    kernel = published(result, "Publish the kernel setting results", "kernel_debug_checks")
-    iommu = published(result, "does not apply to a node without an AMD GPU", "iommu_checks")
-    tools = published(result, "Record whether py-spy is on the node", "debug_tools_checks")
     names = [node.name for node in bed.nodes]
-    assert sorted(core) == sorted(kernel) == sorted(iommu) == sorted(tools) == names
+    assert result.verdict["healthy_hosts"] == names
     for host in names:
-        verdict_checks = node_checks(result, host)
-        assert set(CORE_CHECKS) <= set(core[host]), core[host]
-        for name, check in core[host].items():
+        core = capability_checks(result, host, "core_dumps")
+        assert set(CORE_CHECKS) <= set(core), core
+        for name, check in core.items():
             assert check["status"] == "pass", (host, name, check)
-            assert verdict_checks[name] == check, (host, name)
-        probe = core[host]["core_probe"]["found"]
+        probe = core["core_probe"]["found"]
         # %h is the node's own hostname: the core was written inside that node, then removed.
         match = re.search(r"(/tmp/core-sleep\.\d+\.%s\.\d+) written by .* and removed" % re.escape(host), probe)
         assert match, probe
         assert not os.path.exists(match.group(1)), match.group(1)
-        ptrace = kernel[host]["ptrace_scope"]
+        ptrace = capability_checks(result, host, "kernel_debug")["ptrace_scope"]
         if YAMA:
             assert ptrace["status"] == "pass", ptrace
         else:
             assert ptrace["status"] == "not_applicable" and "no Yama" in ptrace["found"], ptrace
-        assert verdict_checks["ptrace_scope"] == ptrace
-        for name in ("iommu_grub", "iommu_cmdline"):
-            assert iommu[host][name]["status"] == "not_applicable", (host, name)
-            assert verdict_checks[name]["status"] == "not_applicable"
+        iommu = capability_checks(result, host, "iommu")
+        for name in ("grub", "cmdline"):
+            assert iommu[name]["status"] == "not_applicable", (host, name)
+        tools = capability_checks(result, host, "debug_tools")
         for tool in DEBUG_TOOLS:
-            check = tools[host]["debug_tool_" + tool]
+            check = tools["tool_" + tool]
             assert check["status"] == "pass", (host, tool, check)
-            assert verdict_checks["debug_tool_" + tool] == check
+        trust = capability_checks(result, host, "ssh_trust")
+        assert trust["known_hosts"]["status"] == "pass", trust["known_hosts"]
+        assert trust["host_keys"]["status"] == "pass", trust["host_keys"]
 
 
 def test_audit_before_bringup_reports_drift_as_warn(seeded, before):
@@ -528,7 +526,7 @@ def test_audit_before_bringup_reports_drift_as_warn(seeded, before):
     assert result.rc == 0 and result.verdict["status"] == "pass", explain(result)
     assert result.verdict["failed_hosts"] == [] and sorted(result.verdict["warn_hosts"]) == names
     for host in names:
-        checks = node_checks(result, host)
+        checks = capability_checks(result, host, "core_dumps")
         for name in DRIFT_CHECKS:
             assert checks[name]["status"] == "warn" and checks[name]["fix"], (host, name, checks[name])
         # Drift does not stop a crash from dumping: the probe still proves cores are written.
@@ -552,14 +550,16 @@ def test_audit_before_bringup_with_fail_policy_fails_naming_nodes_and_checks(see
     for host in names:
         checks = node_checks(result, host)
         # Exactly the drift fails: the policy turns warnings into failures and nothing else.
-        assert {name for name, check in checks.items() if check["status"] == "fail"} == set(DRIFT_CHECKS), checks
+        assert {name for name, check in checks.items() if check["status"] == "fail"} == {
+            "core_dumps." + name for name in DRIFT_CHECKS}, checks
         for name in DRIFT_CHECKS:
-            assert checks[name]["fix"], (host, name, checks[name])
-            assert "%s / %s: found " % (host, name) in result.stdout, (host, name)
+            assert checks["core_dumps." + name]["fix"], (host, name)
+            assert "%s / core_dumps.%s: found " % (host, name) in result.stdout, (host, name)
         # The policy is core_dumps'; kernel_debug keeps its own (warn), so ptrace_scope never fails here.
-        assert checks["ptrace_scope"]["status"] != "fail", checks["ptrace_scope"]
+        ptrace = checks["kernel_debug.ptrace_scope"]
+        assert ptrace["status"] != "fail", ptrace
         if not YAMA:
-            assert checks["ptrace_scope"]["status"] == "not_applicable", checks["ptrace_scope"]
+            assert ptrace["status"] == "not_applicable", ptrace
 
 
 def test_conflicting_sysctl_file_is_reported_for_that_node_only(seeded, before):
@@ -567,17 +567,12 @@ def test_conflicting_sysctl_file_is_reported_for_that_node_only(seeded, before):
     result = before["warn"]
     node = before["conflict_node"]
     assert result.rc == 0, explain(result)
-    pattern_task = task_results(result, "Ensure kernel.core_pattern is set")
-    assert sorted(pattern_task) == [n.name for n in bed.nodes]
-    for host, res in pattern_task.items():
-        boot = node_checks(result, host)["core_pattern_boot"]
-        if host == node:
-            assert [(item["file"], item["line"], item["value"]) for item in res["conflicts"]] == [
-                (CONFLICT_FILE, 1, APPORT_PATTERN)], res["conflicts"]
+    for other in bed.nodes:
+        boot = capability_checks(result, other.name, "core_dumps")["core_pattern_boot"]
+        if other.name == node:
             assert boot["status"] == "warn", boot
             assert CONFLICT_FILE in boot["found"] and APPORT_PATTERN in boot["found"], boot
             assert "%s:1" % CONFLICT_FILE in boot["fix"], boot
         else:
             # Drift too (nothing sets the pattern at boot yet), but no conflict and no such file.
-            assert res["conflicts"] == [], (host, res["conflicts"])
-            assert CONFLICT_FILE not in boot["found"] and "overrides" not in boot["found"], (host, boot)
+            assert CONFLICT_FILE not in boot["found"] and "overrides" not in boot["found"], (other.name, boot)
