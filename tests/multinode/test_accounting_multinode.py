@@ -3,11 +3,14 @@
 Faults strike a node *during* the run, at the moment the controller reports a given task on
 it (ansible-runner's events): its sshd killed while its facts are read and after its ranks
 started, all its traffic dropped while the probes run; plus a capability that raises on one
-node, a run limited to some nodes, fewer forks than nodes, and a node whose sshd
-configuration cannot be found.  Each test is one run of preflight.yml on one shared bed of
-four nodes; every fault is undone in a ``finally`` and the bed checked clean after each test.
+node, a run limited to some nodes, fewer forks than nodes, a node whose sshd configuration
+cannot be found, and a bring-up where one node's /etc is read-only.  Each test is one run of a
+playbook on one shared bed of four nodes; every fault is undone in a ``finally`` and the bed
+checked clean after each test.
 """
 
+import json
+import os
 import threading
 import time
 
@@ -254,3 +257,34 @@ def test_a_node_whose_sshd_configuration_cannot_be_found_is_a_finding_naming_it(
     assert not any(name.endswith(".error") or name.endswith("no_result") for name in
                    verdict["nodes"][node.name]["checks"])
     assert verdict["allreduce"]["status"] == "pass"
+
+
+def test_bringup_on_a_node_with_a_read_only_etc_records_it_there_and_applies_everywhere_else(bed, tmp_path):
+    """One capability that cannot be applied on a node is that node's finding; the other nodes are
+    brought up, and the node's other capabilities still ran."""
+    node = bed.nodes[0]
+    # core_pattern "core" is the kernel's default: the writer only has drop-in files to write, the
+    # machine-wide sysctl stays as it is.
+    extravars = {"preflight_bringup_capabilities": ["core_dumps", "ssh_trust"], "core_dumps_pattern": "core",
+                 "core_dumps_dir": ""}
+    bed.run(node, ["mount", "-o", "remount,ro", "/etc"], check=True)
+    try:
+        inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"))
+        result = run_playbook(tmp_path, playbook="bringup.yml", inventory=inventory, extravars=extravars,
+                              timeout=600)
+    finally:
+        bed.run(node, ["mount", "-o", "remount,rw", "/etc"], check=True)
+    assert result.rc != 0, result.stdout[-3000:]
+    run_dir = os.path.join(result.results_dir, sorted(os.listdir(result.results_dir))[-1])
+    with open(os.path.join(run_dir, "bringup.json"), encoding="utf-8") as handle:
+        report = json.load(handle)
+    assert report["failed_hosts"] == [node.name], report["failed_hosts"]
+    error = report["nodes"][node.name]["checks"]["core_dumps.error"]
+    assert error["status"] == "fail" and node.name in error["found"] and "Read-only" in error["found"], error
+    # ssh_trust ran on that node too (its known hosts were already in place from the bed's bring-up).
+    assert "ssh_trust.known_hosts" in report["nodes"][node.name]["checks"]
+    for other in bed.nodes[1:]:
+        assert report["nodes"][other.name]["status"] in ("pass", "warn"), report["nodes"][other.name]
+        dropin = os.path.join(bed.etc_path(other), "security", "limits.d", "90-preflight-core.conf")
+        assert os.path.exists(dropin), other.name
+    assert not os.path.exists(os.path.join(bed.etc_path(node), "security", "limits.d", "90-preflight-core.conf"))
