@@ -589,8 +589,9 @@ def main():
     if problems:
         module.fail_json(msg="; ".join(problems))
 
-    host = socket.gethostname().split(".")[0]
-    role = params["role"] or host
+    # Findings name the node as the inventory does (the role prefix), its hostname otherwise.
+    host = params["role"] or socket.gethostname().split(".")[0]
+    role = host
     marker = uuid.uuid4().hex
     started = time.monotonic()
     result, interrupted = None, None

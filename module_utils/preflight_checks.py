@@ -15,6 +15,10 @@ A check result is a dict ``{status, found, expected, fix}`` (plus optional
 * ``warn``            - drift that does not block a job (policy decides).
 * ``fail``            - the node must not take a job until fixed.
 
+A check ``blocked`` by another node or a cluster-wide problem (``details.blocked``)
+leaves its node ``unverified``: nothing wrong found there, nothing proven either.
+Node status, worst first: ``fail``, ``unverified``, ``warn``, ``pass``.
+
 Checks are grouped by capability (the role that owns them) and named
 ``<capability>.<name>`` in the verdict, so two roles can never overwrite each
 other's findings: :func:`add` refuses a name that is already taken.  A result
