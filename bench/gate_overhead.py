@@ -48,7 +48,8 @@ def main():
     mb, mg = statistics.median(bare), statistics.median(gate)
     print("median bare torchrun   : %.2f s" % mb)
     print("median preflight.yml   : %.2f s" % mg)
-    print("ratio preflight / bare : %.2fx (target <= 1.5x)" % (mg / mb))
+    print("ratio preflight / bare : %.2fx median, %.2fx min of the pairs (target <= 1.5x)" % (
+        mg / mb, min(g / b for g, b in zip(gate, bare))))
 
 
 if __name__ == "__main__":

@@ -57,19 +57,11 @@ elapsed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_capabilities import run_all
-from ansible.module_utils.preflight_node import NodeOps
+from ansible.module_utils.preflight_capabilities import NODE_CALL_SPEC, node_call
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(capabilities=dict(type="dict", required=True),
-                           selftest_error=dict(type="str", default="")),
-        supports_check_mode=True,
-    )
-    probes, errors, elapsed = run_all("probe", module.params["capabilities"], NodeOps(module),
-                                       module.params["selftest_error"])
-    module.exit_json(changed=False, probes=probes, errors=errors, elapsed=elapsed)
+    node_call(AnsibleModule(argument_spec=NODE_CALL_SPEC, supports_check_mode=True), "probe", "probes")
 
 
 if __name__ == "__main__":

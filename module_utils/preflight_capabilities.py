@@ -46,6 +46,7 @@ from ansible.module_utils import preflight_kernel_debug
 from ansible.module_utils import preflight_nic_discovery
 from ansible.module_utils import preflight_port_mesh
 from ansible.module_utils import preflight_ssh_trust
+from ansible.module_utils.preflight_node import NodeOps
 
 # The order of the verdict and of the audit: the gate's inputs first.
 ORDER = (
@@ -85,6 +86,18 @@ def node_info(inventory_hostname, host_vars):
 
 
 SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, so it raises on purpose"
+
+
+# The options of the two node calls, preflight_facts (readers) and preflight_probes (probes).
+NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""))
+
+
+def node_call(module, function_name, result_key):
+    """The body of a node call: every capability's ``function_name`` through :func:`run_all`, returned
+    under ``result_key`` with ``errors`` and ``elapsed``."""
+    results, errors, elapsed = run_all(function_name, module.params["capabilities"], NodeOps(module),
+                                       module.params["selftest_error"])
+    module.exit_json(changed=False, errors=errors, elapsed=elapsed, **{result_key: results})
 
 
 def run_all(function_name, capabilities, ops, selftest_error=""):

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gate_helpers import (REPLACE_FILE, RESOLV_CONF, WORKER, send_signal, explain, gate_processes, node_pid,
+from gate_helpers import (REPLACE_FILE, RESOLV_CONF, send_signal, explain, gate_processes, node_pid,
                           proc_state, rank_processes, rank_stage)
 from playbook import run_playbook
 from testbed import testbed_fixture

@@ -9,18 +9,19 @@ import shutil
 import tempfile
 
 import pytest
-import yaml
 
 import limits_dropin
 import sysctl_setting
 from ansible.module_utils import preflight_checks
 from ansible.module_utils import preflight_core_dumps as core_dumps
 from fake_ops import FakeOps
+from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROLE_NAME = "core_dumps"
 ROLE = os.path.join(ROOT, "roles", "core_dumps")
 HOST = "node5"
-NODE = {"name": HOST, "ansible_host": "10.0.0.5", "node_addr": "10.0.0.5", "user": "root", "ssh_port": 22}
+NODE = {"name": HOST, "ansible_host": "198.18.0.5", "node_addr": "198.18.0.5", "user": "root", "ssh_port": 22}
 APPORT = "|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -u%u -g%g -- %E"
 COREDUMP = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h"
 PATTERN = "/var/cores/core-%e.%p.%h.%t"
@@ -37,27 +38,17 @@ needs_root = pytest.mark.skipif(
 
 
 def load_yaml(*parts):
-    with open(os.path.join(ROLE, *parts)) as handle:
-        return yaml.safe_load(handle)
+    return role_yaml(ROLE_NAME, *parts)
 
 
 def settings(**overrides):
     """The role's defaults, typed and rendered (core_dumps_dir is the pattern's dirname), with ``overrides``:
     what preflight_settings hands a capability."""
-    values = load_yaml("defaults", "main.yml")
-    values.update(overrides)
+    values = role_settings(ROLE_NAME, **overrides)
     if "core_dumps_dir" not in overrides:
         assert values["core_dumps_dir"] == "{{ core_dumps_pattern | dirname }}"
         values["core_dumps_dir"] = os.path.dirname(values["core_dumps_pattern"])
     return values
-
-
-def write(root, path, text):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as handle:
-        handle.write(text)
-    return full
 
 
 def make_node(tmp_path, running="core", uses_pid="0", sysctl_dropin=None, core_dir=None, limits=None,
@@ -106,13 +97,7 @@ def read_node(root, **overrides):
 
 def assert_contract(checks, host=HOST):
     """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
-    for name, result in checks.items():
-        assert preflight_checks.NAME_RE.match(name), name
-        assert preflight_checks.normalize(result, name) == result, (name, result)
-        if result["status"] in ("warn", "fail"):
-            assert result["found"] and result["expected"] and result["fix"], (name, result)
-            assert host in result["fix"], (name, result)
-    preflight_checks.flatten({core_dumps.CAPABILITY: checks})
+    return check_contract(ROLE_NAME, checks, host)
 
 
 def statuses(checks):

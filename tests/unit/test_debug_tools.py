@@ -13,11 +13,13 @@ import yaml
 from ansible.module_utils import preflight_checks
 from ansible.module_utils import preflight_debug_tools as tools
 from fake_ops import FakeOps
+from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, typed_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROLE_NAME = "debug_tools"
 ROLE = os.path.join(ROOT, "roles", "debug_tools")
 HOST = "node3"
-NODE = {"name": HOST, "ansible_host": "10.0.0.3", "node_addr": "10.0.0.3", "user": "root", "ssh_port": 22}
+NODE = {"name": HOST, "ansible_host": "198.18.0.3", "node_addr": "198.18.0.3", "user": "root", "ssh_port": 22}
 
 DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n'
 UBUNTU = 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
@@ -28,15 +30,12 @@ GENTOO = 'NAME=Gentoo\nID=gentoo\nPRETTY_NAME="Gentoo Linux"\n'
 
 
 def load_yaml(*parts):
-    with open(os.path.join(ROLE, *parts)) as handle:
-        return yaml.safe_load(handle)
+    return role_yaml(ROLE_NAME, *parts)
 
 
 def settings(**overrides):
     """The role's defaults, typed, with ``overrides``: what preflight_settings hands a capability."""
-    values = load_yaml("defaults", "main.yml")
-    values.update(overrides)
-    return values
+    return role_settings(ROLE_NAME, **overrides)
 
 
 def executable(path, text="#!/bin/sh\nexit 0\n"):
@@ -93,14 +92,8 @@ class Node(object):
 
 
 def assert_contract(checks):
-    """Names inside the contract; every warn/fail names the node and has a fix."""
-    preflight_checks.flatten({tools.CAPABILITY: checks})  # qualifies every name, refuses duplicates
-    for name, result in checks.items():
-        assert preflight_checks.NAME_RE.match(name), name
-        assert preflight_checks.normalize(result, name) == {key: result[key] for key in result}, (name, result)
-        if result["status"] in ("warn", "fail"):
-            assert result["fix"], (name, result)
-            assert HOST in result["found"], (name, result)
+    """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
+    return check_contract(ROLE_NAME, checks, HOST)
 
 
 # --- read --------------------------------------------------------------------------------------------------
@@ -447,15 +440,8 @@ def test_role_package_failure_says_found_expected_fix(tmp_path):
 
 
 def typed(**overrides):
-    """The defaults with ``overrides`` as ``-e`` passes them (text), typed by the role's argument specs."""
-    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-
-    options = load_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]
-    spec = {name: {key: value for key, value in option.items() if key != "description"}
-            for name, option in options.items()}
-    checked = ArgumentSpecValidator(spec).validate(dict(load_yaml("defaults", "main.yml"), **overrides))
-    assert not checked.error_messages, checked.error_messages
-    return checked.validated_parameters
+    """The defaults with ``overrides`` as ``-e`` passes them, typed by the role's argument specs."""
+    return typed_settings(ROLE_NAME, **overrides)
 
 
 def test_settings_typed_from_the_command_line_validate_and_switch_off():

@@ -13,11 +13,13 @@ from ansible.module_utils import preflight_checks
 from ansible.module_utils import preflight_grub
 from ansible.module_utils import preflight_iommu as iommu
 from fake_ops import FakeOps
+from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, typed_settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROLE_NAME = "iommu"
 ROLE = os.path.join(ROOT, "roles", "iommu")
 HOST = "node7"
-NODE = {"name": HOST, "ansible_host": "10.0.0.7", "node_addr": "10.0.0.7", "user": "root", "ssh_port": 22}
+NODE = {"name": HOST, "ansible_host": "198.18.0.7", "node_addr": "198.18.0.7", "user": "root", "ssh_port": 22}
 
 GRUB = (
     "GRUB_DEFAULT=0\n"
@@ -32,15 +34,12 @@ BMC = ("0x1a03", "0x2000", "0x030000")
 
 
 def load_yaml(*parts):
-    with open(os.path.join(ROLE, *parts)) as handle:
-        return yaml.safe_load(handle)
+    return role_yaml(ROLE_NAME, *parts)
 
 
 def settings(**overrides):
     """The role's defaults, typed, with ``overrides``: what preflight_settings hands a capability."""
-    values = load_yaml("defaults", "main.yml")
-    values.update(overrides)
-    return values
+    return role_settings(ROLE_NAME, **overrides)
 
 
 def make_node(tmp_path, devices=(MI300X,), grub=GRUB, dropins=None,
@@ -84,13 +83,8 @@ def read_node(sysfs, root, **overrides):
 
 
 def assert_contract(checks):
-    """Names inside the contract; every warn/fail names the node and has a fix."""
-    for name, result in checks.items():
-        assert preflight_checks.NAME_RE.match(name), name
-        assert preflight_checks.normalize(result, name) == {k: result[k] for k in result}, (name, result)
-        if result["status"] in ("warn", "fail"):
-            assert result["fix"], (name, result)
-            assert HOST in result["found"], (name, result)
+    """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
+    return check_contract(ROLE_NAME, checks, HOST)
 
 
 def audit(tmp_path, **kwargs):
@@ -392,15 +386,8 @@ def test_role_switched_off_from_the_command_line_does_nothing(tmp_path):
 
 
 def typed(**overrides):
-    """The defaults with ``overrides`` as ``-e`` passes them (text), typed by the role's argument specs."""
-    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-
-    options = load_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]
-    spec = {name: {key: value for key, value in option.items() if key != "description"}
-            for name, option in options.items()}
-    checked = ArgumentSpecValidator(spec).validate(dict(load_yaml("defaults", "main.yml"), **overrides))
-    assert not checked.error_messages, checked.error_messages
-    return checked.validated_parameters
+    """The defaults with ``overrides`` as ``-e`` passes them, typed by the role's argument specs."""
+    return typed_settings(ROLE_NAME, **overrides)
 
 
 def test_settings_typed_from_the_command_line_validate_and_switch_off():

@@ -5,41 +5,30 @@ import json
 import os
 
 import pytest
-import yaml
 
 import sysctl_setting
-from ansible.module_utils import preflight_checks
 from ansible.module_utils import preflight_kernel_debug as kernel_debug
 from ansible.module_utils import preflight_sysctl
 from fake_ops import FakeOps
+from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROLE_NAME = "kernel_debug"
 ROLE = os.path.join(ROOT, "roles", "kernel_debug")
 HOST = "node3"
-NODE = {"name": HOST, "ansible_host": "10.0.0.3", "node_addr": "10.0.0.3", "user": "root", "ssh_port": 22}
+NODE = {"name": HOST, "ansible_host": "198.18.0.3", "node_addr": "198.18.0.3", "user": "root", "ssh_port": 22}
 PTRACE_DROPIN = "/etc/sysctl.d/10-ptrace.conf"
 PANIC = {"name": "kernel.panic_on_oops", "value": "1", "dropin": "/etc/sysctl.d/60-preflight-panic.conf",
          "check_name": None}
 
 
 def load_yaml(*parts):
-    with open(os.path.join(ROLE, *parts)) as handle:
-        return yaml.safe_load(handle)
+    return role_yaml(ROLE_NAME, *parts)
 
 
 def settings(**overrides):
     """The role's defaults, typed, with ``overrides``: what preflight_settings hands a capability."""
-    values = load_yaml("defaults", "main.yml")
-    values.update(overrides)
-    return values
-
-
-def write(root, path, text):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as handle:
-        handle.write(text)
-    return full
+    return role_settings(ROLE_NAME, **overrides)
 
 
 def make_node(tmp_path, yama="1", dropin=None, files=None):
@@ -77,13 +66,7 @@ def read_node(root, **overrides):
 
 def assert_contract(checks, host=HOST):
     """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
-    for name, result in checks.items():
-        assert preflight_checks.NAME_RE.match(name), name
-        assert preflight_checks.normalize(result, name) == result, (name, result)
-        if result["status"] in ("warn", "fail"):
-            assert result["found"] and result["expected"] and result["fix"], (name, result)
-            assert host in result["fix"], (name, result)
-    preflight_checks.flatten({kernel_debug.CAPABILITY: checks})  # no duplicate, every name qualifies
+    return check_contract(ROLE_NAME, checks, host)
 
 
 def statuses(checks):

@@ -9,13 +9,13 @@ import os
 import struct
 
 import pytest
-import yaml
 
 import known_hosts_block
 from ansible.module_utils import preflight_checks as pc
 from ansible.module_utils import preflight_ssh as ps
 from ansible.module_utils import preflight_ssh_trust as st
 from fake_ops import FakeOps
+from capability_helpers import assert_contract as check_contract, role_yaml, write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(ROOT, "roles", "ssh_trust")
@@ -25,8 +25,7 @@ NO_SSHD = "sshd configuration /etc/ssh/sshd_config does not exist (no openssh-se
 
 
 def load_yaml(*parts):
-    with open(os.path.join(ROLE, *parts), encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+    return role_yaml("ssh_trust", *parts)
 
 
 def settings(**overrides):
@@ -49,7 +48,7 @@ def fp(key):
 
 
 def node(name, index):
-    return {"name": name, "ansible_host": "10.0.0.%d" % index, "node_addr": "10.1.0.%d" % index, "user": "root",
+    return {"name": name, "ansible_host": "198.18.0.%d" % index, "node_addr": "198.19.0.%d" % index, "user": "root",
             "ssh_port": 22}
 
 
@@ -106,13 +105,7 @@ def in_sync(names=("node1", "node2", "node3"), **common):
 
 def assert_contract(host, checks):
     """Names within the contract, every warn/fail with a fix and naming the node it is about."""
-    flat = pc.flatten({st.CAPABILITY: checks}, host)
-    for key, result in flat.items():
-        assert not result["found"].startswith("malformed"), (key, result)
-        assert pc.NAME_RE.match(key.split(".", 1)[1])
-        if result["status"] in ("warn", "fail"):
-            assert result["fix"] and host in result["found"] + result["fix"], (key, result)
-    return flat
+    return check_contract(st.CAPABILITY, checks, host)
 
 
 # ----------------------------------------------------------------------------
@@ -167,23 +160,13 @@ def test_validate_names_each_bad_input_with_found_expected_fix(overrides, name):
 def test_validate_accepts_a_good_override_set():
     good = settings(ssh_trust_port=2222, ssh_trust_mesh_connect_timeout=3, ssh_trust_mesh_timeout=10,
                     ssh_trust_cluster_key=True, ssh_trust_cluster_key_users=["root", "svc.train"],
-                    ssh_trust_mesh_user="svc.train", ssh_trust_extra_names=["gpu01-ib0", "192.168.10.1"],
+                    ssh_trust_mesh_user="svc.train", ssh_trust_extra_names=["gpu01-ib0", "198.18.10.1"],
                     ssh_trust_host_key_files=["/srv/sshd/ssh_host_ed25519_key"], ssh_trust_login_policy="fail")
     assert st.validate(good) == []
 
 
 # ----------------------------------------------------------------------------
 # read on sandbox roots
-
-
-def write(root, path, text, mode=None):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    if mode is not None:
-        os.chmod(full, mode)
-    return full
 
 
 def args_for(root, **overrides):
@@ -217,7 +200,7 @@ def test_read_host_keys_block_client_and_cluster_key(tmp_path):
     write(tmp_path, "/srv/sshd/ed_key.pub", ed + " root@node1\n")
     write(tmp_path, "/srv/sshd/ecdsa_key", "-----BEGIN OPENSSH PRIVATE KEY-----\nSECRETBODY\n", 0o600)
     begin, end = ps.markers()
-    write(tmp_path, KH, "gw.example.org %s\n%s\nnode2,10.1.0.2 %s node=node2\n%s\n" % (KEYS["stranger"], begin,
+    write(tmp_path, KH, "gw.example.org %s\n%s\nnode2,198.19.0.2 %s node=node2\n%s\n" % (KEYS["stranger"], begin,
                                                                                        KEYS["node2"], end))
     write(tmp_path, "/etc/ssh/ssh_config", "Include /etc/ssh/ssh_config.d/*.conf\nHost *\n    SendEnv LANG\n")
     write(tmp_path, DROPIN, "# old drop-in\n")
@@ -225,7 +208,7 @@ def test_read_host_keys_block_client_and_cluster_key(tmp_path):
     write(tmp_path, "/home/train/.ssh/id_ed25519_cluster", "-----BEGIN OPENSSH PRIVATE KEY-----\nCLUSTERSECRET\n",
           0o600)
     write(tmp_path, "/home/train/.ssh/id_ed25519_cluster.pub", cluster_pub + " preflight-ssh-trust-cluster-key\n")
-    write(tmp_path, "/home/train/.ssh/authorized_keys", 'ssh-rsa AAAA other\nfrom="10.1.0.1,10.1.0.2" %s '
+    write(tmp_path, "/home/train/.ssh/authorized_keys", 'ssh-rsa AAAA other\nfrom="198.19.0.1,198.19.0.2" %s '
                                                         'preflight-ssh-trust-cluster-key\n' % cluster_pub)
     ops = FakeOps(programs={"ssh-keygen": "/usr/bin/ssh-keygen", "getent": "/usr/bin/getent"},
                   commands={("/usr/bin/ssh-keygen", "-y"): (0, ecdsa + "\n", ""),
@@ -240,13 +223,13 @@ def test_read_host_keys_block_client_and_cluster_key(tmp_path):
     assert result["problems"] == ["/srv/sshd/rsa_key: no such host key (neither it nor /srv/sshd/rsa_key.pub exists)"]
     assert ops.calls[0][:3] == ["/usr/bin/ssh-keygen", "-y", "-f"]
     assert result["known_hosts"]["present"] and result["known_hosts"]["block"] == [
-        "node2,10.1.0.2 %s node=node2" % KEYS["node2"]]
+        "node2,198.19.0.2 %s node=node2" % KEYS["node2"]]
     assert result["client"]["dropin_included"] is True and result["client"]["dropin_text"] == "# old drop-in\n"
     users = result["cluster_key"]["users"]
     assert users["ghost"] == {"exists": False, "problem": "no user ghost"}
     assert users["train"]["private"] is True and users["train"]["fingerprint"] == fp(cluster_pub)
     assert users["train"]["path"] == "/home/train/.ssh/id_ed25519_cluster"
-    assert users["train"]["authorized"] == [{"options": 'from="10.1.0.1,10.1.0.2"', "public_key": cluster_pub,
+    assert users["train"]["authorized"] == [{"options": 'from="198.19.0.1,198.19.0.2"', "public_key": cluster_pub,
                                               "fingerprint": fp(cluster_pub)}]
     # Private key material is never read.
     assert "SECRETBODY" not in str(result) and "CLUSTERSECRET" not in str(result)
@@ -270,10 +253,10 @@ def test_in_sync_cluster_passes_everything_and_plan_has_the_shape_the_role_expec
     view = in_sync()
     plan = st.plan(view)
     assert [e["node"] for e in plan["entries"]] == ["node1", "node2", "node3"]
-    assert plan["entries"][0] == {"node": "node1", "names": ["node1", "10.1.0.1", "10.0.0.1"],
+    assert plan["entries"][0] == {"node": "node1", "names": ["node1", "198.19.0.1", "198.18.0.1"],
                                   "keys": [KEYS["node1"]], "port": 22}
     assert plan["keep_nodes"] == ["node1", "node2", "node3"]
-    assert plan["peers"] == {"node%d" % i: {"targets": ["10.1.0.%d" % i, "node%d" % i], "port": 22} for i in (1, 2, 3)}
+    assert plan["peers"] == {"node%d" % i: {"targets": ["198.19.0.%d" % i, "node%d" % i], "port": 22} for i in (1, 2, 3)}
     assert plan["dropin"]["node1"] == {"state": "absent", "content": ""}
     assert plan["cluster_key"]["enabled"] is False
     assert plan["changed_keys"] == [] and plan["unreadable"] == {} and plan["unread"] == []
@@ -367,7 +350,7 @@ def block_text(block):
 
 DRIFT = [
     # (what node1's block lacks or adds, drift_policy, expected status, words in found)
-    ("lacks node3", "warn", "warn", ["lacks the current key for node3 (node3, 10.1.0.3, 10.0.0.3)"]),
+    ("lacks node3", "warn", "warn", ["lacks the current key for node3 (node3, 198.19.0.3, 198.18.0.3)"]),
     ("lacks node3", "fail", "fail", ["lacks the current key for node3"]),
     ("lists node9", "warn", "warn", ["still lists nodes no longer in the inventory: node9"]),
     ("empty", "warn", "warn", ["lacks the current key for node1", "node2", "node3"]),
@@ -381,7 +364,7 @@ def test_known_hosts_drift_follows_the_policy_and_names_what_is_missing(drift, p
     if drift == "lacks node3":
         block = [line for line in block if "node=node3" not in line]
     elif drift == "lists node9":
-        block.append("node9,10.1.0.9 %s node=node9" % KEYS["stranger"])
+        block.append("node9,198.19.0.9 %s node=node9" % KEYS["stranger"])
     else:
         block = None
     view["facts"]["node1"] = facts("node1", [KEYS["node1"]], block=block)
@@ -439,8 +422,8 @@ def test_names_come_from_the_inventory_first_and_a_claimed_name_is_left_out():
                     "node4": facts("node4", [fake_key("node4")], hostname="ubuntu")})
     plan = st.plan(view)
     names = {e["node"]: e["names"] for e in plan["entries"]}
-    assert names["node1"] == ["node1", "10.1.0.1", "10.0.0.1"]
-    assert names["node2"] == ["node2", "10.1.0.2", "10.0.0.2"]
+    assert names["node1"] == ["node1", "198.19.0.1", "198.18.0.1"]
+    assert names["node2"] == ["node2", "198.19.0.2", "198.18.0.2"]
     assert "ubuntu" not in names["node3"] + names["node4"]
     assert "ubuntu" not in plan["names"]
     results = decide_all(view)
@@ -460,9 +443,9 @@ def test_plan_port_extra_names_and_localhost_names():
     entries = {e["node"]: e for e in plan["entries"]}
     assert "localhost" not in entries["node1"]["names"]
     assert entries["node2"]["port"] == 2222 and "node2-ib0" in entries["node2"]["names"]
-    assert plan["peers"]["node2"] == {"targets": ["10.1.0.2", "node2"], "port": 2222}
+    assert plan["peers"]["node2"] == {"targets": ["198.19.0.2", "node2"], "port": 2222}
     block = ps.plan_block("", plan["entries"])["block"]
-    assert "[node2]:2222,[10.1.0.2]:2222,[10.0.0.2]:2222,[node2-ib0]:2222 %s node=node2" % KEYS["node2"] in block
+    assert "[node2]:2222,[198.19.0.2]:2222,[198.18.0.2]:2222,[node2-ib0]:2222 %s node=node2" % KEYS["node2"] in block
 
 
 def test_client_dropin_plan_and_decide():
@@ -472,7 +455,7 @@ def test_client_dropin_plan_and_decide():
     content = plan["dropin"]["node1"]["content"]
     assert plan["dropin"]["node1"]["state"] == "present"
     assert content == st.render_dropin(plan["names"], True, "id_ed25519_cluster", False)
-    assert "Host node1 10.1.0.1 10.0.0.1 node2 10.1.0.2 10.0.0.2 node3" in content
+    assert "Host node1 198.19.0.1 198.18.0.1 node2 198.19.0.2 198.18.0.2 node3" in content
     assert "IdentityFile ~/.ssh/id_ed25519_cluster" in content and "Host *" not in content
     cases = [(dict(dropin_text=content), "pass", ""),
              (dict(dropin_text=None), "warn", "missing"),
@@ -521,7 +504,7 @@ def test_cluster_key_source_distribution_and_drift():
     plan = st.plan(view)["cluster_key"]
     assert plan["source"] == "node1" and plan["source_path"] == "/root/.ssh/id_ed25519_cluster"
     assert plan["holders"] == [] and plan["fingerprint"] == ""
-    assert plan["from"] == ["10.1.0.1", "10.0.0.1", "10.1.0.2", "10.0.0.2", "10.1.0.3", "10.0.0.3"]
+    assert plan["from"] == ["198.19.0.1", "198.18.0.1", "198.19.0.2", "198.18.0.2", "198.19.0.3", "198.18.0.3"]
     result = st.decide("node2", view["facts"]["node2"], view["settings"]["node2"], None, view)["cluster_key"]
     assert result["status"] == "warn" and "no node holds the cluster key yet" in result["found"]
     # node2 holds it: it is the source; node3 lacks it.
@@ -577,7 +560,7 @@ def probe_result(source, by_peer, **kwargs):
     table = {}
     for peer, answer in by_peer.items():
         index = int(peer[-1])
-        table["10.1.0.%d" % index] = answer
+        table["198.19.0.%d" % index] = answer
         table[peer] = answer
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh"}, commands={("/usr/bin/ssh",): ssh_answers(table)})
     hosts = sorted(set(by_peer) | {source})
@@ -587,13 +570,13 @@ def probe_result(source, by_peer, **kwargs):
 
 
 def test_probe_runs_strict_batch_ssh_to_every_peer_and_classifies_rc_and_stderr(tmp_path):
-    write(tmp_path, KH, "# 1\nnode4,10.1.0.4 %s node=node4\n" % KEYS["node2"])
-    table = {"10.1.0.2": (0, ""), "node2": (0, ""),
-             "10.1.0.3": (255, "root@10.1.0.3: Permission denied (publickey).\n"),
+    write(tmp_path, KH, "# 1\nnode4,198.19.0.4 %s node=node4\n" % KEYS["node2"])
+    table = {"198.19.0.2": (0, ""), "node2": (0, ""),
+             "198.19.0.3": (255, "root@198.19.0.3: Permission denied (publickey).\n"),
              "node3": (255, "ssh: connect to host node3 port 22: Connection refused\n"),
-             "10.1.0.4": (255, CHANGED % (fp(KEYS["node2new"]), "10.1.0.4")),
+             "198.19.0.4": (255, CHANGED % (fp(KEYS["node2new"]), "198.19.0.4")),
              "node4": (255, UNKNOWN % "node4"),
-             "10.1.0.5": (124, ""), "node5": (255, "ssh: connect to host node5 port 22: No route to host\n")}
+             "198.19.0.5": (124, ""), "node5": (255, "ssh: connect to host node5 port 22: No route to host\n")}
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh"}, commands={("/usr/bin/ssh",): ssh_answers(table)})
     hosts = ["node1", "node2", "node3", "node4", "node5"]
     nodes = {h: node(h, i + 1) for i, h in enumerate(hosts)}
@@ -603,11 +586,11 @@ def test_probe_runs_strict_batch_ssh_to_every_peer_and_classifies_rc_and_stderr(
     result = st.probe(args, ops)
     rows = {r["target"]: r for r in result["results"]}
     assert {t: r["status"] for t, r in rows.items()} == {
-        "10.1.0.2": "ok", "node2": "ok", "10.1.0.3": "auth_denied", "node3": "refused",
-        "10.1.0.4": "host_key_changed", "node4": "host_key_unknown", "10.1.0.5": "timeout", "node5": "unreachable"}
-    assert rows["10.1.0.4"]["new_fingerprint"] == fp(KEYS["node2new"])
-    assert rows["10.1.0.4"]["old_fingerprint"] == fp(KEYS["node2"])
-    assert rows["10.1.0.5"]["stderr"].endswith("killed after 7s")
+        "198.19.0.2": "ok", "node2": "ok", "198.19.0.3": "auth_denied", "node3": "refused",
+        "198.19.0.4": "host_key_changed", "node4": "host_key_unknown", "198.19.0.5": "timeout", "node5": "unreachable"}
+    assert rows["198.19.0.4"]["new_fingerprint"] == fp(KEYS["node2new"])
+    assert rows["198.19.0.4"]["old_fingerprint"] == fp(KEYS["node2"])
+    assert rows["198.19.0.5"]["stderr"].endswith("killed after 7s")
     assert all(r["source"] == "node1" for r in result["results"])
     connects = [c for c in ops.calls if "-G" not in c]
     assert len(connects) == 8 and len([c for c in ops.calls if "-G" in c]) == 8
@@ -635,7 +618,7 @@ def test_probe_without_ssh_client_pdsh_states_and_mesh_off():
         assert argv[argv.index("-w") + 1] == "node2" and argv[-1] == "date"
         return 1, "", "node2: Host key verification failed.\npdsh@node1: node2: ssh exited with exit code 255\n"
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh", "pdsh": "/usr/bin/pdsh"},
-                  commands={("/usr/bin/ssh",): ssh_answers({"10.1.0.2": (0, ""), "node2": (0, "")}),
+                  commands={("/usr/bin/ssh",): ssh_answers({"198.19.0.2": (0, ""), "node2": (0, "")}),
                             ("/usr/bin/pdsh",): pdsh})
     report = st.probe(args, ops)["pdsh"]
     assert report["state"] == "ran" and report["failed"]["node2"]["status"] == "host_key_unknown"
@@ -662,7 +645,7 @@ def test_mesh_decide_separates_host_key_from_login_and_follows_policies():
     results = decide_all(mesh_view(probes))
     node1 = results["node1"]
     assert node1["mesh"]["status"] == "warn"  # unknown key: ssh_trust_unknown_key_policy (warn)
-    assert "node1 does not know node2's host key for 10.1.0.2, node2" in node1["mesh"]["found"]
+    assert "node1 does not know node2's host key for 198.19.0.2, node2" in node1["mesh"]["found"]
     assert node1["mesh"]["details"] == {"peers": {"node2": "warn"}}
     # Host key of node3 verified, login denied: the login check says so, the mesh check does not.
     assert "node3" not in node1["mesh"]["found"]
@@ -733,7 +716,7 @@ def test_unreachable_peer_is_collateral_and_no_ssh_client_is_the_nodes_own_findi
 
 
 def test_client_config_relaxation_is_a_warning_only_when_opted_in():
-    configs = {"10.1.0.2": {"stricthostkeychecking": "false", "globalknownhostsfile": [KH], "userknownhostsfile": [],
+    configs = {"198.19.0.2": {"stricthostkeychecking": "false", "globalknownhostsfile": [KH], "userknownhostsfile": [],
                             "identityfile": []}}
     result = st.client_config_check("node1", configs, KH)
     assert result["status"] == "fail" and "set outside the ssh_trust role" in result["found"]
