@@ -41,18 +41,9 @@ REPLACE_FILE = ("import os, sys\n"
                 "os.replace(tmp, sys.argv[1])\n")
 
 
-# The gate audits node-to-node SSH trust: bring the nodes up first as
-# bringup.yml would (known host keys; no cluster user key, since the nodes
-# share this machine's /root).
-BRINGUP = """---
-- name: Bring up node-to-node SSH trust on the test bed (known host keys only).
-  hosts: cluster
-  gather_facts: false
-  roles:
-    - role: ssh_trust
-      vars:
-        ssh_trust_cluster_key: false
-"""
+# The gate audits node-to-node SSH trust: bring the nodes up first with bringup.yml for that
+# capability alone (known host keys; no cluster user key, since the nodes share this machine's /root).
+BRINGUP_VARS = '{"preflight_bringup_capabilities": ["ssh_trust"]}'
 
 
 def machine_cpu_seconds():
@@ -126,10 +117,9 @@ def run_bench(args, workdir):
         for node in bed.nodes:
             bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF],
                     check=True)
-        with open(os.path.join(workdir, "bringup.yml"), "w", encoding="utf-8") as handle:
-            handle.write(BRINGUP)
-        done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"),
-                               os.path.join(workdir, "bringup.yml"), "-i", bed.inventory_path],
+        done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "bringup.yml",
+                               "-i", bed.inventory_path, "-e", BRINGUP_VARS,
+                               "-e", "preflight_results_dir=%s" % os.path.join(workdir, "bringup")],
                               cwd=ROOT, env=bed.ansible_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=900, check=False)
         if done.returncode != 0:

@@ -1,11 +1,13 @@
 """What the capability unit tests share: a role's settings as preflight_settings hands them over,
 files written under a sandbox root, and the check contract every decider must keep."""
 
+import json
 import os
 
 import yaml
 from ansible.module_utils import preflight_checks
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,3 +56,15 @@ def assert_contract(capability, checks, host):
             assert result["found"] and result["expected"] and result["fix"], (name, result)
             assert host in result["found"] + result["fix"], (name, result)
     return flat
+
+
+def read_as_the_node_does(capability, settings, node):
+    """``capability``'s reader on ``settings`` the way the node call runs it: arguments and facts
+    through JSON, file reads only (no command).  None when the capability is switched off."""
+    args = capability.read_args(settings, node)
+    if args is None:  # switched off: the node is not read at all
+        return None
+    ops = FakeOps()
+    facts = capability.read(json.loads(json.dumps(args)), ops)
+    assert ops.calls == []
+    return json.loads(json.dumps(facts))

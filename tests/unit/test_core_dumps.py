@@ -15,7 +15,8 @@ import sysctl_setting
 from ansible.module_utils import preflight_checks
 from ansible.module_utils import preflight_core_dumps as core_dumps
 from fake_ops import FakeOps
-from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, write
+from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
+                                write)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_NAME = "core_dumps"
@@ -85,14 +86,7 @@ def node_settings(root, **overrides):
 
 def read_node(root, **overrides):
     wanted = node_settings(root, **overrides)
-    args = core_dumps.read_args(wanted, NODE)
-    if args is None:  # switched off: the node is not read at all
-        return None, wanted
-    ops = FakeOps()
-    facts = core_dumps.read(json.loads(json.dumps(args)), ops)
-    assert ops.calls == []  # file reads only
-    # Facts travel from the node as JSON.
-    return json.loads(json.dumps(facts)), wanted
+    return read_as_the_node_does(core_dumps, wanted, NODE), wanted
 
 
 def assert_contract(checks, host=HOST):

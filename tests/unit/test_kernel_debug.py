@@ -1,7 +1,6 @@
 """The kernel_debug capability: validate, read (sandbox roots, FakeOps), decide (tables), and the
 writer (library/sysctl_setting.py) agreeing with the audit because both use preflight_sysctl."""
 
-import json
 import os
 
 import pytest
@@ -9,8 +8,8 @@ import pytest
 import sysctl_setting
 from ansible.module_utils import preflight_kernel_debug as kernel_debug
 from ansible.module_utils import preflight_sysctl
-from fake_ops import FakeOps
-from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, write
+from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
+                                write)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_NAME = "kernel_debug"
@@ -54,14 +53,7 @@ def node_settings(root, **overrides):
 
 def read_node(root, **overrides):
     wanted = node_settings(root, **overrides)
-    args = kernel_debug.read_args(wanted, NODE)
-    if args is None:  # switched off: the node is not read at all
-        return None, wanted
-    ops = FakeOps()
-    facts = kernel_debug.read(json.loads(json.dumps(args)), ops)
-    assert ops.calls == []  # file reads only
-    # Facts travel from the node as JSON.
-    return json.loads(json.dumps(facts)), wanted
+    return read_as_the_node_does(kernel_debug, wanted, NODE), wanted
 
 
 def assert_contract(checks, host=HOST):
