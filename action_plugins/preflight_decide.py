@@ -239,10 +239,22 @@ class ActionModule(ActionBase):
         if stage not in STAGES:
             result.update(failed=True, msg="stage %r is not one of %s" % (stage, ", ".join(STAGES)))
             return result
-        view = ClusterView(task_vars or {})
-        if stage == "plan":
-            result.update(stage_plan(view, probes=boolean(self._task.args.get("probes", True))))
-        else:
-            result.update({"inputs": stage_inputs, "launch": stage_launch, "final": stage_final}[stage](view))
+        result.update(decide(stage, task_vars or {}, probes=boolean(self._task.args.get("probes", True))))
         result["changed"] = False
         return result
+
+
+def decide(stage, task_vars, probes=True):
+    """The decision of ``stage`` over what the nodes registered (``task_vars``' hostvars)."""
+    try:
+        view = ClusterView(task_vars)
+        if stage == "plan":
+            return stage_plan(view, probes=probes)
+        return {"inputs": stage_inputs, "launch": stage_launch, "final": stage_final}[stage](view)
+    except Exception as exc:  # pylint: disable=broad-except
+        # A defect here must not cost the verdict: every node gets the error, the run goes on to it.
+        found = "the %s decision raised %s: %s" % (stage, type(exc).__name__, exc)
+        return decision(blockers=[found], checks_by_host={host: {registry.RUN_ROLE: {
+            "decide_%s" % stage: error(registry.RUN_ROLE, found, "a defect of the preflight: report it with the "
+                                       "verdict file", traceback=traceback.format_exc()[-2000:])}}
+            for host in task_vars.get("ansible_play_hosts_all") or []})
