@@ -11,6 +11,8 @@ methods, so readers stay pure functions of their inputs.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 
 TIMEOUT_RC = 124
 NOT_FOUND_RC = 127
@@ -18,11 +20,18 @@ C_LOCALE = {"LANG": "C", "LC_ALL": "C"}
 
 
 class NodeOps(object):
-    """``run`` and ``which`` backed by an AnsibleModule (``run_command``, ``get_bin_path``)."""
+    """``run`` and ``which`` for the readers and probes of a module running on a node.
+
+    Commands do not go through ``AnsibleModule.run_command``: it stops reading when
+    ``select()`` has waited a second without output and the command has just exited, so
+    the output of a command that takes over a second to print and then exits is lost (seen
+    with ``ssh -G`` on a loaded node: exit 0, empty output).  Here every command gets its
+    own session, its whole output, and is killed with everything it started when its time
+    bound expires.
+    """
 
     def __init__(self, module):
         self.module = module
-        self._timeout_bin = module.get_bin_path("timeout")
 
     def which(self, name, paths=()):
         """Absolute path of program ``name`` (also searched in ``paths``), or None."""
@@ -32,13 +41,33 @@ class NodeOps(object):
 
     def run(self, argv, timeout=20.0, env=None, cwd=None, data=None):
         """``(rc, stdout, stderr)``; rc 124 when ``timeout`` expired, 127 when the program is missing."""
-        argv = [str(part) for part in argv]
-        if self._timeout_bin:
-            argv = [self._timeout_bin, "--kill-after=2", "%g" % max(float(timeout), 0.1)] + argv
-        environ = dict(C_LOCALE)
-        environ.update(env or {})
-        try:
-            return self.module.run_command(argv, environ_update=environ, cwd=cwd, data=data,
-                                           expand_user_and_vars=False, handle_exceptions=False)
-        except (OSError, ValueError) as exc:  # a missing program, or a cwd that is gone
-            return NOT_FOUND_RC, "", str(exc)
+        return run_bounded_command([str(part) for part in argv], timeout, env=env, cwd=cwd, data=data)
+
+
+def run_bounded_command(argv, timeout, env=None, cwd=None, data=None):
+    """Run ``argv`` (a list, never a shell string) in a session of its own, C locale, bounded."""
+    environ = dict(os.environ, **C_LOCALE)
+    environ.update(env or {})
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=environ,
+                                start_new_session=True)
+    except (OSError, ValueError) as exc:  # a missing program, or a cwd that is gone
+        return NOT_FOUND_RC, "", str(exc)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        out, err = proc.communicate(input=payload, timeout=max(float(timeout), 0.1))
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        _kill_session(proc)
+        out, err = proc.communicate()
+        rc = TIMEOUT_RC
+        err = (err or b"") + (b"\nkilled after %g s" % float(timeout))
+    return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def _kill_session(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        proc.kill()

@@ -13,7 +13,6 @@ commands, for readers tested against this machine.
 
 import os
 import shutil
-import subprocess
 
 
 class FakeOps(object):
@@ -39,7 +38,7 @@ class FakeOps(object):
 
 
 class LocalOps(object):
-    """Real commands on this machine, for reader tests that read the test machine itself."""
+    """Real commands on this machine (as NodeOps runs them), for readers tested against this machine."""
 
     def __init__(self, missing=()):
         self.missing = set(missing)
@@ -51,14 +50,8 @@ class LocalOps(object):
         return shutil.which(name, path=":".join(list(paths) + [os.environ.get("PATH", "")]))
 
     def run(self, argv, timeout=20.0, env=None, cwd=None, data=None):
+        from ansible.module_utils.preflight_node import run_bounded_command
+
         argv = [str(part) for part in argv]
         self.calls.append(argv)
-        environ = dict(os.environ, LANG="C", LC_ALL="C", **(env or {}))
-        try:
-            proc = subprocess.run(argv, input=data, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                                  env=environ, check=False)
-        except subprocess.TimeoutExpired:
-            return 124, "", "timed out after %s s" % timeout
-        except OSError as exc:
-            return 127, "", str(exc)
-        return proc.returncode, proc.stdout, proc.stderr
+        return run_bounded_command(argv, timeout, env=env, cwd=cwd, data=data)
