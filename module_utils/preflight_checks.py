@@ -36,6 +36,8 @@ from __future__ import annotations
 import re
 
 STATUSES = ("pass", "not_applicable", "skipped", "warn", "fail")
+# A node's status, best first (see node_status).
+NODE_STATUSES = ("pass", "warn", "unverified", "fail")
 _RANK = {name: index for index, name in enumerate(STATUSES)}
 FIELDS = ("status", "found", "expected", "fix")
 # capability and check names: lower case words joined by underscores.

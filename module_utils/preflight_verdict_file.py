@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 """Reading a verdict file a scheduler can trust: complete, consistent, or refused.
 
-Standard library only, so ``scripts/verdict`` can use it without Ansible.
+Standard library only (as is the check contract it uses), so ``scripts/verdict`` can use it
+without Ansible.
 ``load`` returns the verdict or raises :class:`VerdictError` with one line
 that says what is wrong (missing, truncated, not JSON, a key missing, a
 ``pass`` that contradicts its own nodes).
@@ -12,10 +13,13 @@ from __future__ import annotations
 import json
 import os
 
+try:
+    from ansible.module_utils.preflight_checks import NODE_STATUSES, STATUSES as CHECK_STATUSES
+except ImportError:  # scripts/verdict, without Ansible: module_utils/ is on its path
+    from preflight_checks import NODE_STATUSES, STATUSES as CHECK_STATUSES
+
 VERDICT_FILE = "verdict.json"
 STATUSES = ("pass", "fail")
-NODE_STATUSES = ("pass", "warn", "unverified", "fail")
-CHECK_STATUSES = ("pass", "not_applicable", "skipped", "warn", "fail")
 HOST_LISTS = ("healthy_hosts", "failed_hosts", "unreachable_hosts")
 
 
