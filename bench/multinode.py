@@ -28,17 +28,9 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from testbed import Testbed, unavailable_reason  # noqa: E402  pylint: disable=wrong-import-position
-
-# The nodes inherit the host's resolv.conf without a route to its nameserver;
-# c10d's reverse lookups would then wait 10 s each.  A resolver on the node's
-# loopback fails at once, as a reachable cluster DNS answers at once.
-RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
-REPLACE_FILE = ("import os, sys\n"
-                "tmp = sys.argv[1] + '.pft-tmp'\n"
-                "with open(tmp, 'w') as handle:\n"
-                "    handle.write(sys.argv[2])\n"
-                "os.replace(tmp, sys.argv[1])\n")
+# pylint: disable=wrong-import-position
+from gate_helpers import REPLACE_FILE, RESOLV_CONF  # noqa: E402  (a resolver the nodes answer at once)
+from testbed import Testbed, unavailable_reason  # noqa: E402
 
 
 # The gate audits node-to-node SSH trust: bring the nodes up first with bringup.yml for that
