@@ -212,12 +212,18 @@ def stage_final(view):
             if checks is not None:
                 _put(checks_by_host, host, name, checks)
     gate = launch.get("gate") or {"launch": False}
-    results = {}
+    results, gate_lost = {}, {}
     for host in gate.get("hosts") or []:
-        state, _message = view.outcome(host, "allreduce_result")
-        if state == "ok":
-            results[host] = view.result(host, "allreduce_result")
-    gate_lost = {host: reason for host, reason in lost.items() if host in (gate.get("hosts") or [])}
+        if host in lost:
+            gate_lost[host] = lost[host]
+            continue
+        job = (view.result(host, "preflight_probes") or {}).get("job")
+        if isinstance(job, dict) and job.get("failed"):
+            gate_lost[host] = "the all-reduce failed on %s: %s" % (host, str(job.get("msg"))[:300])
+        elif isinstance(job, dict) and isinstance(job.get("ranks"), list):
+            results[host] = job
+        elif isinstance(job, dict) and (job.get("checks") or {}).get("no_result"):
+            gate_lost[host] = job["checks"]["no_result"]["found"]
     summary, gate_checks = summarize(gate, results, gate_lost)
     for host, checks in gate_checks.items():
         _put(checks_by_host, host, "allreduce", checks)

@@ -27,7 +27,7 @@ from ansible.module_utils.preflight_verdict import (build_verdict, failure_lines
 KINDS = {
     # kind: (decisions in order, node stages, capabilities that apply, verdict file)
     "preflight": (("preflight_inputs", "preflight_plan", "preflight_launch", "preflight_final"),
-                  ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "wait"),
+                  ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes"),
                   registry.NAMES, "verdict.json"),
     "bringup": (("preflight_inputs", "preflight_final"), ("settings", "facts", "apply"),
                 registry.BRINGUP_NAMES, "bringup.json"),

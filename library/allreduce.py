@@ -135,6 +135,16 @@ options:
     description: Global rank the self-test fault applies to.
     type: int
     default: -1
+  background:
+    description:
+      - Start the gate in a detached process and return at once with RV(results_file); C(job_wait) (or the
+        C(wait_for) option of C(preflight_probes)) collects the result. The detached run has the same bounds and
+        clean-up. Needs no Ansible C(async), so it works with any connection plugin or strategy.
+    type: bool
+    default: false
+  results_file:
+    description: Where the background run writes its result; C(~/.ansible_async/preflight-allreduce-<id>.json) by default.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -169,23 +179,27 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+results_file:
+  description: With O(background), the file the detached run writes its result to (the rest of this list).
+  returned: when background is true
+  type: str
 torchrun_rc:
   description:
     - torchrun's exit code on this node (null when it was killed on timeout). Not named C(rc), which Ansible
       would read as the task failing; findings go to the verdict instead.
-  returned: always
+  returned: unless background is true
   type: int
 timed_out:
   description: Whether the hard timeout expired.
-  returned: always
+  returned: unless background is true
   type: bool
 elapsed:
   description: Seconds the launch took on this node.
-  returned: always
+  returned: unless background is true
   type: float
 stack_seconds:
   description: Seconds spent dumping stacks (at most O(stack_budget)).
-  returned: always
+  returned: unless background is true
   type: float
 ranks:
   description:
@@ -194,19 +208,19 @@ ranks:
     - For a rank that was alive when stacks were taken, also process_state, stack (the py-spy dump, or why there
       is none) and stack_finished (false when the dump did not finish within O(stack_budget) or py-spy is
       missing).
-  returned: always
+  returned: unless background is true
   type: list
   elements: dict
 log:
   description: The node's torchrun output, every line prefixed with C([host:rank]) (tail of O(log_max_bytes)).
-  returned: always
+  returned: unless background is true
   type: str
 rank_logs:
   description:
     - "The tail (O(rank_log_max_bytes)) of each rank's own log file as torchrun wrote it under C(--log-dir), so the
       controller can keep them with the run: rank, local_rank, stream (C(stdout) or C(stderr)), attempt, name
       (a file name such as C(rank1.stderr.log)), bytes (the file's full size), truncated, text."
-  returned: always
+  returned: unless background is true
   type: list
   elements: dict
   sample:
@@ -214,7 +228,7 @@ rank_logs:
        text: "preflight: rank 1 failed at stage correctness: ..."}
 argv:
   description: The torchrun command line that was run.
-  returned: always
+  returned: unless background is true
   type: list
   elements: str
 checks:
@@ -223,15 +237,15 @@ checks:
       names them C(allreduce.<name>)).
     - C(ranks) every local rank reached stage done; C(correctness) the exact all-reduce result (when a rank got
       that far); C(bandwidth) the slowest rank's bus bandwidth at the largest size (when measured).
-  returned: always
+  returned: unless background is true
   type: dict
 hostname:
   description: This node's short hostname, as used in the findings.
-  returned: always
+  returned: unless background is true
   type: str
 scratch:
   description: The scratch directory, kept for inspection (null unless O(keep_scratch)).
-  returned: always
+  returned: unless background is true
   type: str
 interrupted:
   description: The signal that interrupted the module (C(SIGTERM), C(SIGHUP)); the tree was killed first.
@@ -565,6 +579,8 @@ def main():
             rank_log_max_bytes=dict(type="int", default=32768),
             selftest_fault=dict(type="str", default="none", choices=["none", "exit", "hang", "corrupt"]),
             selftest_rank=dict(type="int", default=-1),
+            background=dict(type="bool", default=False),
+            results_file=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -591,8 +607,19 @@ def main():
 
     # Findings name the node as the inventory does (the role prefix), its hostname otherwise.
     host = params["role"] or socket.gethostname().split(".")[0]
-    role = host
     marker = uuid.uuid4().hex
+    if params["background"]:
+        results_file = start_in_background(params, host, marker)
+        module.exit_json(changed=False, started=1, finished=0, results_file=results_file)
+    outcome = bounded_run(params, host, marker)
+    if outcome.get("failed"):
+        module.fail_json(**outcome)
+    module.exit_json(changed=False, **outcome)
+
+
+def bounded_run(params, host, marker):
+    """The whole gate on this node, interruptible: the module's result, or ``failed`` with ``msg``."""
+    role = host
     started = time.monotonic()
     result, interrupted = None, None
     with interruptible():
@@ -612,10 +639,50 @@ def main():
             if scratch and not params["keep_scratch"]:
                 shutil.rmtree(scratch, ignore_errors=True)
     if interrupted:
-        module.fail_json(msg="the all-reduce on %s was interrupted by %s after %.1f s; its process tree was killed"
-                             % (host, interrupted.signal_name, time.monotonic() - started),
-                         interrupted=interrupted.signal_name, hostname=host)
-    module.exit_json(changed=False, **result)
+        return {"failed": True, "interrupted": interrupted.signal_name, "hostname": host,
+                "msg": "the all-reduce on %s was interrupted by %s after %.1f s; its process tree was killed"
+                       % (host, interrupted.signal_name, time.monotonic() - started)}
+    return result
+
+
+def _write_json(path, data):
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
+
+
+def start_in_background(params, host, marker):
+    """Run the gate in a detached process that writes its result to a file ``job_wait`` reads.
+
+    The module returns at once (the play's other checks run meanwhile) without Ansible's async
+    wrapper, so it works under any connection and strategy.  Until the result is in, the file
+    says ``started``.  Everything the run imports was imported before the fork.
+    """
+    results_file = params["results_file"] or os.path.join(os.path.expanduser("~/.ansible_async"),
+                                                          "preflight-allreduce-%s.json" % marker)
+    os.makedirs(os.path.dirname(results_file), mode=0o700, exist_ok=True)
+    _write_json(results_file, {"started": 1, "finished": 0})
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)
+        return results_file
+    # The detached runner: a new session, no tie to the module's pipes (Ansible waits for them).
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        try:
+            outcome = bounded_run(params, host, marker)
+        except Exception as exc:  # pylint: disable=broad-except
+            outcome = {"failed": True, "msg": "the all-reduce on %s raised %s: %s" % (host, type(exc).__name__, exc)}
+        outcome.setdefault("changed", False)
+        _write_json(results_file, outcome)
+    finally:
+        os._exit(0)
 
 
 if __name__ == "__main__":

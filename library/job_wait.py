@@ -81,39 +81,11 @@ checks:
                        expected: "...", fix: "..."}}
 """
 
-import json
-import os
 import socket
-import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_checks import NAME_RE, failed
-
-
-def read_finished(path):
-    """The job's final result, or None while it runs (async_wrapper writes {"started": 1} until then)."""
-    try:
-        with open(path) as handle:
-            data = json.loads(handle.read())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or "started" in data:
-        return None
-    return data
-
-
-def no_result(what, host, path, waited, timeout):
-    """The finding for a job that gave no result within ``timeout``."""
-    if os.path.exists(path):
-        state = "its result file %s still says it is running" % path
-    else:
-        state = "its result file %s does not exist (the job never started, or its file was removed)" % path
-    return failed(
-        "no result from %s on %s after %.0f s; %s" % (what, host, waited, state),
-        "the result of %s within %.0f s" % (what, timeout),
-        "look on %s for the job's processes (ps -ef --forest) and for async_wrapper's notes in the syslog; "
-        "the job's own hard bound should have ended it, so a job still running is stuck in its clean-up"
-        % host)
+from ansible.module_utils.preflight_checks import NAME_RE
+from ansible.module_utils.preflight_jobs import no_result, read_finished, wait_for  # noqa: F401 (read_finished: tests)
 
 
 def main():
@@ -132,22 +104,11 @@ def main():
     if params["poll"] <= 0:
         module.fail_json(msg="poll must be more than 0 seconds, got %s" % params["poll"])
     path = params["results_file"]
-    start = time.monotonic()
-    deadline = start + params["timeout"]
-    data = read_finished(path)
-    while data is None and time.monotonic() < deadline:
-        time.sleep(min(params["poll"], max(0.0, deadline - time.monotonic())))
-        data = read_finished(path)
-    waited = round(time.monotonic() - start, 3)
+    data, waited = wait_for(path, params["timeout"], params["poll"])
     if data is None:
         host = socket.gethostname().split(".")[0]
         module.exit_json(changed=False, waited=waited, capability=params["capability"],
                          checks={"no_result": no_result(params["what"], host, path, waited, params["timeout"])})
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-    data.pop("invocation", None)
     data.update(changed=False, waited=waited, capability=params["capability"])
     data.setdefault("checks", {})
     if data.get("failed"):

@@ -24,6 +24,12 @@ options:
     description: Name of a capability whose probe raises on purpose (tests of the isolation). Empty normally.
     type: str
     default: ""
+  wait_for:
+    description:
+      - Once the probes are done, wait (bounded) for a background job on this node and return its result as
+        RV(job); C(results_file) (required), C(timeout) seconds (required), C(poll) seconds (0.1), C(what) (a name
+        for messages). The all-reduce started with C(background) is collected this way, in the same call.
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -54,14 +60,20 @@ elapsed:
   description: Capability name to the seconds its probe took.
   returned: always
   type: dict
+job:
+  description:
+    - With O(wait_for), the background job's result (a failed job keeps C(failed) and C(msg)) and C(waited); a job
+      with no result in time gives C(checks.no_result).
+  returned: when wait_for is given
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_capabilities import NODE_CALL_SPEC, node_call
+from ansible.module_utils.preflight_capabilities import PROBES_CALL_SPEC, node_call
 
 
 def main():
-    node_call(AnsibleModule(argument_spec=NODE_CALL_SPEC, supports_check_mode=True), "probe", "probes")
+    node_call(AnsibleModule(argument_spec=PROBES_CALL_SPEC, supports_check_mode=True), "probe", "probes")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ also expose ``plan``/``report`` functions used by ``action_plugins/preflight_dec
 
 from __future__ import annotations
 
+import socket
 import time
 import traceback
 
@@ -46,6 +47,7 @@ from ansible.module_utils import preflight_kernel_debug
 from ansible.module_utils import preflight_nic_discovery
 from ansible.module_utils import preflight_port_mesh
 from ansible.module_utils import preflight_ssh_trust
+from ansible.module_utils.preflight_jobs import no_result, wait_for
 from ansible.module_utils.preflight_node import NodeOps
 
 # The order of the verdict and of the audit: the gate's inputs first.
@@ -92,12 +94,26 @@ SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, s
 NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""))
 
 
+# preflight_probes also collects the background all-reduce once its probes are done.
+PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"))
+
+
 def node_call(module, function_name, result_key):
     """The body of a node call: every capability's ``function_name`` through :func:`run_all`, returned
-    under ``result_key`` with ``errors`` and ``elapsed``."""
+    under ``result_key`` with ``errors`` and ``elapsed``; then, with ``wait_for``
+    (``{results_file, timeout, poll, what}``), the background job's result as ``job``."""
     results, errors, elapsed = run_all(function_name, module.params["capabilities"], NodeOps(module),
                                        module.params["selftest_error"])
-    module.exit_json(changed=False, errors=errors, elapsed=elapsed, **{result_key: results})
+    extra = {}
+    job = module.params.get("wait_for")
+    if job:
+        data, waited = wait_for(job["results_file"], float(job["timeout"]), float(job.get("poll") or 0.1))
+        if data is None:
+            what = job.get("what") or "the background job"
+            data = {"checks": {"no_result": no_result(what, socket.gethostname().split(".")[0], job["results_file"],
+                                                      waited, float(job["timeout"]))}}
+        extra["job"] = dict(data, waited=waited)
+    module.exit_json(changed=False, errors=errors, elapsed=elapsed, **dict(extra, **{result_key: results}))
 
 
 def run_all(function_name, capabilities, ops, selftest_error=""):
@@ -149,7 +165,7 @@ def validate_run(settings):
 
 # The node tasks of preflight.yml: stage -> the variable its result is registered in, and what the
 # node was doing (for "unreachable while ..." findings).  Order is the play's order.
-STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "wait", "apply")
+STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "apply")
 STAGE_REGISTERS = {
     "settings": "preflight_settings",
     "facts": "preflight_facts",
@@ -157,7 +173,6 @@ STAGE_REGISTERS = {
     "port_mesh_wait": "port_mesh_wait",
     "launch": "allreduce_job",
     "probes": "preflight_probes",
-    "wait": "allreduce_result",
     "apply": "preflight_apply",
 }
 STAGE_WHAT = {
@@ -166,15 +181,14 @@ STAGE_WHAT = {
     "port_mesh": "probing the rendezvous port",
     "port_mesh_wait": "waiting for the port mesh probe",
     "launch": "starting the all-reduce",
-    "probes": "running the probes (core crash, ssh mesh)",
-    "wait": "waiting for the all-reduce",
+    "probes": "running the probes (core crash, ssh mesh) and waiting for the all-reduce",
     "apply": "applying the bring-up",
 }
 # The stages each capability's outcome depends on, besides settings and facts.
 DEPENDS = {
     "nic_discovery": (),
     "port_mesh": ("port_mesh", "port_mesh_wait"),
-    "allreduce": ("launch", "wait"),
+    "allreduce": ("launch", "probes"),
     "kernel_debug": (),
     "core_dumps": ("probes",),
     "iommu": (),

@@ -96,10 +96,10 @@ def test_a_healthy_pair_is_planned_launched_and_summarised(tmp_path):
     assert gate["args_by_host"]["n2"]["master_addr"] == "198.19.1.1"
     for index, host in enumerate(HOSTS):
         run.register(host, "allreduce_job", {"results_file": "/x", "started": 1})
-        run.register(host, "allreduce_result", {"ranks": [
+        run.register(host, "preflight_probes", {"probes": {}, "errors": {}, "job": {"ranks": [
             {"rank": 2 * index + local, "local_rank": local, "status": "ok", "stage": "done", "correct": True,
              "bandwidth": [], "error": None} for local in (0, 1)],
-            "checks": {"ranks": {"status": "pass", "found": "ok", "expected": "ok", "fix": ""}}, "log": ""})
+            "checks": {"ranks": {"status": "pass", "found": "ok", "expected": "ok", "fix": ""}}, "log": ""}})
     final = run.decide("final", "preflight_final")
     assert final["allreduce"]["status"] == "pass" and final["allreduce"]["world_size"] == 4
     assert final["checks_by_host"]["n2"]["allreduce"]["world_size"]["status"] == "pass"
@@ -151,3 +151,21 @@ def test_a_decision_that_raises_becomes_every_nodes_finding_not_a_lost_verdict()
     for host in HOSTS:
         check = result["checks_by_host"][host][registry.RUN_ROLE]["decide_plan"]
         assert check["status"] == "fail" and "hostvars are broken" in check["found"]
+
+
+def test_a_gate_that_failed_or_gave_no_result_on_a_node_makes_it_the_suspect(tmp_path):
+    run = Run(tmp_path)
+    run.decide("inputs", "preflight_inputs")
+    run.decide("plan", "preflight_plan")
+    for src, dst in (("n1", "n2"), ("n2", "n1")):
+        run.register(src, "port_mesh_probe", mesh_result(src, dst))
+    run.decide("launch", "preflight_launch")
+    run.register("n1", "preflight_probes", {"probes": {}, "errors": {}, "job": {"failed": True, "msg": "boom"}})
+    run.register("n2", "preflight_probes", {"probes": {}, "errors": {}, "job": {"checks": {"no_result": {
+        "status": "fail", "found": "no result from the all-reduce on n2 after 200 s", "expected": "x", "fix": "y"}}}})
+    final = run.decide("final", "preflight_final")
+    gate = final["allreduce"]
+    assert gate["status"] == "fail" and gate["world_size"] == 0
+    reasons = {item["host"]: item["reason"] for item in gate["suspects"]}
+    assert "the all-reduce failed on n1: boom" in reasons["n1"]
+    assert "no result from the all-reduce on n2" in reasons["n2"]

@@ -13,7 +13,7 @@ from ansible.module_utils import preflight_verdict as pv
 from ansible.module_utils.preflight_checks import failed, passed, warned
 from ansible.module_utils.preflight_verdict_file import problems
 
-STAGES = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "wait")
+STAGES = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes")
 OK = {"changed": False}
 UNREACHABLE = {"unreachable": True, "msg": "Failed to connect to the host via ssh: Connection timed out"}
 
@@ -64,7 +64,7 @@ def test_a_node_lost_mid_run_is_unreachable_and_named_and_its_peers_are_not_blam
     checks = every_capability_passes(["n1", "n2"])
     del checks["n2"]["allreduce"]
     del checks["n2"]["core_dumps"]
-    verdict = build(["n1", "n2"], {"n1": records(), "n2": records(probes=UNREACHABLE, wait={"skipped": True})},
+    verdict = build(["n1", "n2"], {"n1": records(), "n2": records(probes=UNREACHABLE)},
                     [{"checks_by_host": checks}, gate("fail")])
     assert verdict["status"] == "fail"
     assert verdict["unreachable_hosts"] == ["n2"] and verdict["failed_hosts"] == ["n2"]
