@@ -26,7 +26,8 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
 from ansible.module_utils.preflight_allreduce import candidates, launch_plan, summarize  # noqa: E402
 from ansible.module_utils.preflight_checks import CheckError, decision, error, put  # noqa: E402
-from ansible.module_utils.preflight_cluster import ClusterView  # noqa: E402
+from ansible.module_utils.preflight_cluster import ClusterView, without_gc  # noqa: E402
+from ansible.module_utils.preflight_pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host  # noqa: E402
 from ansible.module_utils import preflight_nic_discovery, preflight_port_mesh, preflight_ssh_trust  # noqa: E402
 
 STAGES = ("inputs", "plan", "launch", "final")
@@ -70,6 +71,9 @@ def stage_plan(view, probes=True):
                 name, "the %s reader raised on %s: %s" % (name, host, problem.get("found")),
                 "read the traceback in the check's details and report it; the other capabilities still "
                 "checked %s" % host, traceback=problem.get("traceback"))})
+    run = (view.settings[hosts[0]].get(registry.RUN_ROLE) or {}) if hosts else {}
+    pairing = peers_by_host(hosts, run.get("preflight_mesh_full_max", DEFAULT_FULL_MESH_MAX),
+                            run.get("preflight_mesh_degree", DEFAULT_DEGREE))
     result = {"hosts": hosts, "lost": view.lost(["facts"])}
     if any("ssh_trust" in view.settings[host] for host in hosts):
         trust = _guarded(checks_by_host, hosts, "ssh_trust", preflight_ssh_trust.plan, {
@@ -78,7 +82,7 @@ def stage_plan(view, probes=True):
             "settings": view.capability_settings("ssh_trust", hosts), "probes": {}, "lost": result["lost"]})
         result["ssh_trust"] = trust or {}
     if probes:
-        result["probe_args_by_host"] = _probe_args(view, hosts, checks_by_host)
+        result["probe_args_by_host"] = _probe_args(view, hosts, checks_by_host, pairing)
     if not any("nic_discovery" in view.settings[host] for host in view.hosts):
         return decision(checks_by_host=checks_by_host, **result)
     nic_hosts = [host for host in hosts if view.facts(host)[0].get("nic_discovery") is not None]
@@ -96,7 +100,7 @@ def stage_plan(view, probes=True):
     for host, checks in ready["checks_by_host"].items():
         _put(checks_by_host, host, "allreduce", checks)
     mesh = _guarded(checks_by_host, hosts, "port_mesh", preflight_port_mesh.plan, hosts, nic,
-                    view.capability_settings("port_mesh", hosts), view.forks) or {
+                    view.capability_settings("port_mesh", hosts), view.forks, pairing) or {
         "ok": False, "blockers": ["the port mesh plan failed (see port_mesh.error)"], "checks_by_host": {},
         "run": False, "hosts": [], "args_by_host": {}, "async_seconds": 0, "wait_timeout": 0}
     for host, checks in mesh.pop("checks_by_host").items():
@@ -106,8 +110,8 @@ def stage_plan(view, probes=True):
                     ready=ready["ready"], **result)
 
 
-def _probe_args(view, hosts, checks_by_host):
-    """Node -> capability -> the arguments of its probe (peers are the nodes that were read)."""
+def _probe_args(view, hosts, checks_by_host, pairing):
+    """Node -> capability -> the arguments of its probe (peers: ``pairing`` over the nodes that were read)."""
     nodes = {host: view.nodes[host] for host in hosts}
     plans = {}
     probe_args = {}
@@ -118,8 +122,9 @@ def _probe_args(view, hosts, checks_by_host):
             if module is None or not hasattr(module, "probe_args") or name in view.facts(host)[1]:
                 continue
             # One view per capability, shared by every node (the peers' settings, e.g. their ssh port).
-            plans.setdefault(name, {"hosts": hosts, "nodes": nodes,
-                                    "settings": view.capability_settings(name, hosts)})
+            if name not in plans:
+                plans[name] = {"hosts": hosts, "nodes": nodes, "peers": pairing,
+                               "settings": view.capability_settings(name, hosts)}
             args = _guarded(checks_by_host, [host], name, module.probe_args, view.settings[host][name],
                             view.nodes[host], plans[name])
             if args is not None:
@@ -253,10 +258,11 @@ class ActionModule(ActionBase):
 def decide(stage, task_vars, probes=True):
     """The decision of ``stage`` over what the nodes registered (``task_vars``' hostvars)."""
     try:
-        view = ClusterView(task_vars)
-        if stage == "plan":
-            return stage_plan(view, probes=probes)
-        return {"inputs": stage_inputs, "launch": stage_launch, "final": stage_final}[stage](view)
+        with without_gc():
+            view = ClusterView(task_vars)
+            if stage == "plan":
+                return stage_plan(view, probes=probes)
+            return {"inputs": stage_inputs, "launch": stage_launch, "final": stage_final}[stage](view)
     except Exception as exc:  # pylint: disable=broad-except
         # A defect here must not cost the verdict: every node gets the error, the run goes on to it.
         found = "the %s decision raised %s: %s" % (stage, type(exc).__name__, exc)

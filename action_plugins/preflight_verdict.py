@@ -20,7 +20,7 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 
 # pylint: disable=wrong-import-position
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
-from ansible.module_utils.preflight_cluster import ClusterView  # noqa: E402
+from ansible.module_utils.preflight_cluster import ClusterView, without_gc  # noqa: E402
 from ansible.module_utils.preflight_verdict import (build_verdict, failure_lines, summary_line,  # noqa: E402
                                                     write_run_dir)
 
@@ -59,6 +59,11 @@ class ActionModule(ActionBase):
         if kind not in KINDS:
             result.update(failed=True, msg="kind %r is not one of %s" % (kind, ", ".join(KINDS)))
             return result
+        with without_gc():
+            return self._run(result, args, task_vars)
+
+    def _run(self, result, args, task_vars):
+        kind = args.get("kind") or "preflight"
         decision_names, stages, capabilities, filename = KINDS[kind]
         view = ClusterView(task_vars or {})
         first = view.hosts[0] if view.hosts else None

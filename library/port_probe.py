@@ -77,6 +77,13 @@ options:
       - Only test that O(port) can be bound and listened on, then return; no peer is contacted.
     type: bool
     default: false
+  inbound:
+    description:
+      - Names of the nodes that connect to this one; the listener is done once each has connected. The same
+        as the names in O(peers) when not given (a full mesh); a large cluster's pairing gives every node a few
+        peers, and its inbound ones differ.
+    type: list
+    elements: str
   proc_root:
     description:
       - Root of the proc filesystem read to find the process holding the port (for tests).
@@ -429,8 +436,11 @@ def _bind(listen_addr, port, backlog):
 
 
 def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.0, listen=True,
-          check_in_use_only=False, proc_root="/proc"):
-    """Run the probe on this node; returns the module's result (without ``changed``)."""
+          check_in_use_only=False, proc_root="/proc", inbound=None):
+    """Run the probe on this node; returns the module's result (without ``changed``).
+
+    ``inbound``: the names of the nodes that connect here (the listener is done once each has);
+    the same as ``peers`` when None, as in a full mesh."""
     started = time.monotonic()
     deadline = started + window
     peers = [dict(name=p["name"], addr=p["addr"]) for p in peers if p["name"] != node_name]
@@ -453,8 +463,8 @@ def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.
         listener = listener_thread = None
         threads = []
         if sock is not None:
-            listener = _Listener(sock, node_name, [p["name"] for p in peers], deadline,
-                                 max(connect_timeout, 0.5))
+            expected = [p["name"] for p in peers] if inbound is None else [n for n in inbound if n != node_name]
+            listener = _Listener(sock, node_name, expected, deadline, max(connect_timeout, 0.5))
             listener_thread = threading.Thread(target=listener.run, daemon=True)
             listener_thread.start()
         for peer in peers:
@@ -559,6 +569,7 @@ def main():
             listen=dict(type="bool", default=True),
             check_in_use_only=dict(type="bool", default=False),
             proc_root=dict(type="path", default="/proc"),
+            inbound=dict(type="list", elements="str"),
         ),
         supports_check_mode=True,
     )
@@ -566,7 +577,8 @@ def main():
     params = module.params
     result = probe(params["listen_addr"], params["port"], params["node_name"], params["peers"],
                    window=params["window"], connect_timeout=params["connect_timeout"], listen=params["listen"],
-                   check_in_use_only=params["check_in_use_only"], proc_root=params["proc_root"])
+                   check_in_use_only=params["check_in_use_only"], proc_root=params["proc_root"],
+                   inbound=params["inbound"])
     module.exit_json(changed=False, **result)
 
 

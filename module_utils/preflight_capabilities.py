@@ -151,6 +151,11 @@ def validate_run(settings):
         problems.append({"name": "preflight_nproc_per_node", "found": settings.get("preflight_nproc_per_node"),
                          "expected": "0 (one rank per accelerator, 2 on CPU) or more",
                          "fix": "set preflight_nproc_per_node to 0 or a number of ranks"})
+    if settings.get("preflight_mesh_degree", 2) < 2 or settings.get("preflight_mesh_full_max", 2) < 2:
+        problems.append({"name": "preflight_mesh_degree", "found": "preflight_mesh_degree=%s, preflight_mesh_full_max=%s"
+                         % (settings.get("preflight_mesh_degree"), settings.get("preflight_mesh_full_max")),
+                         "expected": "2 or more for both (a ring successor and at least one chord)",
+                         "fix": "leave them at 4 and 32, or raise them"})
     for name in ("preflight_facts_timeout", "preflight_probes_timeout"):
         if settings.get(name, 1) < 1:
             problems.append({"name": name, "found": settings.get(name), "expected": "1 second or more",

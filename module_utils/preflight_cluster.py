@@ -9,9 +9,25 @@ and stage whether it ran, was skipped, failed or found the node unreachable.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 
 from ansible.module_utils import preflight_capabilities as registry
+
+
+@contextlib.contextmanager
+def without_gc():
+    """The cyclic garbage collector off for one decision: a large cluster's view is a big, short-lived
+    heap the collector would walk again and again (4000 nodes: a third of the time), and the
+    controller's worker process ends with the task."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def outcome(result):

@@ -855,12 +855,16 @@ def _fabric_checks(nics_by_host, rdma_by_host, chosen_class, mismatch_status):
                                if nic.get("class") in FABRIC_CLASSES and nic.get("is_up") and usable_ipv4(nic))
                      for h in nics_by_host}
     names_differ = all(netdev_fabric.values()) and chosen_class not in FABRIC_CLASSES
+    # Computed once, not per node: the same for every node's finding.
+    lacking = sorted(h for h in nics_by_host if set(all_kinds) - set(per_host[h]))
+    having = {k: sorted(h for h in nics_by_host if k in per_host[h]) for k in all_kinds}
+    listing = "; ".join("%s: %s" % (h, ", ".join(netdev_fabric[h])) for h in sorted(netdev_fabric))
     for host in nics_by_host:
         have = per_host[host]
         missing = [k for k in all_kinds if k not in have]
         if missing:
             labels = ", ".join(FABRIC_LABELS[k] for k in missing)
-            others = {k: sorted(h for h in nics_by_host if k in per_host[h]) for k in missing}
+            others = {k: having[k] for k in missing}
             found = "%s has no usable %s while %s (%s on some nodes only)" % (
                 host, labels, "; ".join("%s has %s" % (_hosts_text(others[k]), FABRIC_LABELS[k]) for k in missing),
                 "/".join(FABRIC_LABELS[k] for k in missing))
@@ -870,14 +874,12 @@ def _fabric_checks(nics_by_host, rdma_by_host, chosen_class, mismatch_status):
             build = failed if mismatch_status == "fail" else warned
             checks[host] = build(found, expected, fix, node=host, missing=missing)
         elif names_differ:
-            listing = "; ".join("%s: %s" % (h, ", ".join(netdev_fabric[h])) for h in sorted(netdev_fabric))
             checks[host] = warned(
                 "%s: every node has fabric interfaces but under different names (%s), so none is common "
                 "and a slower interface was chosen" % (host, listing), expected + " under one name",
                 "Give the fabric interfaces the same name on every node (udev rule or systemd .link file), "
                 "or set the interface override.", node=host)
         else:
-            lacking = sorted(h for h in nics_by_host if set(all_kinds) - set(per_host[h]))
             checks[host] = passed("%s: %s usable here%s" % (
                 host, ", ".join(FABRIC_LABELS[k] for k in sorted(have)),
                 "; missing on %s (see those nodes)" % _hosts_text(lacking) if lacking else ", as on every node"),

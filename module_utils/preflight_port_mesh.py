@@ -40,13 +40,13 @@ def validate(settings):
     return problems
 
 
-def plan(hosts, nic_plan, settings_by_host, forks):
+def plan(hosts, nic_plan, settings_by_host, forks, pairing=None):
     """Who probes, with what arguments.
 
-    ``hosts``: the nodes still in the run, in inventory order.  Returns a
-    decision with ``run`` (false for fewer than two nodes or no interface),
-    ``hosts``, ``async_seconds`` (0 = in the foreground) and
-    ``args_by_host``.
+    ``hosts``: the nodes still in the run, in inventory order; ``pairing``: host -> the peers
+    it checks (``module_utils/preflight_pairs.py``; every other node when None).  Returns a
+    decision with ``run`` (false for fewer than two nodes or no interface), ``hosts``,
+    ``async_seconds`` (0 = in the foreground) and ``args_by_host``.
     """
     addr_by_host = nic_plan.get("addr_by_host") or {}
     members = [host for host in hosts if host in addr_by_host]
@@ -63,6 +63,11 @@ def plan(hosts, nic_plan, settings_by_host, forks):
             checks_by_host[host] = {"reach": blocked("not checked: %s" % reason,
                                                      "every pair of nodes connects on the port")}
         return dict(result, ok=False, blockers=[reason], checks_by_host=checks_by_host)
+    inbound = {host: [] for host in members}
+    for host in members:
+        for peer in members if pairing is None else pairing.get(host, ()):
+            if peer != host and peer in inbound:
+                inbound[peer].append(host)
     batches = int(math.ceil(len(members) / float(max(1, forks))))
     background = batches > 1
     for host in members:
@@ -72,9 +77,12 @@ def plan(hosts, nic_plan, settings_by_host, forks):
             "listen_addr": addr_by_host[host],
             "port": settings["port_mesh_port"],
             "node_name": host,
-            "peers": [{"name": peer, "addr": addr_by_host[peer]} for peer in members if peer != host],
+            "peers": [{"name": peer, "addr": addr_by_host[peer]}
+                      for peer in (members if pairing is None else pairing.get(host, ()))
+                      if peer != host and peer in addr_by_host and peer in inbound],
             "window": window,
             "connect_timeout": settings["port_mesh_connect_timeout"],
+            "inbound": inbound[host],
         }
         result["wait_timeout"] = max(result["wait_timeout"], int(window) + 30)
     result.update(run=True, async_seconds=result["wait_timeout"] if background else 0)

@@ -759,11 +759,13 @@ def run_mesh(ops, source, peers, user="", connect_timeout=5, timeout=20, paralle
     ``pdsh`` is ``auto``.  Each command is killed after ``timeout`` seconds, so the whole
     run takes at most about ``ceil((targets * 2 + 1) / parallel) * (timeout + 2)`` seconds.
 
-    Returns ``{source, ssh, connect, results, client_config, pdsh, problem}``: ``results``
+    Returns ``{source, ssh, connect, peers, results, client_config, pdsh, problem}``: ``peers`` the
+    nodes it was given; ``results``
     one row per (peer, target) with the classified ``status``; ``client_config`` per
     target; ``pdsh`` with ``state`` ``ran``/``off``/``no_hosts``/``not_installed``/``no_ssh``.
     A missing ssh client is ``problem``, not an exception."""
     report = {"source": source, "ssh": None, "connect": bool(connect), "results": [], "client_config": {},
+              "peers": [{"node": peer["node"]} for peer in peers or []],
               "pdsh": {"state": "off" if (not connect or pdsh == "never") else "no_hosts"}, "problem": ""}
     ssh = ops.which(ssh_bin)
     if not ssh:

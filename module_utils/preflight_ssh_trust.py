@@ -495,17 +495,15 @@ def _analysis(cluster):
     hosts = list(cluster.get("hosts") or [])
     all_hosts = list(cluster.get("all_hosts") or hosts)
     facts_map, settings_map = cluster.get("facts") or {}, cluster.get("settings") or {}
-    key = (id(cluster.get("facts")), id(cluster.get("settings")), id(cluster.get("nodes")), tuple(hosts),
-           tuple(all_hosts),
-           tuple(id(facts_map.get(h)) for h in hosts), tuple(id(settings_map.get(h)) for h in hosts))
+    # O(1) per call: the mappings' identities and sizes (decide runs once per node over one view).
+    key = (id(facts_map), id(settings_map), id(cluster.get("nodes")), len(hosts), len(all_hosts),
+           len(facts_map), len(settings_map))
     hit = _MEMO.get("last")
     if hit and hit[0] == key:
         return hit[2]
     result = _analyse(cluster, hosts, all_hosts)
     # The view is kept alive with its result so that the ids in the key cannot be reused.
-    _MEMO["last"] = (key, (cluster.get("facts"), cluster.get("settings"), cluster.get("nodes"),
-                           [facts_map.get(h) for h in hosts],
-                           [settings_map.get(h) for h in hosts]), result)
+    _MEMO["last"] = (key, (facts_map, settings_map, cluster.get("nodes")), result)
     return result
 
 
@@ -658,9 +656,13 @@ def probe_args(settings, node, plan):  # pylint: disable=redefined-outer-name
     """ssh from ``node`` to every other targeted node; None when there is no peer.
 
     ``plan`` is ``{hosts, nodes}``; with ``settings`` (host -> settings) as well, each peer's
-    own ``ssh_trust_port`` is used, else this node's."""
+    own ``ssh_trust_port`` is used, else this node's; with ``peers`` (host -> the peers it
+    checks, ``module_utils/preflight_pairs.py``) only those."""
     hosts, nodes = list(plan.get("hosts") or []), plan.get("nodes") or {}
     others = plan.get("settings") or {}
+    chosen = (plan.get("peers") or {}).get(node["name"])
+    if chosen is not None:
+        hosts = list(chosen)
 
     def port_of(peer):
         return _port(others.get(peer) or settings)
@@ -711,7 +713,9 @@ def host_keys_check(node, keys, problems, sshd_config=SSHD_CONFIG):
 
 
 def _describe_missing(missing):
-    return "; ".join("%s (%s)" % (item["node"], ", ".join(item["names"])) for item in missing)
+    shown = ["%s (%s)" % (item["node"], ", ".join(item["names"])) for item in missing[:LIST_LIMIT]]
+    more = len(missing) - len(shown)
+    return "; ".join(shown) + ("; and %d more" % more if more > 0 else "")
 
 
 def known_hosts_check(node, path, result, drift_policy, applied=False, held_back=(), changed=None):
@@ -986,7 +990,7 @@ def _mesh_view(cluster, analysis):
     computed once per cluster view (memoised like :func:`_analysis`)."""
     hosts = list(cluster["hosts"])
     probes = cluster.get("probes") or {}
-    key = (id(analysis), id(cluster.get("probes")), tuple(hosts), tuple(id(probes.get(h)) for h in hosts))
+    key = (id(analysis), id(cluster.get("probes")), len(hosts), len(probes))
     hit = _MEMO.get("mesh")
     if hit and hit[0] == key:
         return hit[2]
@@ -1001,7 +1005,7 @@ def _mesh_view(cluster, analysis):
                 suspects[node] = ("%s gave no ssh_trust probe result (see its ssh_trust.error or preflight.reachable)"
                                   % node)
     result = {"inbound": inbound, "suspects": suspects}
-    _MEMO["mesh"] = (key, (analysis, cluster.get("probes"), [probes.get(h) for h in hosts]), result)
+    _MEMO["mesh"] = (key, (analysis, cluster.get("probes")), result)
     return result
 
 
@@ -1040,7 +1044,10 @@ def _mesh_checks(host, settings, probe_result, cluster, analysis):
     rows = {}
     for row in probe_result.get("results") or []:
         rows.setdefault(row["destination"], []).append(row)
-    peers = [p for p in cluster["hosts"] if p != host]
+    # The peers this node was given to check (every other node, or its share of a large cluster).
+    peers = [peer["node"] for peer in probe_result.get("peers") or [] if peer["node"] != host]
+    if not peers:
+        peers = [p for p in cluster["hosts"] if p != host]
     unknown_policy = policy(settings, "unknown_key_policy")
     login_policy = policy(settings, "login_policy")
     host_key, login = {}, {}

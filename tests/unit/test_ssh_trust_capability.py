@@ -761,3 +761,17 @@ def test_role_defaults_mirror_argument_specs_and_carry_the_plan_inputs():
         text = open(os.path.join(ROLE, "tasks", name), encoding="utf-8").read()
         assert "hostvars" not in text and "ansible_play_hosts" not in text, name
         assert "ssh_trust_checks" not in text and "check_mode: true" not in text, name
+
+
+def test_a_node_that_checked_only_its_share_of_peers_is_judged_on_those():
+    """Above preflight_mesh_full_max each node checks a few peers: the others are not 'never reached'."""
+    ok = (0, "")
+    probes = {"node1": probe_result("node1", {"node2": ok}),
+              "node2": probe_result("node2", {"node3": ok}),
+              "node3": probe_result("node3", {"node1": ok})}
+    results = decide_all(mesh_view(probes))
+    for host, peer in (("node1", "node2"), ("node2", "node3"), ("node3", "node1")):
+        mesh = results[host]["mesh"]
+        assert mesh["status"] == "pass" and peer in mesh["found"], mesh
+        assert "never reached" not in mesh["found"], mesh
+        assert_contract(host, results[host])
