@@ -24,13 +24,13 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 
 # pylint: disable=wrong-import-position
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
-from ansible.module_utils.preflight_allreduce import candidates, launch_plan, summarize  # noqa: E402
+from ansible.module_utils.preflight_allreduce import candidates, launch_plan, readiness, summarize  # noqa: E402
 from ansible.module_utils.preflight_checks import CheckError, decision, error, put  # noqa: E402
 from ansible.module_utils.preflight_cluster import ClusterView, without_gc  # noqa: E402
 from ansible.module_utils.preflight_pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host  # noqa: E402
 from ansible.module_utils import preflight_nic_discovery, preflight_port_mesh, preflight_ssh_trust  # noqa: E402
 
-STAGES = ("inputs", "plan", "launch", "final")
+STAGES = ("inputs", "plan", "launch", "final", "local")
 
 
 def _guarded(checks_by_host, hosts, capability, function, *args, **kwargs):
@@ -239,6 +239,44 @@ def stage_final(view):
                           for host in results})
 
 
+def stage_local(view):
+    """Node-local checks only (healthcheck.yml): every node judged on its own facts and probes."""
+    checks_by_host = {}
+    for host in view.read_hosts():
+        facts, errors = view.facts(host)
+        result = view.result(host, "preflight_facts") or {}
+        probes, probe_errors = result.get("probes") or {}, result.get("probe_errors") or {}
+        settings = view.settings[host]
+        for name, problem in sorted(errors.items()):
+            _put(checks_by_host, host, name, {"error": error(
+                name, "the %s reader raised on %s: %s" % (name, host, problem.get("found")),
+                "read the traceback in the check's details and report it", traceback=problem.get("traceback"))})
+        for name, problem in sorted(probe_errors.items()):
+            _put(checks_by_host, host, name, {"probe_error": error(
+                name, "the %s probe raised on %s: %s" % (name, host, problem.get("found")),
+                "read the traceback in the check's details and report it", traceback=problem.get("traceback"))})
+        alone = {"hosts": [host], "all_hosts": [host], "nodes": {host: view.nodes[host]}, "lost": {}}
+        for name in registry.LOCAL_NAMES:
+            if name not in settings or name in errors:
+                continue
+            module = registry.BY_NAME[name]
+            if name == "nic_discovery":
+                nic = _guarded(checks_by_host, [host], name, preflight_nic_discovery.plan, [host],
+                               {host: facts.get(name)}, {host: settings[name]}, alone["nodes"])
+                checks = (nic or {}).get("checks_by_host", {}).get(host)
+            elif name == "allreduce":
+                ready = _guarded(checks_by_host, [host], name, readiness, host, facts.get(name) or {}, settings[name])
+                checks = ready[0] if ready else None
+            else:
+                cluster = dict(alone, facts={host: facts.get(name)}, settings={host: settings[name]},
+                               probes={host: probes.get(name)})
+                checks = _guarded(checks_by_host, [host], name, module.decide, host, facts.get(name), settings[name],
+                                  probe=probes.get(name), cluster=cluster)
+            if checks is not None:
+                _put(checks_by_host, host, name, checks)
+    return decision(checks_by_host=checks_by_host)
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("stage", "probes"))
@@ -262,7 +300,8 @@ def decide(stage, task_vars, probes=True):
             view = ClusterView(task_vars)
             if stage == "plan":
                 return stage_plan(view, probes=probes)
-            return {"inputs": stage_inputs, "launch": stage_launch, "final": stage_final}[stage](view)
+            return {"inputs": stage_inputs, "launch": stage_launch, "final": stage_final,
+                "local": stage_local}[stage](view)
     except Exception as exc:  # pylint: disable=broad-except
         # A defect here must not cost the verdict: every node gets the error, the run goes on to it.
         found = "the %s decision raised %s: %s" % (stage, type(exc).__name__, exc)

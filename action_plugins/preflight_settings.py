@@ -17,6 +17,7 @@ import os
 import ansible.module_utils
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +25,7 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
 
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402  pylint: disable=wrong-import-position
+from ansible.module_utils.preflight_cluster import run_started  # noqa: E402  pylint: disable=wrong-import-position
 
 ROLES = os.path.join(PROJECT, "roles")
 
@@ -34,7 +36,7 @@ def _problem(role, name, found, expected, fix):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("capabilities",))
+    _VALID_ARGS = frozenset(("capabilities", "local_probes"))
     _requires_connection = False
 
     def _role_files(self, role):
@@ -97,9 +99,21 @@ class ActionModule(ActionBase):
                 args = module.read_args(settings[name], node) if hasattr(module, "read_args") else None
                 if args is not None:
                     read_args[name] = args
+        local_probes = {}
+        if not errors and boolean(self._task.args.get("local_probes", False)):
+            # A node-local run (healthcheck.yml): the probes that need no peer, run in the reader call.
+            alone = {"hosts": [node["name"]], "nodes": {node["name"]: node}}
+            for name in wanted:
+                module = registry.get(name)
+                if name in registry.LOCAL_NAMES and hasattr(module, "probe_args"):
+                    args = module.probe_args(settings[name], node, alone)
+                    if args is not None:
+                        local_probes[name] = args
         run = settings.get(registry.RUN_ROLE) or {}
         result.update(changed=False, ok=not errors, errors=errors, settings=settings, node=node,
-                      read_args=read_args, capabilities=wanted,
+                      read_args=read_args, local_probes=local_probes, capabilities=wanted,
+                      started=run_started(),
+                      healthcheck_budget=run.get("preflight_healthcheck_budget") or 30,
                       selftest_error=run.get("preflight_selftest_error") or "",
                       facts_timeout=run.get("preflight_facts_timeout") or 60,
                       probes_timeout=run.get("preflight_probes_timeout") or 120)

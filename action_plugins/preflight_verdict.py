@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 
 import ansible.module_utils
 from ansible.plugins.action import ActionBase
@@ -31,6 +32,8 @@ KINDS = {
                   registry.NAMES, "verdict.json"),
     "bringup": (("preflight_inputs", "preflight_final"), ("settings", "facts", "apply"),
                 registry.BRINGUP_NAMES, "bringup.json"),
+    "healthcheck": (("preflight_inputs", "preflight_local"), ("settings", "facts"), registry.LOCAL_NAMES,
+                    "healthcheck.json"),
 }
 # Seconds to open (or find dead) one SSH connection: ansible.cfg timeout plus ServerAlive 5 s x 3.
 CONNECT_BOUND = 25
@@ -78,10 +81,15 @@ class ActionModule(ActionBase):
         run_id = args.get("run_id") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         run_dir = os.path.join(results_dir, run_id)
         by_name = dict(zip(decision_names, decisions))
+        budget = None
+        if kind == "healthcheck" and first:
+            loaded_settings = view.result(first, "preflight_settings") or {}
+            budget = {"elapsed": time.time() - float(loaded_settings.get("started") or time.time()),
+                      "limit": int(loaded_settings.get("healthcheck_budget") or 30)}
         verdict = build_verdict(view.hosts, records, decisions, capabilities, stages, run_id, run_dir,
                                 bound_seconds=bound_seconds(view, by_name.get("preflight_plan"),
                                                             by_name.get("preflight_launch")),
-                                gate=kind == "preflight")
+                                gate=kind == "preflight", budget=budget)
         logs = (by_name.get("preflight_final") or {}).get("logs") or {}
         write_run_dir(verdict, logs, results_dir, run_dir, filename)
         path = os.path.join(run_dir, filename)
@@ -93,8 +101,9 @@ class ActionModule(ActionBase):
         if verdict["status"] != "pass" and args.get("fail", True):
             result["failed"] = True
             result["msg"] = "PREFLIGHT %s (%s):\n%s" % (
-                "FAILED" if kind == "preflight" else "BRING-UP FAILED", path,
+                {"preflight": "FAILED", "bringup": "BRING-UP FAILED", "healthcheck": "HEALTH CHECK FAILED"}[kind], path,
                 "\n".join("- " + line for line in lines) or "- see %s" % path)
         else:
-            result["msg"] = summary_line(verdict, path)
+            result["msg"] = summary_line(verdict, path, {"preflight": "PREFLIGHT", "bringup": "BRING-UP",
+                                                           "healthcheck": "HEALTH CHECK"}[kind])
         return result

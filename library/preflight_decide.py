@@ -18,15 +18,21 @@ description:
   - C(launch) blames the nodes that break the port mesh and plans the one all-reduce launch over the nodes that
     are still reachable, ready and not blamed (a node lost before the launch is left out, so its peers are
     still proven).
+  - C(local) (C(healthcheck.yml)) judges every node alone on its own facts and node-local probes, no peer and no
+    all-reduce.
   - C(final) runs every capability's decider over its facts and probe results and summarises the all-reduce,
     suspects, collateral failures of healthy peers, and the world size compared with the plan.
 version_added: "1.0.0"
 options:
+  probes:
+    description: With C(stage=plan), whether to plan the probes (bring-up does not probe).
+    type: bool
+    default: true
   stage:
     description: Which decision to make.
     type: str
     required: true
-    choices: [inputs, plan, launch, final]
+    choices: [inputs, plan, launch, final, local]
 attributes:
   check_mode:
     support: full

@@ -21,6 +21,13 @@ options:
     description: Capability name to the arguments of its reader (C(read_args) of the capability).
     type: dict
     required: true
+  probes:
+    description:
+      - Capability name to the arguments of a probe that needs no peer (the core crash), run after the readers in
+        the same call; used by the node-local C(healthcheck.yml). Empty in C(preflight.yml), whose probes run
+        while the all-reduce runs.
+    type: dict
+    default: {}
   selftest_error:
     description:
       - Name of a capability whose reader raises on purpose, to prove that one failing reader leaves the others'
@@ -56,6 +63,10 @@ errors:
 elapsed:
   description: Capability name to the seconds its reader took.
   returned: always
+  type: dict
+probes:
+  description: With O(probes), capability name to its probe's result (and C(probe_errors), C(probe_elapsed)).
+  returned: when probes are given
   type: dict
 """
 

@@ -5,22 +5,29 @@
 DOCUMENTATION = r"""
 ---
 module: preflight_verdict
-short_description: Collect every node's findings into one verdict a scheduler can act on
+short_description: Account for every targeted node and write the verdict a scheduler can act on
 description:
-  - Runs on the controller. Reads each node's C(*_checks) facts, its reachability (C(preflight_ping)) and the
-    all-reduce results, names the ranks and nodes that caused a failed gate (collateral failures of healthy
-    peers are warnings, not blame), and writes a run directory C(<results_dir>/<run_id>/) with
-    C(verdict.json), each node's prefixed log (C(<host>.log)) and hang stacks (C(<host>.stacks.txt)), and
-    points C(<results_dir>/latest) at it.
-  - Fails the task (so C(ansible-playbook) exits non-zero) when the verdict is C(fail); the message lists every
-    failing check as node / check / found / expected / fix.
+  - Runs once on the controller at the end of C(preflight.yml), C(bringup.yml) or C(healthcheck.yml). Starts from
+    the nodes the play targeted (C(ansible_play_hosts_all), so C(--limit) is honoured), not from those still
+    answering, and aggregates the checks of every C(preflight_decide) stage. Every node ends with an outcome for
+    every capability that applies, or a C(fail) saying why not (C(preflight.reachable) with the stage a node
+    stopped answering at, C(preflight.<stage>) for a failed node task, C(<capability>.no_result),
+    C(<capability>.inputs)); a check that breaks the contract is itself a C(fail).
+  - C(kind=preflight) also requires the all-reduce to pass with its planned world size, writes each node's
+    prefixed log, torchrun's per-rank logs and hang stacks next to C(verdict.json), and points
+    C(<results_dir>/latest) at the run once the verdict is written (atomically). C(kind=bringup) writes
+    C(bringup.json) and C(kind=healthcheck) C(healthcheck.json), with C(preflight.budget) for the run's wall time;
+    neither moves C(latest).
+  - Fails the task (so C(ansible-playbook) exits non-zero) unless the verdict is C(pass); the message lists every
+    failing or blocked check as node / check / found / expected / fix. The logic is in
+    C(module_utils/preflight_verdict.py).
 version_added: "1.0.0"
 options:
-  hosts:
-    description: The nodes the verdict is about (normally the gate's group).
-    type: list
-    elements: str
-    required: true
+  kind:
+    description: Which playbook the verdict is for.
+    type: str
+    choices: [preflight, bringup, healthcheck]
+    default: preflight
   results_dir:
     description: Directory holding one run directory per run and the C(latest) link.
     type: path
@@ -29,7 +36,7 @@ options:
     description: Name of this run's directory; the UTC time (C(%Y%m%dT%H%M%SZ)) by default.
     type: str
   fail:
-    description: Fail the task when the verdict is C(fail).
+    description: Fail the task unless the verdict is C(pass).
     type: bool
     default: true
 attributes:
@@ -43,10 +50,10 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Write the verdict and fail when any node failed.
+- name: Write the verdict and fail unless every targeted node passed.
   preflight_verdict:
-    hosts: "{{ groups['cluster'] }}"
-    results_dir: "{{ playbook_dir }}/results"
+    results_dir: "{{ playbook_dir }}/../results"
+  run_once: true
 """
 
 RETURN = r"""
@@ -59,11 +66,21 @@ run_dir:
   returned: always
   type: str
 verdict_file:
-  description: Path of C(verdict.json).
+  description: Path of the verdict file (C(verdict.json), C(bringup.json) or C(healthcheck.json)).
   returned: always
   type: str
 healthy_hosts:
-  description: Nodes whose every check passed.
+  description: Nodes whose every check passed or only warned.
+  returned: always
+  type: list
+  elements: str
+unverified_hosts:
+  description: Nodes with nothing wrong found but a check blocked by another node or a cluster-wide problem.
+  returned: always
+  type: list
+  elements: str
+unreachable_hosts:
+  description: Nodes that stopped answering at some stage.
   returned: always
   type: list
   elements: str
@@ -73,7 +90,7 @@ failed_hosts:
   type: list
   elements: str
 failures:
-  description: One line per failing check, node / check / found / expected / fix.
+  description: One line per failing or blocked check, node / check / found / expected / fix.
   returned: always
   type: list
   elements: str

@@ -65,6 +65,8 @@ BY_NAME = {module.CAPABILITY: module for module in ORDER}
 NAMES = tuple(module.CAPABILITY for module in ORDER)
 # What bring-up configures (the gate's capabilities have nothing to write).
 BRINGUP_NAMES = ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust")
+# What a node can be judged on alone (healthcheck.yml): no peer, no all-reduce across nodes.
+LOCAL_NAMES = ("nic_discovery", "allreduce", "kernel_debug", "core_dumps", "iommu", "debug_tools")
 
 
 def get(name):
@@ -90,8 +92,10 @@ def node_info(inventory_hostname, host_vars):
 SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, so it raises on purpose"
 
 
-# The options of the two node calls, preflight_facts (readers) and preflight_probes (probes).
-NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""))
+# The options of the two node calls, preflight_facts (readers, and in a node-local run the probes too) and
+# preflight_probes (probes).
+NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""),
+                      probes=dict(type="dict", default={}))
 
 
 # preflight_probes also collects the background all-reduce once its probes are done.
@@ -102,9 +106,15 @@ def node_call(module, function_name, result_key):
     """The body of a node call: every capability's ``function_name`` through :func:`run_all`, returned
     under ``result_key`` with ``errors`` and ``elapsed``; then, with ``wait_for``
     (``{results_file, timeout, poll, what}``), the background job's result as ``job``."""
-    results, errors, elapsed = run_all(function_name, module.params["capabilities"], NodeOps(module),
+    ops = NodeOps(module)
+    results, errors, elapsed = run_all(function_name, module.params["capabilities"], ops,
                                        module.params["selftest_error"])
     extra = {}
+    if module.params.get("probes"):
+        # A node-local run: the probes that need no peer, in the same call as the readers.
+        probes, probe_errors, probe_elapsed = run_all("probe", module.params["probes"], ops,
+                                                      module.params["selftest_error"])
+        extra.update(probes=probes, probe_errors=probe_errors, probe_elapsed=probe_elapsed)
     job = module.params.get("wait_for")
     if job:
         data, waited = wait_for(job["results_file"], float(job["timeout"]), float(job.get("poll") or 0.1))
@@ -156,6 +166,9 @@ def validate_run(settings):
                          % (settings.get("preflight_mesh_degree"), settings.get("preflight_mesh_full_max")),
                          "expected": "2 or more for both (a ring successor and at least one chord)",
                          "fix": "leave them at 4 and 32, or raise them"})
+    if not 5 <= settings.get("preflight_healthcheck_budget", 30) <= 3600:
+        problems.append({"name": "preflight_healthcheck_budget", "found": settings.get("preflight_healthcheck_budget"),
+                         "expected": "5 to 3600 seconds", "fix": "leave it at 30 (NHC's budget; Slurm kills at 60)"})
     for name in ("preflight_facts_timeout", "preflight_probes_timeout"):
         if settings.get(name, 1) < 1:
             problems.append({"name": name, "found": settings.get(name), "expected": "1 second or more",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
+import time
 
 from ansible.module_utils import preflight_capabilities as registry
 
@@ -28,6 +30,19 @@ def without_gc():
     finally:
         if enabled:
             gc.enable()
+
+
+def run_started():
+    """When this ``ansible-playbook`` started (epoch seconds), its start-up included: the parent of
+    the worker process an action plugin runs in.  Now, where /proc cannot tell."""
+    try:
+        with open("/proc/%d/stat" % os.getppid()) as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+        return time.time() - (uptime - ticks / float(os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 def outcome(result):

@@ -86,14 +86,25 @@ def _why_nothing(host, records, capability, stages):
     return "no decision covered %s (a defect of the preflight)" % host
 
 
+def budget_check(elapsed, limit):
+    """``preflight.budget``: the run's wall time, Ansible's start-up included, against its budget."""
+    expected = "the whole run within %d s (a scheduler kills a health check at 60 s)" % limit
+    if elapsed <= limit:
+        return passed("finished in %.1f s of the %d s budget" % (elapsed, limit), expected)
+    return failed("took %.1f s, over the %d s budget" % (elapsed, limit), expected,
+                  "find the slow step in the play output (a hung mount or sysfs read, an overloaded node); raise "
+                  "preflight_healthcheck_budget only if the scheduler allows it")
+
+
 def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_id, run_dir, bound_seconds=None,
-                  gate=True):
+                  gate=True, budget=None):
     """The verdict dict.
 
     ``records_by_host``: host -> {registered variable -> result};
     ``decisions``: the ``preflight_decide`` results in order (each with
     ``checks_by_host``); ``capabilities``: the capabilities that apply to every
-    node of this run; ``stages``: the node stages this playbook has.
+    node of this run; ``stages``: the node stages this playbook has;
+    ``budget``: ``{elapsed, limit}`` seconds for a budgeted run (healthcheck.yml).
     """
     stopped = next((item for item in decisions if item.get("invalid_hosts")), None)
     nodes = {}
@@ -141,6 +152,8 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
                                                          _why_nothing(host, records, capability, stages)),
                         "every capability that applies gives its outcome on every targeted node",
                         "see preflight.reachable and the play output for %s, fix it, then re-run" % host))
+        if budget is not None:
+            _add(RUN, "budget", budget_check(budget["elapsed"], budget["limit"]))
         for problem in problems:
             flat.setdefault("%s.contract" % RUN, failed(
                 problem, "unique, well-formed check names", "a defect of the preflight: report it with this file"))
@@ -188,9 +201,9 @@ def failure_lines(verdict):
     return lines
 
 
-def summary_line(verdict, path):
-    return "PREFLIGHT %s: %d/%d nodes healthy%s%s; verdict %s" % (
-        verdict["status"].upper(), len(verdict["healthy_hosts"]), len(verdict["hosts"]),
+def summary_line(verdict, path, label="PREFLIGHT"):
+    return "%s %s: %d/%d nodes healthy%s%s; verdict %s" % (
+        label, verdict["status"].upper(), len(verdict["healthy_hosts"]), len(verdict["hosts"]),
         "; failed: %s" % ", ".join(verdict["failed_hosts"]) if verdict["failed_hosts"] else "",
         "; unverified: %s" % ", ".join(verdict["unverified_hosts"]) if verdict["unverified_hosts"] else "", path)
 

@@ -205,3 +205,17 @@ def test_cli_refuses_a_pass_that_contradicts_its_nodes(tmp_path):
     (tmp_path / "verdict.json").write_text(json.dumps(verdict))
     code, _, err = cli(str(tmp_path))
     assert code == 3 and "contradicts" in err
+
+
+def test_a_budgeted_run_reports_its_wall_time_and_an_overrun_fails_every_node():
+    checks = {"n1": {name: {"x": passed("ok", "ok")} for name in registry.LOCAL_NAMES}}
+    data = {"n1": {registry.STAGE_REGISTERS["settings"]: {"ok": True, "errors": []},
+                   registry.STAGE_REGISTERS["facts"]: dict(OK)}}
+    within = pv.build_verdict(["n1"], data, [{"checks_by_host": checks}], registry.LOCAL_NAMES, ("settings", "facts"),
+                              "r", "/tmp/r", gate=False, budget={"elapsed": 2.5, "limit": 30})
+    assert within["status"] == "pass" and "2.5 s of the 30 s budget" in within["nodes"]["n1"]["checks"][
+        "preflight.budget"]["found"]
+    over = pv.build_verdict(["n1"], data, [{"checks_by_host": checks}], registry.LOCAL_NAMES, ("settings", "facts"),
+                            "r", "/tmp/r", gate=False, budget={"elapsed": 41.0, "limit": 30})
+    budget = over["nodes"]["n1"]["checks"]["preflight.budget"]
+    assert over["status"] == "fail" and budget["status"] == "fail" and "over the 30 s budget" in budget["found"]
