@@ -11,6 +11,7 @@ methods, so readers stay pure functions of their inputs.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import subprocess
 
@@ -39,19 +40,51 @@ class NodeOps(object):
             return name if os.access(name, os.X_OK) else None
         return self.module.get_bin_path(name, opt_dirs=list(paths))
 
-    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None):
-        """``(rc, stdout, stderr)``; rc 124 when ``timeout`` expired, 127 when the program is missing."""
-        return run_bounded_command([str(part) for part in argv], timeout, env=env, cwd=cwd, data=data)
+    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None, user=None):
+        """``(rc, stdout, stderr)``; rc 124 when ``timeout`` expired, 127 when the program is missing.
+        With ``user`` (a name), the command runs as that user with a minimal environment."""
+        return run_bounded_command([str(part) for part in argv], timeout, env=env, cwd=cwd, data=data, user=user)
 
 
-def run_bounded_command(argv, timeout, env=None, cwd=None, data=None):
-    """Run ``argv`` (a list, never a shell string) in a session of its own, C locale, bounded."""
-    environ = dict(os.environ, **C_LOCALE)
-    environ.update(env or {})
+def user_environment(entry, extra=None):
+    """A minimal login-like environment for the account ``entry`` (a pwd entry): nothing of root's."""
+    environ = {"HOME": entry.pw_dir, "USER": entry.pw_name, "LOGNAME": entry.pw_name,
+               "PATH": "/usr/local/bin:/usr/bin:/bin", "SHELL": entry.pw_shell or "/bin/sh"}
+    environ.update(C_LOCALE)
+    environ.update(extra or {})
+    return environ
+
+
+def as_user(name):
+    """Popen arguments that run a command as ``name`` (its uid, primary and supplementary groups)."""
+    entry = pwd.getpwnam(name)
+    try:
+        import grp  # pylint: disable=import-outside-toplevel
+        groups = sorted({group.gr_gid for group in grp.getgrall() if name in group.gr_mem} | {entry.pw_gid})
+    except (ImportError, KeyError, OSError):
+        groups = [entry.pw_gid]
+    return entry, {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": groups}
+
+
+def run_bounded_command(argv, timeout, env=None, cwd=None, data=None, user=None):
+    """Run ``argv`` (a list, never a shell string) in a session of its own, C locale, bounded; as ``user``
+    (a name) with a minimal environment when given."""
+    credentials = {}
+    if user:
+        try:
+            entry, credentials = as_user(user)
+        except KeyError:
+            return NOT_FOUND_RC, "", "no such user %s" % user
+        environ = user_environment(entry, env)
+    else:
+        environ = dict(os.environ, **C_LOCALE)
+        environ.update(env or {})
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=environ,
-                                start_new_session=True)
+                                start_new_session=True, **credentials)
+    except PermissionError as exc:  # switching user needs root
+        return NOT_FOUND_RC, "", "cannot run as %s: %s" % (user, exc)
     except (OSError, ValueError) as exc:  # a missing program, or a cwd that is gone
         return NOT_FOUND_RC, "", str(exc)
     payload = data.encode("utf-8") if isinstance(data, str) else data

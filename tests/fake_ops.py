@@ -20,13 +20,15 @@ class FakeOps(object):
         self.programs = dict(programs or {})
         self.commands = dict(commands or {})
         self.calls = []
+        self.users = []  # the user each call ran as (None: the module's own)
 
     def which(self, name, paths=()):
         return self.programs.get(name)
 
-    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None):
+    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None, user=None):
         argv = [str(part) for part in argv]
         self.calls.append(argv)
+        self.users.append(user)
         best = None
         for prefix in self.commands:
             if tuple(argv[:len(prefix)]) == tuple(prefix) and (best is None or len(prefix) > len(best)):
@@ -49,9 +51,9 @@ class LocalOps(object):
             return None
         return shutil.which(name, path=":".join(list(paths) + [os.environ.get("PATH", "")]))
 
-    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None):
+    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None, user=None):
         from ansible.module_utils.preflight_node import run_bounded_command
 
         argv = [str(part) for part in argv]
         self.calls.append(argv)
-        return run_bounded_command(argv, timeout, env=env, cwd=cwd, data=data)
+        return run_bounded_command(argv, timeout, env=env, cwd=cwd, data=data, user=user)

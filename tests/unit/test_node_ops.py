@@ -31,3 +31,17 @@ def test_time_bound_kills_the_command_and_what_it_started(tmp_path):
 def test_a_missing_program_is_rc_127_not_an_exception(tmp_path):
     rc, out, err = run_bounded_command([str(tmp_path / "nope")], 5)
     assert rc == NOT_FOUND_RC and out == "" and "nope" in err
+
+
+def test_a_command_as_another_user_gets_its_ids_and_none_of_roots_environment(monkeypatch):
+    import pwd
+
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip("switching user needs root")
+    monkeypatch.setenv("ROOT_SECRET", "x")
+    rc, out, _ = run_bounded_command(["sh", "-c", 'id -u; echo "$HOME ${ROOT_SECRET:-none} $LANG"'], 10,
+                                     user="nobody")
+    entry = pwd.getpwnam("nobody")
+    assert rc == 0 and out.split("\n")[:2] == [str(entry.pw_uid), "%s none C" % entry.pw_dir]
+    assert run_bounded_command(["true"], 5, user="no-such-user-here")[0] == NOT_FOUND_RC
