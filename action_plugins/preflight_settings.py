@@ -110,7 +110,8 @@ class ActionModule(ActionBase):
                     if args is not None:
                         local_probes[name] = args
         run = settings.get(registry.RUN_ROLE) or {}
-        result.update(changed=False, ok=not errors, errors=errors, settings=settings, node=node,
+        result.update(job=registry.job_user_wanted(run, node, (settings.get("allreduce") or {}).get("allreduce_python")),
+                      changed=False, ok=not errors, errors=errors, settings=settings, node=node,
                       read_args=read_args, local_probes=local_probes, capabilities=wanted,
                       started=run_started(),
                       healthcheck_budget=run.get("preflight_healthcheck_budget") or 30,

@@ -102,6 +102,13 @@ options:
     description:
       - Interface the collectives must use; sets C(GLOO_SOCKET_IFNAME=<name>) and C(NCCL_SOCKET_IFNAME==<name>).
     type: str
+  run_as:
+    description:
+      - Account torchrun, the ranks and C(py-spy) of them run as (the job's user); the scratch directory is given to
+        it. Its environment is minimal (HOME, USER, PATH, C locale, and C(NCCL_*), C(GLOO_*), C(CUDA_*) and similar
+        job settings of this module's environment) plus O(env). Needs root unless it is the module's own user.
+      - Unset, they run as the module's user.
+    type: str
   env:
     description:
       - Extra environment for torchrun and the ranks.
@@ -179,6 +186,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+run_as:
+  description: Who the ranks ran as, C({name, uid}).
+  returned: when the run finished
+  type: dict
 results_file:
   description: With O(background), the file the detached run writes its result to (the rest of this list).
   returned: when background is true
@@ -257,6 +268,7 @@ import glob
 import json
 import os
 import re
+import pwd
 import shutil
 import socket
 import tempfile
@@ -265,6 +277,7 @@ import uuid
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_checks import failed, passed
+from ansible.module_utils.preflight_node import as_user, user_environment
 from ansible.module_utils.preflight_proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
                                                  environ_of, interruptible, pids_with_marker, proc_stat,
                                                  py_spy_dump_all, run_bounded)
@@ -301,8 +314,18 @@ def build_argv(params, worker_path, out_dir, role, log_dir):
     return argv
 
 
-def build_env(params, scratch):
-    env = dict(os.environ)
+# Job configuration the node's environment may carry into the ranks when they run as another account
+# (everything else of this module's environment stays behind).
+JOB_ENV_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "HIP_", "ROCR_", "HSA_", "TORCH_", "OMP_", "FI_", "UCX_")
+
+
+def build_env(params, scratch, account=None):
+    """The ranks' environment; with ``account`` (a pwd entry) a minimal one for that user."""
+    if account is None:
+        env = dict(os.environ)
+    else:
+        env = user_environment(account, {key: value for key, value in os.environ.items()
+                                         if key.startswith(JOB_ENV_PREFIXES)})
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")})
     # torch warns at import when numpy is absent; noise in every node's log.
     env.setdefault("PYTHONWARNINGS", "ignore:Failed to initialize NumPy")
@@ -379,7 +402,7 @@ def live_ranks(root_pid, worker_path, marker):
     return found
 
 
-def collect_stacks(root_pid, worker_path, py_spy, budget, marker=None):
+def collect_stacks(root_pid, worker_path, py_spy, budget, marker=None, credentials=None):
     """Stacks of every live rank, dumped at once within ``budget`` seconds.
 
     Returns {global_rank: {pid, state, stack, stack_finished}}."""
@@ -391,7 +414,7 @@ def collect_stacks(root_pid, worker_path, py_spy, budget, marker=None):
             env[MARKER_ENV] = marker
         # A stopped rank cannot be paused again by py-spy; it cannot move either.
         dumps = py_spy_dump_all({pid: state in ("T", "t") for pid, (_rank, state) in ranks.items()}, py_spy,
-                                budget, env=env)
+                                budget, env=env, credentials=credentials)
     else:
         dumps = {pid: (False, "py-spy not found on this node") for pid in ranks}
     return {rank: {"pid": pid, "state": state, "stack": dumps[pid][1], "stack_finished": dumps[pid][0]}
@@ -420,6 +443,7 @@ def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
             "error": data.get("error"),
             "exitcode": exitcodes.get(rank),
             "pid": data.get("pid"),
+            "uid": data.get("uid"),
         }
         if entry["status"] == "running":
             # The worker never wrote a final status. Alive when its stack was
@@ -507,6 +531,12 @@ def run_gate(params, host, role, scratch, marker):
     worker_path = os.path.join(scratch, WORKER_NAME)
     with open(worker_path, "w") as handle:
         handle.write(params["worker_source"])
+    account, credentials = None, None
+    if params["run_as"] and params["run_as"] != _me():
+        # torchrun, its ranks and py-spy of them run as the job's user, in a scratch directory it owns.
+        account, credentials = as_user(params["run_as"])
+        for path in (scratch, worker_path):
+            os.chown(path, account.pw_uid, account.pw_gid)
     out_dir = os.path.join(scratch, "ranks")
     log_dir = os.path.join(scratch, "torchrun-logs")
     log_path = os.path.join(scratch, "torchrun.log")
@@ -522,7 +552,7 @@ def run_gate(params, host, role, scratch, marker):
             return
         start = time.monotonic()
         try:
-            found = collect_stacks(pid, worker_path, py_spy, budget["left"], marker=marker)
+            found = collect_stacks(pid, worker_path, py_spy, budget["left"], marker=marker, credentials=credentials)
         finally:
             spent = time.monotonic() - start
             budget["left"] -= spent
@@ -540,15 +570,25 @@ def run_gate(params, host, role, scratch, marker):
                               for data in read_rank_files(out_dir).values()):
             take_stacks(pid)
 
-    rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, scratch), cwd=scratch,
-                                         stdout_path=log_path, marker=marker, on_timeout=take_stacks, poll=poll)
+    rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, scratch, account),
+                                         cwd=scratch, stdout_path=log_path, marker=marker, on_timeout=take_stacks,
+                                         poll=poll, credentials=credentials)
     log_text = read_tail(log_path, params["log_max_bytes"])[0]
     ranks = summarize_ranks(params, read_rank_files(out_dir), parse_exitcodes(log_text), stacks, timed_out)
     first = params["node_rank"] * params["nproc_per_node"]
     return dict(torchrun_rc=rc, timed_out=timed_out, elapsed=elapsed, stack_seconds=round(budget["spent"], 3),
                 ranks=ranks, log=log_text, rank_logs=read_rank_logs(log_dir, first, params["rank_log_max_bytes"]),
                 argv=argv, hostname=host, scratch=scratch if params["keep_scratch"] else None,
+                run_as={"name": account.pw_name, "uid": account.pw_uid} if account else
+                {"name": _me(), "uid": os.geteuid()},
                 checks=node_checks(params, host, rc, timed_out, elapsed, ranks))
+
+
+def _me():
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 def main():
@@ -570,6 +610,7 @@ def main():
             warmup=dict(type="int", default=2),
             min_busbw_gbps=dict(type="float", default=0),
             role=dict(type="str"),
+            run_as=dict(type="str"),
             socket_ifname=dict(type="str"),
             env=dict(type="dict", default={}),
             py_spy=dict(type="path"),
@@ -600,6 +641,16 @@ def main():
     for name in ("log_max_bytes", "rank_log_max_bytes"):
         if params[name] < 0:
             problems.append("%s must be 0 or more, got %d" % (name, params[name]))
+    if params["run_as"]:
+        try:
+            pwd.getpwnam(params["run_as"])
+        except KeyError:
+            problems.append("run_as %s: no such user on this node (getent passwd %s); create it or correct "
+                            "preflight_job_user" % (params["run_as"], params["run_as"]))
+        else:
+            if params["run_as"] != _me() and os.geteuid() != 0:
+                problems.append("run_as %s needs root to switch users, and the module runs as %s; set "
+                                "preflight_become=true or connect as %s" % (params["run_as"], _me(), params["run_as"]))
     if params["scratch_dir"] and not os.path.isdir(params["scratch_dir"]):
         problems.append("scratch_dir %s is not a directory" % params["scratch_dir"])
     if problems:

@@ -28,6 +28,13 @@ options:
         while the all-reduce runs.
     type: dict
     default: {}
+  job:
+    description:
+      - The job user wanted on the node, C({user, named, python}) from C(preflight_settings). Job-side commands of
+        the readers and probes (the training Python, the core crash, the ptrace attach) run as that account with a
+        minimal environment; with none wanted and root, as C(nobody) when it can use the training Python.
+    type: dict
+    default: {}
   selftest_error:
     description:
       - Name of a capability whose reader raises on purpose, to prove that one failing reader leaves the others'
@@ -52,6 +59,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+job_user:
+  description:
+    - Who job-side commands ran as, C({name, uid, run_as, how, note}); C(how) is C(named), C(connecting), C(auto),
+      C(auto_root), C(missing) or C(cannot_switch).
+  returned: always
+  type: dict
 facts:
   description: Capability name to what its reader found (the shape is the capability's own).
   returned: always

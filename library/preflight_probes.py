@@ -20,6 +20,13 @@ options:
     description: Capability name to the arguments of its probe (C(probe_args) of the capability).
     type: dict
     required: true
+  job:
+    description:
+      - The job user wanted on the node, C({user, named, python}) from C(preflight_settings). Job-side commands of
+        the readers and probes (the training Python, the core crash, the ptrace attach) run as that account with a
+        minimal environment; with none wanted and root, as C(nobody) when it can use the training Python.
+    type: dict
+    default: {}
   selftest_error:
     description: Name of a capability whose probe raises on purpose (tests of the isolation). Empty normally.
     type: str
@@ -48,6 +55,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+job_user:
+  description:
+    - Who job-side commands ran as, C({name, uid, run_as, how, note}); C(how) is C(named), C(connecting), C(auto),
+      C(auto_root), C(missing) or C(cannot_switch).
+  returned: always
+  type: dict
 probes:
   description: Capability name to its probe's result (the shape is the capability's own).
   returned: always

@@ -170,8 +170,10 @@ def read(args, ops):
              "accelerators": count_accelerators(args["dev_root"], args["sysfs_root"]),
              "cuda_launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING"),
              "port": port_state(args["master_port"], args["proc_root"]),
-             "hostname": socket.gethostname().split(".")[0]}
-    rc, out, err = ops.run([python, "-c", FIND_TORCH], timeout=PROBE_TIMEOUT)
+             "hostname": socket.gethostname().split(".")[0],
+             # Who the ranks will run as: the training Python is asked as that account.
+             "job_user": getattr(ops, "job", None)}
+    rc, out, err = ops.run([python, "-c", FIND_TORCH], timeout=PROBE_TIMEOUT, user=getattr(ops, "job_user", None))
     if rc == 0:
         try:
             info = json.loads(out.strip().splitlines()[-1])
@@ -202,21 +204,50 @@ def torch_lt_2_1(version):
     return bool(match) and (int(match.group(1)), int(match.group(2))) < (2, 1)
 
 
+def job_user_check(host, job):
+    """``job_user``: who job-side code runs as on ``host`` (``job``: the node's resolve_job_user result)."""
+    expected = "job-side code (torch probe, ranks, py-spy, core probe) runs as the job's own unprivileged user"
+    fix_named = "set preflight_job_user in the inventory to the account training jobs run as"
+    if not job:
+        return failed("%s did not say which user job-side code runs as" % host, expected,
+                      "run the preflight again; if it repeats, see preflight_facts on %s" % host)
+    name, how, note = job.get("name"), job.get("how"), job.get("note") or ""
+    if how == "missing":
+        return failed("job user %s does not exist on %s (%s)" % (name, host, note), expected,
+                      "create %s on %s, or correct preflight_job_user" % (name, host))
+    if how == "cannot_switch":
+        return failed("job user %s wanted on %s but %s" % (name, host, note), expected,
+                      "for %s: set preflight_become=true (root switches to %s) or connect as %s" % (host, name, name))
+    who = "%s (uid %s)" % (name, job.get("uid"))
+    if how == "auto_root":
+        return warned("no job user named; %s, so job-side code ran as root on %s" % (note, host), expected,
+                      "%s, and make the training Python readable by that user" % fix_named)
+    if how == "auto":
+        return warned("no job user named; job-side code ran as %s on %s" % (who, host), expected, fix_named)
+    if job.get("uid") == 0:
+        return warned("job user is root on %s: the checks prove what root can do, not a job's user" % host,
+                      expected, fix_named)
+    return passed("job-side code runs as %s on %s (%s)" % (who, host, "preflight_job_user" if how == "named"
+                                                           else "the connecting user"), expected)
+
+
 def readiness(host, facts, settings):
     """The checks that say whether ``host`` can run its ranks; ``(checks, ready)``."""
-    checks = {}
+    checks = {"job_user": job_user_check(host, facts.get("job_user"))}
     python = facts.get("python_path")
     fix_python = ("set preflight_training_python in the inventory to the Python of the training environment on "
                   "%s, or install torch into it (pip install torch==<version>)" % host)
+    user = (facts.get("job_user") or {}).get("name") or "the connecting user"
     if facts.get("probe_error") or not facts.get("python"):
-        checks["python"] = failed("training Python %s on %s cannot run: %s" % (
-            python, host, facts.get("probe_error") or "no answer"), "an executable Python interpreter", fix_python)
+        checks["python"] = failed("training Python %s on %s cannot run as %s: %s" % (
+            python, host, user, facts.get("probe_error") or "no answer"),
+            "a Python interpreter the job user can run", fix_python + "; readable and executable by %s" % user)
     else:
         checks["python"] = passed("Python %s at %s on %s" % (
             facts["python"]["version"], facts["python"]["executable"], host), "an executable Python interpreter")
         torch = facts.get("torch")
         if not torch:
-            checks["torch"] = failed("no torch module in %s on %s" % (python, host),
+            checks["torch"] = failed("no torch module in %s on %s (as %s)" % (python, host, user),
                                      "torch importable by the training Python", fix_python)
         else:
             checks["torch"] = passed("torch %s (cuda %s, hip %s) at %s on %s" % (
@@ -336,6 +367,8 @@ def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, 
             "min_busbw_gbps": settings["allreduce_min_busbw_gbps"],
             "socket_ifname": ifname,
             "role": host,
+            # The ranks and py-spy of them run as the node's job user (None: the connecting user).
+            "run_as": (facts_by_host[host].get("job_user") or {}).get("run_as") or "",
             "env": settings["allreduce_env"],
             "keep_scratch": settings["allreduce_keep_scratch"],
             "selftest_fault": settings["allreduce_selftest_fault"],

@@ -48,7 +48,7 @@ from ansible.module_utils import preflight_nic_discovery
 from ansible.module_utils import preflight_port_mesh
 from ansible.module_utils import preflight_ssh_trust
 from ansible.module_utils.preflight_jobs import no_result, wait_for
-from ansible.module_utils.preflight_node import NodeOps
+from ansible.module_utils.preflight_node import NodeOps, resolve_job_user
 
 # The order of the verdict and of the audit: the gate's inputs first.
 ORDER = (
@@ -89,13 +89,23 @@ def node_info(inventory_hostname, host_vars):
     }
 
 
+def job_user_wanted(run_settings, node, python=""):
+    """The ``job`` argument of the node calls: the job user wanted on ``node`` (preflight_job_user, else
+    the connecting user unless root, else "" for the node to choose), whether it was named, and the
+    training Python the node checks an automatic choice against."""
+    named = str(run_settings.get("preflight_job_user") or "")
+    connecting = node.get("user") if node.get("user") not in (None, "", "root") else ""
+    return {"user": named or connecting, "named": bool(named),
+            "python": str(python or run_settings.get("preflight_training_python") or "")}
+
+
 SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, so it raises on purpose"
 
 
 # The options of the two node calls, preflight_facts (readers, and in a node-local run the probes too) and
 # preflight_probes (probes).
 NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""),
-                      probes=dict(type="dict", default={}))
+                      probes=dict(type="dict", default={}), job=dict(type="dict", default={}))
 
 
 # preflight_probes also collects the background all-reduce once its probes are done.
@@ -105,8 +115,13 @@ PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"))
 def node_call(module, function_name, result_key):
     """The body of a node call: every capability's ``function_name`` through :func:`run_all`, returned
     under ``result_key`` with ``errors`` and ``elapsed``; then, with ``wait_for``
-    (``{results_file, timeout, poll, what}``), the background job's result as ``job``."""
+    (``{results_file, timeout, poll, what}``), the background job's result as ``job``.
+
+    Job-side commands of the readers and probes run as the job user (``job``, see
+    :func:`~ansible.module_utils.preflight_node.resolve_job_user`), returned as ``job_user``."""
     ops = NodeOps(module)
+    job_user = resolve_job_user(module.params.get("job"), ops)
+    ops.job, ops.job_user = job_user, job_user["run_as"]
     results, errors, elapsed = run_all(function_name, module.params["capabilities"], ops,
                                        module.params["selftest_error"])
     extra = {}
@@ -123,7 +138,8 @@ def node_call(module, function_name, result_key):
             data = {"checks": {"no_result": no_result(what, socket.gethostname().split(".")[0], job["results_file"],
                                                       waited, float(job["timeout"]))}}
         extra["job"] = dict(data, waited=waited)
-    module.exit_json(changed=False, errors=errors, elapsed=elapsed, **dict(extra, **{result_key: results}))
+    module.exit_json(changed=False, errors=errors, elapsed=elapsed, job_user=job_user,
+                     **dict(extra, **{result_key: results}))
 
 
 def run_all(function_name, capabilities, ops, selftest_error=""):

@@ -31,8 +31,11 @@ class NodeOps(object):
     bound expires.
     """
 
-    def __init__(self, module):
+    def __init__(self, module, job_user=None):
         self.module = module
+        # The account job-side code runs as (see resolve_job_user); None: this module's own user.
+        self.job_user = job_user
+        self.job = None
 
     def which(self, name, paths=()):
         """Absolute path of program ``name`` (also searched in ``paths``), or None."""
@@ -44,6 +47,61 @@ class NodeOps(object):
         """``(rc, stdout, stderr)``; rc 124 when ``timeout`` expired, 127 when the program is missing.
         With ``user`` (a name), the command runs as that user with a minimal environment."""
         return run_bounded_command([str(part) for part in argv], timeout, env=env, cwd=cwd, data=data, user=user)
+
+
+# The account job-side code runs as when the module runs as root and no job user was named.
+AUTO_JOB_USER = "nobody"
+# Whether an account can use the training environment: run its Python and find torch, without importing it.
+FIND_TORCH_ONLY = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"
+
+
+def resolve_job_user(job, ops):
+    """Who runs job-side code (the torch probe, the ranks, py-spy of them, the core crash) on this node.
+
+    ``job``: ``{"user": the wanted account or "", "named": whether preflight_job_user named it,
+    "python": the training Python or ""}`` (from ``preflight_settings``).  Root is for system
+    configuration only: running as root with no user wanted, an unprivileged account
+    (:data:`AUTO_JOB_USER`) is used when it can run the training Python and find torch, and root only
+    when it cannot (said in ``note``).  Returns ``{name, uid, run_as, how, note}``: ``run_as`` is the
+    name to switch to (None: stay this process's user); ``how`` is ``named`` (preflight_job_user),
+    ``connecting`` (the user Ansible connects as), ``auto``, ``auto_root``, ``missing`` (the wanted
+    account does not exist) or ``cannot_switch`` (another account wanted, and no root to switch).
+    """
+    job = job or {}
+    wanted = str(job.get("user") or "")
+    euid = os.geteuid()
+    try:
+        me = pwd.getpwuid(euid).pw_name
+    except KeyError:
+        me = str(euid)
+    info = {"name": me, "uid": euid, "run_as": None, "note": "",
+            "how": "named" if job.get("named") else "connecting"}
+    if wanted:
+        try:
+            entry = pwd.getpwnam(wanted)
+        except KeyError:
+            return dict(info, name=wanted, uid=None, how="missing",
+                        note="no account %s on this node (getent passwd %s finds nothing)" % (wanted, wanted))
+        if entry.pw_uid == euid:
+            return dict(info, name=wanted)
+        if euid != 0:
+            return dict(info, name=wanted, uid=entry.pw_uid, how="cannot_switch",
+                        note="connected as %s without root, so commands cannot run as %s" % (me, wanted))
+        return dict(info, name=wanted, uid=entry.pw_uid, run_as=wanted)
+    if euid != 0:
+        return info
+    try:
+        entry = pwd.getpwnam(AUTO_JOB_USER)
+    except KeyError:
+        return dict(info, how="auto_root", note="no account %s to run job-side code as" % AUTO_JOB_USER)
+    python = str(job.get("python") or "")
+    if python:
+        rc, _out, err = ops.run([python, "-c", FIND_TORCH_ONLY], timeout=30, cwd="/", user=AUTO_JOB_USER)
+        if rc != 0:
+            reason = "cannot find torch" if rc == 3 else (err.strip().splitlines() or ["exit code %d" % rc])[-1]
+            return dict(info, how="auto_root", note="%s cannot use the training Python %s (%s)" % (
+                AUTO_JOB_USER, python, reason[-200:]))
+    return dict(info, name=AUTO_JOB_USER, uid=entry.pw_uid, run_as=AUTO_JOB_USER, how="auto")
 
 
 def user_environment(entry, extra=None):
@@ -76,6 +134,8 @@ def run_bounded_command(argv, timeout, env=None, cwd=None, data=None, user=None)
         except KeyError:
             return NOT_FOUND_RC, "", "no such user %s" % user
         environ = user_environment(entry, env)
+        # Not the caller's working directory, which the account may not be allowed to enter.
+        cwd = cwd or "/"
     else:
         environ = dict(os.environ, **C_LOCALE)
         environ.update(env or {})

@@ -284,7 +284,7 @@ class Guard(object):
 
 
 def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None, on_timeout=None,
-                poll=None, poll_interval=0.25):
+                poll=None, poll_interval=0.25, credentials=None):
     """Run ``argv`` in its own session for at most ``timeout`` seconds.
 
     Output (stdout and stderr together) goes to ``stdout_path`` when given.
@@ -294,7 +294,8 @@ def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None
     is still alive; it must bound itself), then the whole tree is killed.  The
     tree is killed too when anything raises on the way (an exception in a
     callback, :class:`Interrupted`).  Returns ``(returncode, timed_out,
-    elapsed_seconds)``; returncode is None on timeout.
+    elapsed_seconds)``; returncode is None on timeout.  ``credentials`` (``user``, ``group``,
+    ``extra_groups`` as ``preflight_node.as_user`` gives them) run the tree as another account.
     """
     env = dict(os.environ if env is None else env)
     if marker:
@@ -305,7 +306,7 @@ def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None
     proc = None
     try:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, **(credentials or {}))
         rc, timed_out = None, False
         while True:
             remaining = deadline - time.monotonic()
@@ -356,7 +357,7 @@ def _py_spy_argv(pid, py_spy, native=False, nonblocking=False):
     return argv
 
 
-def py_spy_dump_all(targets, py_spy, budget, native=False, env=None):
+def py_spy_dump_all(targets, py_spy, budget, native=False, env=None, credentials=None):
     """``py-spy dump`` every pid of ``targets`` at once, all within ``budget`` seconds.
 
     ``targets`` maps a pid to whether to dump it ``nonblocking``: read the
@@ -366,7 +367,8 @@ def py_spy_dump_all(targets, py_spy, budget, native=False, env=None):
     dump is done or the budget is spent, whichever comes first: a dump still
     running then is killed and reported as not finished, never waited for.
     ``env`` is py-spy's environment (give it the run's marker so that a kill
-    of the run also reaches a py-spy left by a caller that died).
+    of the run also reaches a py-spy left by a caller that died).  ``credentials`` run py-spy as the
+    account that owns the ranks (ptrace as that user, as a job's user would attach without sudo).
     """
     deadline = time.monotonic() + max(0.0, budget)
     lock = threading.Lock()
@@ -380,7 +382,7 @@ def py_spy_dump_all(targets, py_spy, budget, native=False, env=None):
                 if state["closed"]:
                     return
                 child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env)
+                                         stdin=subprocess.DEVNULL, env=env, **(credentials or {}))
                 children[pid] = child
             try:
                 output, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))

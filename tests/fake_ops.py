@@ -15,12 +15,17 @@ import os
 import shutil
 
 
+CONNECTING_USER = {"name": "trainer", "uid": 1000, "run_as": None, "how": "connecting", "note": ""}
+
+
 class FakeOps(object):
     def __init__(self, programs=None, commands=None):
         self.programs = dict(programs or {})
         self.commands = dict(commands or {})
         self.calls = []
         self.users = []  # the user each call ran as (None: the module's own)
+        # As node_call resolves it for a module connected as an unprivileged user.
+        self.job, self.job_user = dict(CONNECTING_USER), None
 
     def which(self, name, paths=()):
         return self.programs.get(name)
@@ -45,6 +50,8 @@ class LocalOps(object):
     def __init__(self, missing=()):
         self.missing = set(missing)
         self.calls = []
+        # As node_call resolves it for a module connected as an unprivileged user.
+        self.job, self.job_user = dict(CONNECTING_USER), None
 
     def which(self, name, paths=()):
         if name in self.missing:

@@ -72,7 +72,39 @@ def test_venv_python_with_torch_is_ready(tmp_path):
     assert facts["backend"] == "gloo" and facts["nproc_per_node"] == 2
     checks, ready = ar.readiness("n1", facts, settings())
     assert ready and {name: c["status"] for name, c in checks.items()} == {
-        "python": "pass", "torch": "pass", "accelerator_build": "pass"}
+        "job_user": "pass", "python": "pass", "torch": "pass", "accelerator_build": "pass"}
+
+
+@pytest.mark.parametrize("job, status, ready, words", [
+    ({"name": "alice", "uid": 1001, "run_as": "alice", "how": "named", "note": ""}, "pass", True, "alice (uid 1001)"),
+    ({"name": "bob", "uid": 1002, "run_as": None, "how": "connecting", "note": ""}, "pass", True, "connecting user"),
+    ({"name": "nobody", "uid": 65534, "run_as": "nobody", "how": "auto", "note": ""}, "warn", True,
+     "no job user named"),
+    ({"name": "root", "uid": 0, "run_as": None, "how": "auto_root", "note": "nobody cannot use the training Python"},
+     "warn", True, "ran as root"),
+    ({"name": "root", "uid": 0, "run_as": None, "how": "named", "note": ""}, "warn", True, "job user is root"),
+    ({"name": "carol", "uid": None, "run_as": None, "how": "missing", "note": "no account"}, "fail", False,
+     "does not exist"),
+    ({"name": "dave", "uid": 1003, "run_as": None, "how": "cannot_switch", "note": "no root"}, "fail", False,
+     "wanted on n1"),
+    (None, "fail", False, "did not say"),
+])
+def test_the_job_user_check_says_who_ran_job_side_code_and_warns_when_nobody_named_one(tmp_path, job, status,
+                                                                                      ready, words):
+    facts = dict(read(tmp_path), job_user=job)
+    checks, is_ready = ar.readiness("n1", facts, settings())
+    assert checks["job_user"]["status"] == status and words in checks["job_user"]["found"]
+    assert is_ready is ready
+    if status != "pass":
+        assert "preflight_job_user" in checks["job_user"]["fix"] or "n1" in checks["job_user"]["fix"]
+
+
+def test_the_ranks_of_a_node_run_as_its_job_user():
+    facts = {"nproc_per_node": 2, "backend": "gloo", "port": {"free": True, "detail": "free"},
+             "job_user": {"name": "alice", "uid": 1001, "run_as": "alice", "how": "named"}}
+    nodes = {"n1": {"name": "n1", "node_addr": "198.18.0.1"}}
+    plan = ar.launch_plan(["n1"], ["n1"], {}, {"n1": facts}, {"n1": settings()}, nodes, {})
+    assert plan["args_by_host"]["n1"]["run_as"] == "alice"
 
 
 def test_python_without_torch_is_not_ready_and_says_how_to_fix(tmp_path):

@@ -200,6 +200,33 @@ def test_hung_rank_is_caught_by_collective_timeout_with_its_stack(run_module):
 
 
 @pytest.mark.timeout(180)
+def test_ranks_and_py_spy_run_as_the_job_user_and_a_hung_ranks_stack_is_taken_without_root(run_module):
+    import pwd
+    if os.geteuid() != 0:
+        pytest.skip("switching to another account needs root")
+    from job_env import job_python
+    python = job_python("nobody")
+    if python is None:
+        pytest.skip("no Python with torch that nobody can run on this machine")
+    nobody = pwd.getpwnam("nobody")
+    parent = tempfile.mkdtemp(prefix="preflight-test-", dir="/tmp")
+    os.chmod(parent, 0o711)  # pytest's tmp_path is root's alone; the job user must reach its scratch
+    try:
+        result, failed = run_module(allreduce, module_args(selftest_fault="hang", selftest_rank=1, timeout=4,
+                                                           hard_timeout=60, run_as="nobody", scratch_dir=parent,
+                                                           python=python))
+        assert not failed, result
+        assert result["run_as"] == {"name": "nobody", "uid": nobody.pw_uid}
+        by_rank = {r["rank"]: r for r in result["ranks"]}
+        assert {r["uid"] for r in result["ranks"]} == {nobody.pw_uid}
+        # py-spy ran as nobody too: it attached to nobody's hung rank with the user's own rights.
+        assert by_rank[1]["status"] == "hung" and "main" in by_rank[1]["stack"], by_rank[1]
+        assert not leftovers(result) and os.listdir(parent) == []
+    finally:
+        os.rmdir(parent)
+
+
+@pytest.mark.timeout(180)
 def test_hard_timeout_dumps_stacks_and_kills_everything(run_module, temp_dirs):
     system, scratch = temp_dirs
     result, failed = run_module(allreduce, module_args(selftest_fault="hang", selftest_rank=1, timeout=9.5,

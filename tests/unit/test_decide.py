@@ -44,7 +44,8 @@ def facts(tmp_path, index):
              "torch": {"version": "2.13.0", "cuda": None, "hip": None, "path": "/venv/torch"},
              "probe_error": None, "accelerators": {"nvidia": 0, "amd": 0}, "cuda_launch_blocking": None,
              "port": {"free": True, "detail": "port 6000 can be bound on 0.0.0.0", "holder": None},
-             "hostname": "n%d" % index, "backend": "gloo", "nproc_per_node": 2}
+             "hostname": "n%d" % index, "backend": "gloo", "nproc_per_node": 2,
+             "job_user": {"name": "trainer", "uid": 1000, "run_as": "trainer", "how": "named", "note": ""}}
     return {"nic_discovery": nics, "allreduce": torch}
 
 

@@ -75,6 +75,8 @@ class Recorder:
             "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            # Who the rank ran as: the gate proves what the job's user can do, not root.
+            "uid": os.getuid(),
             "stage": "start",
             "stages": {},
             "status": "running",
