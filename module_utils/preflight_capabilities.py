@@ -223,7 +223,7 @@ DEPENDS = {
     "nic_discovery": (),
     "port_mesh": ("port_mesh", "port_mesh_wait"),
     "allreduce": ("launch", "probes"),
-    "kernel_debug": (),
+    "kernel_debug": ("probes",),
     "core_dumps": ("probes",),
     "iommu": (),
     "debug_tools": (),

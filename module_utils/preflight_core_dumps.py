@@ -35,7 +35,7 @@ from ansible.module_utils import preflight_corepattern as corepattern
 from ansible.module_utils import preflight_limits as limits
 from ansible.module_utils import preflight_sysctl as sysctl
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.preflight_checks import check, failed, not_applicable, passed, skipped
+from ansible.module_utils.preflight_checks import check, failed, not_applicable, passed, skipped, warned
 
 CAPABILITY = "core_dumps"
 
@@ -44,6 +44,7 @@ ENABLED = "enabled"  # the one check when core_dumps_enabled is false
 PATTERN = "core_pattern"
 CORE_DIR = "core_dir"
 LIMITS = "core_limits"
+SESSION = "core_limits_session"
 PROBE = "core_probe"
 
 LIMIT_TYPES = ("soft", "hard")
@@ -225,6 +226,34 @@ def _read_dir(root, path):
     return facts
 
 
+# Prints the core limit a new login session gets (soft, then hard); a constant, no variable in it.
+SESSION_LIMITS = "ulimit -c; ulimit -H -c"
+
+
+def login_core_limit(ops):
+    """The core limit the job user's login session gets (pam_limits applied): ``runuser -l`` as root,
+    else this process's own session (Ansible's ssh login).  ``{user, soft, hard, how, error}``."""
+    job = getattr(ops, "job", None) or {}
+    user = getattr(ops, "job_user", None) or job.get("name") or _who(os.geteuid())
+    result = {"user": user, "soft": None, "hard": None, "how": None, "error": None}
+    if os.geteuid() == 0:
+        runuser = ops.which("runuser", paths=("/usr/sbin", "/sbin"))
+        if not runuser:
+            result["error"] = "runuser (util-linux) is not installed, so no login session of %s can be opened" % user
+            return result
+        # -s: the account's shell may be nologin; -l: a login session through PAM, so pam_limits applies.
+        argv, result["how"] = [runuser, "-l", user, "-s", "/bin/sh", "-c", SESSION_LIMITS], "runuser -l %s" % user
+    else:
+        argv, result["how"] = ["/bin/sh", "-c", SESSION_LIMITS], "the connecting ssh session"
+    rc, out, err = ops.run(argv, timeout=20)
+    values = out.split()
+    if rc != 0 or len(values) < 2:
+        result["error"] = "%s gave rc %d: %s" % (result["how"], rc, (err.strip() or out.strip())[-200:])
+        return result
+    result["soft"], result["hard"] = values[-2], values[-1]
+    return result
+
+
 def read(args, ops):
     """The pattern, the core directory and the core limits on this node (pure reads)."""
     root = args["root"]
@@ -238,6 +267,7 @@ def read(args, ops):
         spec = args["limits"]
         facts["limits"] = limits.read_limits(root, spec["path"], spec["limits_conf"], spec["limits_dir"],
                                              spec["pam_dir"], item="core")
+        facts["session"] = login_core_limit(ops) if root == "/" else None
     return facts
 
 
@@ -346,7 +376,8 @@ def probe(args, ops):
     """
     proc_root = args.get("proc_root") or "/proc"
     timeout = float(args.get("timeout") or 10.0)
-    run_as = str(args.get("run_as") or "")
+    # core_dumps_probe_user, else the job user: the directory must be writable for the job, not for root.
+    run_as = str(args.get("run_as") or "") or (getattr(ops, "job_user", None) or "")
     soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
     result = {
         "outcome": None, "core_pattern": args.get("core_pattern"), "core_uses_pid": args.get("core_uses_pid"),
@@ -612,6 +643,25 @@ def _dir_check(facts, settings, policy):
     return passed(found, expected) if same else check(policy, found, expected, fix)
 
 
+def session_check(session, settings, policy):
+    """``core_limits_session``: ``ulimit -c`` in the job user's login session, as a job will start."""
+    wanted = str(settings["core_dumps_limits_value"])
+    expected = "ulimit -c %s in a login session of the job user %s" % (wanted, session.get("user"))
+    if session.get("error"):
+        return warned(session["error"], expected, "install util-linux (runuser), or check the job user's "
+                      "login with: runuser -l %s -s /bin/sh -c 'ulimit -c'" % session.get("user"))
+    found = "ulimit -c is %s (hard %s) in %s" % (session["soft"], session["hard"], session["how"])
+    if limits.normalize_value(session["soft"]) == limits.normalize_value(wanted):
+        return passed(found, expected)
+    hard_blocks = session["hard"] != "unlimited" and limits.normalize_value(wanted) == "unlimited"
+    fix = ("run bringup.yml (it writes %s), then start a new login session: limits apply at login, and a "
+           "job's core dumps need the soft limit raised%s" % (
+               settings["core_dumps_limits_dropin"],
+               "; the hard limit %s caps it too" % session["hard"] if hard_blocks else
+               "; or raise it in the job script with ulimit -c unlimited"))
+    return (failed if policy == "fail" else warned)(found, expected, fix)
+
+
 def decide(host, facts, settings, probe=None, cluster=None):
     """``{name: check}`` for core dumps on ``host``: ``core_pattern``,
     ``core_pattern_persisted``, ``core_pattern_boot``, ``core_pattern_pid``,
@@ -638,6 +688,8 @@ def decide(host, facts, settings, probe=None, cluster=None):
         checks[LIMITS] = _no_facts("limits facts")
     else:
         checks.update(limits.decide_limits(facts["limits"], _limit_entries(settings), policy, LIMITS))
+        if facts.get("session") is not None:
+            checks[SESSION] = session_check(facts["session"], settings, policy)
 
     if not switched_on(settings["core_dumps_probe_enabled"]):
         checks[PROBE] = skipped("core_dumps_probe_enabled is false",

@@ -18,11 +18,13 @@ keyed by check name (``ptrace_scope`` and each extra sysctl's ``check_name``).
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 
 from ansible.module_utils import preflight_sysctl as sysctl
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.preflight_checks import NAME_RE, failed, skipped
+from ansible.module_utils.preflight_checks import NAME_RE, failed, passed, skipped
 
 CAPABILITY = "kernel_debug"
 PTRACE = "ptrace_scope"
@@ -33,6 +35,37 @@ OWNED_ELSEWHERE = {
     sysctl.CORE_PATTERN: "core_dumps_pattern (role core_dumps)",
 }
 PTRACE_SCOPES = (0, 1, 2, 3)
+ATTACH = "ptrace_attach"
+YAMA_FILE = ("sys", "kernel", "yama", "ptrace_scope")
+
+# Run as the job user by the training Python: attach (PTRACE_SEIZE: the target does not even stop) to a
+# process of the same user that is NOT its descendant, as py-spy attaches to a rank torchrun started.
+# The target's parent exits first, so the target is re-parented away from the attacher.  Constant source.
+ATTACH_PROBE = r"""
+import ctypes, errno, json, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+libc.ptrace.restype = ctypes.c_long
+PTRACE_SEIZE = 0x4206
+read_end, write_end = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(read_end)
+    if os.fork():
+        os._exit(0)
+    os.write(write_end, str(os.getpid()).encode())
+    os.close(write_end)
+    time.sleep(60)
+    os._exit(0)
+os.close(write_end)
+os.waitpid(child, 0)
+target = int(os.read(read_end, 32) or b"0")
+rc = libc.ptrace(PTRACE_SEIZE, target, None, None)
+err = ctypes.get_errno() if rc != 0 else 0
+os.kill(target, signal.SIGKILL)
+print(json.dumps({"uid": os.getuid(), "target": target, "attached": rc == 0,
+                  "errno": errno.errorcode.get(err, str(err)) if err else "", "error": os.strerror(err) if err else ""}))
+"""
 
 
 def switched_on(value):
@@ -192,6 +225,85 @@ def read(args, ops):
         for item in args["settings"]}}
 
 
+# ---------------------------------------------------------------------------------------------
+# probe (node): can the job user attach to its own rank?
+
+def probe_args(settings, node, plan=None):
+    """What ``probe`` needs; None when the ptrace probe is switched off."""
+    if not switched_on(settings["kernel_debug_ptrace_probe_enabled"]):
+        return None
+    return {"proc_root": settings["kernel_debug_proc_root"],
+            "timeout": float(settings["kernel_debug_ptrace_probe_timeout"])}
+
+
+def read_yama(proc_root):
+    """The running Yama ptrace scope (an int), or None on a kernel without Yama."""
+    try:
+        with open(os.path.join(proc_root, *YAMA_FILE)) as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def yama_allows(scope, uid):
+    """Whether Yama lets ``uid`` attach to its own process that is not its descendant (py-spy to a rank):
+    scope 0 classic, 1 descendants only (CAP_SYS_PTRACE, i.e. root, excepted), 2 CAP_SYS_PTRACE only, 3 never."""
+    if scope is None or scope == 0:
+        return True
+    if scope == 3:
+        return False
+    return uid == 0
+
+
+def probe(args, ops):
+    """Attach with ptrace as the job user (``ops.job_user``; this process's user when None), using the
+    training Python (``ops.job["python"]``) or this module's.  ``{user, uid, yama_scope, attached, errno,
+    error}``; what the node lacks is in ``error``, never an exception."""
+    job = getattr(ops, "job", None) or {}
+    python = job.get("python") or sys.executable
+    result = {"user": getattr(ops, "job_user", None) or job.get("name") or str(os.geteuid()), "uid": None,
+              "yama_scope": read_yama(args.get("proc_root") or "/proc"), "attached": None, "errno": "",
+              "error": "", "python": python}
+    rc, out, err = ops.run([python, "-c", ATTACH_PROBE], timeout=float(args.get("timeout") or 15),
+                           user=getattr(ops, "job_user", None))
+    try:
+        answer = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result["error"] = "the ptrace probe could not run as %s with %s: rc %d, %s" % (
+            result["user"], python, rc, (err.strip() or out.strip() or "no output")[-300:])
+        return result
+    result.update(uid=answer.get("uid"), attached=bool(answer.get("attached")), errno=answer.get("errno") or "",
+                  error=answer.get("error") or "")
+    return result
+
+
+def attach_check(host, probe_result):
+    """``ptrace_attach``: whether the job user can attach py-spy/gdb to its own ranks without sudo."""
+    expected = "the job user attaches py-spy or gdb to its own processes without sudo (the seeds' hang stacks)"
+    scope = probe_result.get("yama_scope")
+    yama = "no Yama LSM" if scope is None else "kernel.yama.ptrace_scope = %d" % scope
+    who = "%s (uid %s)" % (probe_result.get("user"), probe_result.get("uid"))
+    if probe_result.get("attached") is None:
+        return failed(probe_result.get("error") or "the ptrace probe gave no answer", expected,
+                      "make the training Python runnable by %s, or set kernel_debug_ptrace_probe_enabled=false"
+                      % probe_result.get("user"))
+    if probe_result["attached"]:
+        return passed("%s attached with ptrace to its own process that is not its child; %s" % (who, yama), expected)
+    found = "%s cannot ptrace its own process that is not its child (%s: %s); %s" % (
+        who, probe_result.get("errno"), probe_result.get("error"), yama)
+    if scope == 3:
+        fix = ("ptrace_scope 3 cannot be lowered until a reboot: set kernel_debug_ptrace_scope=0 and "
+               "kernel_debug_ptrace_scope_enabled=true, run bringup.yml and reboot; until then take stacks with "
+               "faulthandler (SIGUSR1) instead of py-spy")
+    elif scope in (1, 2):
+        fix = ("set kernel_debug_ptrace_scope_enabled=true (ptrace_scope 0, a documented relaxation) and run "
+               "bringup.yml, or give py-spy CAP_SYS_PTRACE (setcap cap_sys_ptrace+ep on the py-spy binary)")
+    else:
+        fix = ("another LSM forbids ptrace (SELinux deny_ptrace: getsebool deny_ptrace; AppArmor; a container "
+               "without CAP_SYS_PTRACE / seccomp): allow ptrace for the job user there")
+    return failed(found, expected, "on %s: %s" % (host, fix))
+
+
 def decide(host, facts, settings, probe=None, cluster=None):
     """``{name: check}``: ``ptrace_scope``, ``ptrace_scope_persisted``,
     ``ptrace_scope_boot`` (only ``ptrace_scope``: skipped when switched off,
@@ -219,4 +331,12 @@ def decide(host, facts, settings, probe=None, cluster=None):
         for result in checks.values():
             if result["status"] in ("warn", "fail"):
                 result["fix"] = "on %s: %s" % (host, result["fix"])
+    if not switched_on(settings["kernel_debug_ptrace_probe_enabled"]):
+        checks[ATTACH] = skipped("kernel_debug_ptrace_probe_enabled is false",
+                                 "the job user attaches to its own process once the probe is switched on")
+    elif probe is None:
+        checks[ATTACH] = skipped("no probe result for this run: the ptrace probe runs in the probe stage",
+                                 "the job user attaches to its own process")
+    else:
+        checks[ATTACH] = attach_check(host, probe)
     return checks

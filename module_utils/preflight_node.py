@@ -74,7 +74,7 @@ def resolve_job_user(job, ops):
         me = pwd.getpwuid(euid).pw_name
     except KeyError:
         me = str(euid)
-    info = {"name": me, "uid": euid, "run_as": None, "note": "",
+    info = {"name": me, "uid": euid, "run_as": None, "note": "", "python": str(job.get("python") or ""),
             "how": "named" if job.get("named") else "connecting"}
     if wanted:
         try:

@@ -14,7 +14,7 @@ import limits_dropin
 import sysctl_setting
 from ansible.module_utils import preflight_checks
 from ansible.module_utils import preflight_core_dumps as core_dumps
-from fake_ops import FakeOps
+from fake_ops import FakeOps, LocalOps
 from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
                                 write)
 
@@ -456,7 +456,9 @@ def test_real_probe_directory_not_writable_by_the_job_user(kernel_core, tmp_path
     os.chmod(str(cores), 0o755)
     os.chmod(str(tmp_path), 0o755)
     kernel_core(str(cores) + "/core-%e.%p.%h.%t")
-    result = core_dumps.probe(probe_args(), FakeOps(programs={"sleep": SLEEP}))  # default user: nobody
+    ops = FakeOps(programs={"sleep": SLEEP})
+    ops.job_user = "nobody"  # no core_dumps_probe_user: the probe crashes a process of the job user
+    result = core_dumps.probe(probe_args(), ops)
     check = core_dumps.probe_check(result)
     assert result["outcome"] == "no_dump" and check["status"] == "fail"
     assert "not writable by nobody" in check["found"]
@@ -508,3 +510,40 @@ def test_audit_passes_after_the_writers_applied(run_module, tmp_path):
         assert not failed and result["changed"]
     facts, wanted = read_node(root)
     assert statuses(core_dumps.decide(HOST, facts, wanted)) == ALL_PASS
+
+
+@pytest.mark.parametrize("session, policy, status, words", [
+    ({"user": "alice", "soft": "unlimited", "hard": "unlimited", "how": "runuser -l alice", "error": None}, "warn",
+     "pass", "ulimit -c is unlimited"),
+    ({"user": "alice", "soft": "0", "hard": "unlimited", "how": "runuser -l alice", "error": None}, "warn",
+     "warn", "ulimit -c is 0"),
+    ({"user": "alice", "soft": "0", "hard": "0", "how": "runuser -l alice", "error": None}, "fail",
+     "fail", "(hard 0)"),
+    ({"user": "alice", "soft": None, "hard": None, "how": None, "error": "runuser (util-linux) is not installed"},
+     "fail", "warn", "runuser"),
+])
+def test_the_session_limit_is_judged_for_the_job_users_login(session, policy, status, words):
+    check = core_dumps.session_check(session, settings(core_dumps_drift_policy=policy), policy)
+    assert check["status"] == status and words in check["found"] and (check["fix"] or status == "pass")
+    assert "alice" in check["expected"]
+    if session["hard"] == "0":
+        assert "hard limit 0 caps it" in check["fix"]
+
+
+def test_the_session_limit_is_read_in_a_login_session_of_the_job_user():
+    ops = FakeOps(programs={"runuser": "/usr/sbin/runuser"},
+                  commands={("/usr/sbin/runuser", "-l", "alice"): (0, "0\nunlimited\n", "")})
+    ops.job_user = "alice"
+    if os.geteuid() != 0:
+        pytest.skip("a login session of another user needs root")
+    session = core_dumps.login_core_limit(ops)
+    assert session == {"user": "alice", "soft": "0", "hard": "unlimited", "how": "runuser -l alice", "error": None}
+    assert ops.calls[-1] == ["/usr/sbin/runuser", "-l", "alice", "-s", "/bin/sh", "-c", core_dumps.SESSION_LIMITS]
+
+
+@needs_root
+def test_the_real_login_session_of_nobody_reports_its_core_limit():
+    ops = LocalOps()
+    ops.job_user = "nobody"
+    session = core_dumps.login_core_limit(ops)
+    assert session["error"] is None and session["user"] == "nobody" and session["soft"] is not None

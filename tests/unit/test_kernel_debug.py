@@ -25,6 +25,13 @@ def load_yaml(*parts):
     return role_yaml(ROLE_NAME, *parts)
 
 
+def sysctl_checks(host, facts, wanted, **kwargs):
+    """The checks of the sysctls alone (the ptrace probe's check is tested on its own below)."""
+    checks = kernel_debug.decide(host, facts, wanted, **kwargs)
+    checks.pop("ptrace_attach")
+    return checks
+
+
 def settings(**overrides):
     """The role's defaults, typed, with ``overrides``: what preflight_settings hands a capability."""
     return role_settings(ROLE_NAME, **overrides)
@@ -172,7 +179,7 @@ def test_read_unreadable_files_are_facts_not_exceptions(tmp_path, monkeypatch):
     ptrace = facts["settings"]["ptrace_scope"]
     assert "Permission denied" in ptrace["runtime_error"]
     assert ptrace["unreadable"] == [{"path": "/etc/sysctl.d/99-locked.conf", "error": "Permission denied"}]
-    checks = kernel_debug.decide(HOST, facts, wanted)
+    checks = sysctl_checks(HOST, facts, wanted)
     assert_contract(checks)
     assert checks["ptrace_scope"]["status"] == "warn"
     assert "preflight_become" in checks["ptrace_scope"]["fix"]
@@ -227,7 +234,7 @@ OK_DROPIN = "kernel.yama.ptrace_scope = 0\n"
 ])
 def test_decide(tmp_path, yama, dropin, files, overrides, expected):
     facts, wanted = read_node(make_node(tmp_path, yama=yama, dropin=dropin, files=files), **overrides)
-    checks = kernel_debug.decide(HOST, facts, wanted)
+    checks = sysctl_checks(HOST, facts, wanted)
     assert statuses(checks) == expected, checks
     assert_contract(checks)
 
@@ -235,7 +242,7 @@ def test_decide(tmp_path, yama, dropin, files, overrides, expected):
 def test_decide_texts(tmp_path):
     root = make_node(tmp_path, yama="1", files={"/etc/sysctl.d/99-vendor.conf": "# vendor\nkernel.yama.ptrace_scope = 2\n"})
     facts, wanted = read_node(root)
-    checks = kernel_debug.decide(HOST, facts, wanted)
+    checks = sysctl_checks(HOST, facts, wanted)
     assert checks["ptrace_scope"]["found"] == "running 1"
     assert checks["ptrace_scope"]["expected"] == "0"
     assert checks["ptrace_scope"]["fix"] == (
@@ -250,19 +257,19 @@ def test_decide_texts(tmp_path):
 
 def test_no_yama_and_switched_off_say_why(tmp_path):
     facts, wanted = read_node(make_node(tmp_path, yama=None))
-    assert kernel_debug.decide(HOST, facts, wanted) == {"ptrace_scope": {
+    assert sysctl_checks(HOST, facts, wanted) == {"ptrace_scope": {
         "status": "not_applicable",
         "found": "kernel has no Yama LSM: /proc/sys/kernel/yama/ptrace_scope does not exist",
         "expected": "kernel.yama.ptrace_scope = 0", "fix": ""}}
     off = settings()
-    checks = kernel_debug.decide(HOST, None, off)
+    checks = sysctl_checks(HOST, None, off)
     assert list(checks) == ["ptrace_scope"]
     assert checks["ptrace_scope"]["status"] == "skipped"
     assert "kernel_debug_ptrace_scope_enabled is false" in checks["ptrace_scope"]["found"]
 
 
 def test_decide_without_facts_for_an_enabled_setting_fails_and_names_the_node():
-    checks = kernel_debug.decide(HOST, None, settings(kernel_debug_ptrace_scope_enabled=True))
+    checks = sysctl_checks(HOST, None, settings(kernel_debug_ptrace_scope_enabled=True))
     assert statuses(checks) == {"ptrace_scope": "fail"}
     assert_contract(checks)
 
@@ -271,7 +278,7 @@ def test_shadowed_dropin_is_a_boot_finding(tmp_path):
     root = make_node(tmp_path, yama="0", files={"/etc/sysctl.d/10-ptrace.conf": "kernel.yama.ptrace_scope = 1\n",
                                                 "/usr/lib/sysctl.d/10-ptrace.conf": OK_DROPIN})
     facts, wanted = read_node(root, kernel_debug_ptrace_scope_dropin="/usr/lib/sysctl.d/10-ptrace.conf")
-    checks = kernel_debug.decide(HOST, facts, wanted)
+    checks = sysctl_checks(HOST, facts, wanted)
     assert checks["ptrace_scope_boot"]["status"] == "warn"
     assert "is never read" in checks["ptrace_scope_boot"]["found"]
 
@@ -303,7 +310,7 @@ def test_writer_check_mode_reports_exactly_what_the_audit_decides(run_module, tm
     facts, wanted = read_node(root)
     result, failed = run_module(sysctl_setting, writer_args(root, wanted), check_mode=True)
     assert not failed
-    assert result["checks"] == without_node(kernel_debug.decide(HOST, facts, wanted))
+    assert result["checks"] == without_node(sysctl_checks(HOST, facts, wanted))
 
 
 def test_audit_passes_after_the_writer_applied(run_module, tmp_path):
@@ -313,7 +320,93 @@ def test_audit_passes_after_the_writer_applied(run_module, tmp_path):
     assert not failed and result["changed"]
     assert set(statuses(result["checks"]).values()) == {"pass"}
     facts, wanted = read_node(root)
-    checks = kernel_debug.decide(HOST, facts, wanted)
+    checks = sysctl_checks(HOST, facts, wanted)
     assert checks == result["checks"]
     assert preflight_sysctl.dropin_value(facts["settings"]["ptrace_scope"]["dropin_text"],
                                          "kernel.yama.ptrace_scope") == "0"
+
+
+# -- ptrace probe: the job user's view -----------------------------------------------------------
+
+def fake_proc(tmp_path, scope):
+    """A proc root whose Yama ptrace_scope is ``scope`` (None: a kernel without Yama, as on these machines)."""
+    root = tmp_path / "proc"
+    (root / "sys" / "kernel").mkdir(parents=True)
+    if scope is not None:
+        (root / "sys" / "kernel" / "yama").mkdir()
+        (root / "sys" / "kernel" / "yama" / "ptrace_scope").write_text("%d\n" % scope)
+    return str(root)
+
+
+def attaching_as(uid, scope):
+    """A node whose kernel answers the probe's PTRACE_SEIZE as Yama ``scope`` would for ``uid``."""
+    import json
+
+    from fake_ops import FakeOps
+
+    def answer(argv):
+        ok = kernel_debug.yama_allows(scope, uid)
+        return 0, json.dumps({"uid": uid, "target": 4242, "attached": ok, "errno": "" if ok else "EPERM",
+                              "error": "" if ok else "Operation not permitted"}) + "\n", ""
+
+    ops = FakeOps(commands={("/venv/bin/python", "-c"): answer})
+    ops.job = {"name": "alice" if uid else "root", "python": "/venv/bin/python"}
+    ops.job_user = "alice" if uid else None
+    return ops
+
+
+@pytest.mark.parametrize("scope, uid, status, words", [
+    (None, 1001, "pass", "no Yama LSM"),
+    (0, 1001, "pass", "ptrace_scope = 0"),
+    (1, 1001, "fail", "kernel_debug_ptrace_scope_enabled=true"),
+    (2, 1001, "fail", "CAP_SYS_PTRACE"),
+    (3, 1001, "fail", "cannot be lowered until a reboot"),
+    # Root passes at 1 and 2 (CAP_SYS_PTRACE): a check run as root would wrongly pass for the job's user.
+    (1, 0, "pass", "ptrace_scope = 1"),
+    (2, 0, "pass", "ptrace_scope = 2"),
+    (3, 0, "fail", "cannot be lowered"),
+])
+def test_ptrace_attach_is_decided_from_the_job_users_view(tmp_path, scope, uid, status, words):
+    ops = attaching_as(uid, scope)
+    result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, scope), "timeout": 5}, ops)
+    assert result["yama_scope"] == scope and result["uid"] == uid
+    assert ops.users == ["alice" if uid else None], "the attach runs as the job user"
+    checks = kernel_debug.decide("n1", {"settings": {}}, settings(), probe=result)
+    check = checks["ptrace_attach"]
+    assert check["status"] == status
+    assert words in check["found"] + check.get("fix", "")
+    if status == "fail":
+        assert check["fix"].startswith("on n1: ") and "uid %d" % uid in check["found"]
+
+
+def test_a_probe_that_cannot_run_is_a_failure_naming_the_user_and_the_python(tmp_path):
+    from fake_ops import FakeOps
+
+    ops = FakeOps(commands={("/venv/bin/python",): (126, "", "Permission denied")})
+    ops.job, ops.job_user = {"name": "alice", "python": "/venv/bin/python"}, "alice"
+    result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, None), "timeout": 5}, ops)
+    check = kernel_debug.decide("n1", {"settings": {}}, settings(), probe=result)["ptrace_attach"]
+    assert check["status"] == "fail" and "alice" in check["found"] and "Permission denied" in check["found"]
+
+
+def test_no_probe_or_a_switched_off_probe_is_skipped_with_the_reason():
+    assert kernel_debug.decide("n1", {"settings": {}}, settings())["ptrace_attach"]["status"] == "skipped"
+    off = settings(kernel_debug_ptrace_probe_enabled=False)
+    assert kernel_debug.probe_args(off, {}) is None
+    assert "false" in kernel_debug.decide("n1", {"settings": {}}, off)["ptrace_attach"]["found"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs the probe as another account")
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_the_real_probe_attaches_to_a_non_child_process_of_the_same_user(user):
+    from fake_ops import LocalOps
+    from job_env import job_python
+
+    python = job_python("nobody")
+    if python is None:
+        pytest.skip("no Python that nobody can run on this machine")
+    ops = LocalOps()
+    ops.job, ops.job_user = {"name": user or "root", "python": python}, user
+    result = kernel_debug.probe({"proc_root": "/proc", "timeout": 15}, ops)
+    assert result["attached"] is True, result
+    assert result["uid"] == (0 if user is None else __import__("pwd").getpwnam(user).pw_uid)
