@@ -26,6 +26,9 @@ description:
     defaults, a file grub-mkconfig could not parse, an unreadable O(proc_cmdline)). It fails only when it cannot
     do its job - a grub file that exists but cannot be read or written, or O(update_command) failing - with a
     message that says what was found, what was expected and the fix.
+  - A file that would change and is a symlink is refused before anything is written, in check mode too; the
+    task fails naming the link and its target, and nothing is written over the link (which would replace it)
+    or through it (its target may be shared or managed elsewhere).
   - Reads, decides and judges with the functions of C(module_utils/preflight_grub.py) that the preflight audit's
     C(iommu) decider also runs, so an audit reports exactly what bring-up would change; the files are written
     only outside check mode.
@@ -227,12 +230,17 @@ diff:
   description: Before/after text of each changed file.
   returned: when diff mode is on and a file changed
   type: raw
+written:
+  description: Files already written (or removed) when writing a later one failed.
+  returned: when writing a file failed
+  type: list
+  elements: str
 """
 
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_files import write_atomic
+from ansible.module_utils.preflight_files import fail_write, refuse_symlinks, write_atomic
 from ansible.module_utils.preflight_grub import (
     AUTO_UPDATE_COMMANDS, CMDLINE_VARIABLES, argument_problems, cmdline_check, grub_check, plan, read_cmdline,
     read_files, reboot_required, rooted, running_args, wanted_args)
@@ -248,21 +256,41 @@ def find_update_command(module, root):
     return None
 
 
+def link_fix(path):
+    """What to do about a grub file that is a symlink: the edit is in place, so the file is the
+    operator's to choose (its target may be shared by other nodes or managed elsewhere)."""
+    return ("if %s should be managed on this node, replace the link with a regular copy of what it points to "
+            "(cp --remove-destination \"$(readlink -f %s)\" %s), or make the change in the link's target by hand; "
+            "a stale link can be removed (rm %s); then re-run" % (path, path, path, path))
+
+
+def refuse_linked_files(module, paths, result):
+    """Fail, before anything is written, when a file that would change is a symlink."""
+    for path in paths:
+        refuse_symlinks(module, [(path, path)], link_fix(path), **dict(result, changed=False))
+
+
 def write_files(module, outcome, backup, result):
-    """Write (or remove) every changed file; fails the task naming the file."""
+    """Write (or remove) every changed file; a file that cannot be written fails the task naming it
+    (found / expected / fix), ``changed`` and ``written`` saying what was already done."""
     files = outcome["files"]
+    written = []
     for path in outcome["changed_paths"]:
+        failure = dict(result, changed=bool(written), written=list(written))
         if backup and outcome["original"].get(path) is not None:
-            result["backup_files"].append(module.backup_local(path))
+            try:
+                result["backup_files"].append(module.backup_local(path))
+            except Exception as exc:  # pylint: disable=broad-except  # backup_local raises a plain Exception
+                fail_write(module, exc, path, "back up", **failure)
         text = files.contents.get(path)
-        try:
-            if text is None:
+        if text is None:
+            try:
                 os.unlink(path)
-            else:
-                write_atomic(module, path, text)
-        except (IOError, OSError) as exc:
-            module.fail_json(msg="cannot write %s: %s. Expected: a writable grub defaults directory. Fix: run as "
-                                 "root (become) on a node whose /etc is writable" % (path, exc), **result)
+            except OSError as exc:
+                fail_write(module, exc, path, "remove", **failure)
+        else:
+            write_atomic(module, path, text, fix=link_fix(path), result=failure)
+        written.append(path)
 
 
 def regenerate(module, params, update_command, changed_paths, result):
@@ -349,6 +377,9 @@ def main():
     elif not update_command:
         update_command = None
     result["update_command"] = update_command
+
+    # Decided before anything is written (and in check mode, where the real run would fail).
+    refuse_linked_files(module, changed_paths, result)
 
     # Act only outside check mode.
     regenerate_problem = None

@@ -28,7 +28,8 @@ description:
     uses, so the writer and the audit never disagree. The drop-in passes when its lines are exactly the
     wanted ones (comments aside); C(changed) compares the whole file, header and comment included."
   - Findings never fail the task; they are returned in RV(checks). The task fails only for bad arguments or
-    when the drop-in cannot be written (read-only C(/etc), no permission), with found, expected and fix.
+    when the drop-in cannot be written (read-only C(/etc), no permission) or is a symlink (see O(path)), with
+    found, expected and fix.
     A missing C(limits.d), PAM directory or unreadable limits file is a finding, not an error.
 version_added: "1.0.0"
 author: Cluster preflight maintainers
@@ -36,6 +37,8 @@ options:
   path:
     description:
       - The drop-in. It must end in C(.conf) and live in O(limits_dir); any other content is replaced.
+      - It must be a regular file or absent. When it would change and is a symlink, the task fails naming
+        the link and its target (in check mode too); nothing is written over or through it.
     type: path
     default: /etc/security/limits.d/90-preflight-core.conf
   domains:
@@ -168,6 +171,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils import preflight_limits as limits
+from ansible.module_utils.preflight_files import refuse_symlinks
 from ansible.module_utils.preflight_sysctl import rooted, write_dropin
 
 
@@ -225,14 +229,12 @@ def main():
     changed = present and before["text"] != desired_text
     result = dict(changed=changed, entries=entries, path=path)
     applied = changed and not module.check_mode
+    if changed:
+        # Decided before anything is written (and in check mode, where the real run would fail).
+        refuse_symlinks(module, [(rooted(root, path), path)])
     if applied:
-        try:
-            backup_file = write_dropin(module, rooted(root, path), desired_text, params["backup"])
-        except OSError as exc:
-            module.fail_json(
-                msg="Cannot write %s on %s. Found: %s. Expected: a writable %s. Fix: make %s writable (a "
-                    "read-only /etc needs the image that provides it to carry the drop-in) or run the bring-up "
-                    "as root." % (path, os.uname().nodename, exc.strerror or exc, os.path.dirname(path), path))
+        # A read-only /etc or no permission ends the task in write_atomic with found / expected / fix.
+        backup_file = write_dropin(module, rooted(root, path), desired_text, params["backup"], logical=path)
         if backup_file:
             result["backup_file"] = backup_file
     after = read() if applied else before

@@ -30,8 +30,8 @@ description:
     the preflight audit (capabilities C(kernel_debug), C(core_dumps)) uses, so the writer and the audit never
     disagree. In check mode RV(checks) are the audit's findings for the node as it is."
   - Findings never fail the task; they are returned in RV(checks). The task fails only for bad arguments,
-    when a drop-in cannot be written (read-only C(/etc), no permission) or when the kernel refuses the new
-    value, each with found, expected and fix.
+    when a drop-in cannot be written (read-only C(/etc), no permission) or is a symlink (see O(dropin)), or
+    when the kernel refuses the new value, each with found, expected and fix.
 version_added: "1.0.0"
 author: Cluster preflight maintainers
 options:
@@ -56,6 +56,10 @@ options:
       - The drop-in that holds only this key. It must end in C(.conf) and live in one of the
         directories of O(sysctl_dirs), otherwise no boot would read it.
       - Any other content of this file is replaced (use O(backup) to keep a copy).
+      - It must be a regular file or absent. A symlink there is someone else's (on Debian C(99-sysctl.conf)
+        links to C(/etc/sysctl.conf); a link to C(/dev/null) masks a file on purpose), so when the drop-in
+        would change the task fails naming the link and its target, in check mode too; nothing is written over
+        or through it.
     type: path
     default: /etc/sysctl.d/10-ptrace.conf
   proc_root:
@@ -206,11 +210,13 @@ diff:
   type: list
 """
 
+import errno
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils import preflight_corepattern as corepattern
 from ansible.module_utils import preflight_sysctl as sysctl
+from ansible.module_utils.preflight_files import refuse_symlinks
 
 
 def _validate(module, key, desired, dropin, search):
@@ -280,6 +286,9 @@ def main():
     plan = sysctl.plan_setting(before, desired, params["comment"], present, params["reload"])
     changed = plan["write_file"] or plan["set_runtime"]
     applied = changed and not module.check_mode
+    if plan["write_file"]:
+        # Decided before anything is written (and in check mode, where the real run would fail).
+        refuse_symlinks(module, [(sysctl.rooted(root, dropin), dropin)], sysctl.dropin_link_fix(dropin))
 
     result = dict(changed=changed, not_applicable=False, dropin=dropin, runtime_before=before["runtime"])
     if applied:
@@ -314,13 +323,9 @@ def main():
 
 
 def _write_dropin(module, root, dropin, text, backup):
-    try:
-        return sysctl.write_dropin(module, sysctl.rooted(root, dropin), text, backup)
-    except OSError as exc:
-        module.fail_json(
-            msg="Cannot write %s on %s. Found: %s. Expected: a writable %s. Fix: make %s writable (a read-only "
-                "/etc needs the image that provides it to carry the drop-in) or run the bring-up as root." % (
-                    dropin, os.uname().nodename, exc.strerror or exc, os.path.dirname(dropin), dropin))
+    # A read-only /etc, no permission or a symlink ends the task in write_atomic with found / expected / fix.
+    return sysctl.write_dropin(module, sysctl.rooted(root, dropin), text, backup, logical=dropin,
+                               fix=sysctl.dropin_link_fix(dropin))
 
 
 def _write_runtime(module, root, path, key, desired, before, dropin, wrote_dropin):
@@ -336,6 +341,8 @@ def _write_runtime(module, root, path, key, desired, before, dropin, wrote_dropi
         hint = ""
         if key == sysctl.PTRACE_SCOPE and before == "3":
             hint = " kernel.yama.ptrace_scope=3 can only be lowered by a reboot;"
+        elif exc.errno == errno.EROFS:
+            hint = " /proc/sys is mounted read-only here (a container): set the key on the host;"
         module.fail_json(
             changed=wrote_dropin,
             msg="The kernel refused %s=%s. Found: %s (%s). Expected: %s. Fix:%s %s is %s, so the next boot "

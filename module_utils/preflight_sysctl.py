@@ -240,9 +240,18 @@ def location(entry):
     return text
 
 
-def write_dropin(module, path, text, backup=False, mode=0o644):
-    """Write a drop-in atomically; returns the backup file name or ``None``."""
-    return write_atomic(module, path, text, mode=mode, backup=backup)
+def write_dropin(module, path, text, backup=False, mode=0o644, logical=None, fix=None):
+    """Write a drop-in atomically; returns the backup file name or ``None``.  A symlink at ``path``
+    or a write the node refuses ends the task with found / expected / fix (``preflight_files``)."""
+    return write_atomic(module, path, text, mode=mode, backup=backup, logical=logical, fix=fix)
+
+
+def dropin_link_fix(dropin):
+    """The fix for a drop-in path that is a symlink.  systemd-sysctl reads links too, but a link there
+    is someone else's: Debian's 99-sysctl.conf -> ../sysctl.conf, a mask to /dev/null."""
+    return ("set dropin to a file of its own in %s, or remove the link if it is stale (rm %s); a link there is "
+            "someone else's (on Debian 99-sysctl.conf links to /etc/sysctl.conf, which this module never "
+            "rewrites; a link to /dev/null masks a file of that name on purpose)" % (os.path.dirname(dropin), dropin))
 
 
 def _strerror(exc):

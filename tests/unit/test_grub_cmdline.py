@@ -1,3 +1,4 @@
+import errno
 import hashlib
 import json
 import os
@@ -5,6 +6,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -514,3 +516,72 @@ def test_dropin_mode_creates_the_directory(run_module, node):
     assert not failed and result["changed"]
     dropin = node / "etc" / "default" / "grub.d" / "90-preflight-iommu.cfg"
     assert dropin.read_text().endswith('GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX amd_iommu=off"\n')
+
+
+# --- symlinks and a read-only /etc ---------------------------------------------------------------------
+
+
+def tree(root):
+    """Every file and symlink under root: symlinks by target, files by content."""
+    found = {}
+    for directory, _dirs, files in os.walk(str(root)):
+        for name in files:
+            full = os.path.join(directory, name)
+            found[full] = "link:" + os.readlink(full) if os.path.islink(full) else digest(Path(full))
+    return found
+
+
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_a_symlinked_grub_defaults_file_is_refused_in_place(run_module, node, update_script, check_mode):
+    """A grub defaults file shared over a link: editing it in place would replace the link (or,
+    followed, change every node sharing the target); refused before anything is written."""
+    shared = node / "srv" / "grub-defaults"
+    shared.parent.mkdir()
+    grub = node / "etc" / "default" / "grub"
+    grub.rename(shared)
+    os.symlink(str(shared), str(grub))
+    script, log = update_script
+    before = tree(node)
+    result, failed = run_module(grub_cmdline, module_args(node, SOFT, "inplace", update_command=[str(script)]),
+                                check_mode=check_mode)
+    assert failed and result["changed"] is False
+    assert tree(node) == before and calls(log) == []
+    assert result["link"] == str(grub) and result["link_target"] == str(shared)
+    assert "is a symlink to %s" % shared in result["found"] and "readlink -f" in result["fix"]
+
+
+def test_a_symlinked_dropin_is_refused(run_module, node):
+    elsewhere = node / "srv" / "iommu.cfg"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("# someone else's\n")
+    dropin = node / "etc" / "default" / "grub.d" / "90-preflight-iommu.cfg"
+    os.symlink(str(elsewhere), str(dropin))
+    before = tree(node)
+    result, failed = run_module(grub_cmdline, module_args(node, SOFT, "dropin", update_command=[]))
+    assert failed and tree(node) == before
+    assert result["link"] == str(dropin) and "Found:" in result["msg"]
+
+
+def test_a_read_only_etc_is_a_clean_failure_that_says_what_was_already_written(run_module, node, update_script,
+                                                                                  monkeypatch):
+    from ansible.module_utils import basic
+    real_move = basic.AnsibleModule.atomic_move
+
+    def read_only_dropin_dir(self, src, dest, unsafe_writes=False):
+        if os.path.basename(dest).endswith(".cfg"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_move(self, src, dest, unsafe_writes=unsafe_writes)
+
+    monkeypatch.setattr(basic.AnsibleModule, "atomic_move", read_only_dropin_dir)
+    grub = node / "etc" / "default" / "grub"
+    grub.write_text(FOREIGN.replace('="quiet"', '="quiet amd_iommu=off"'))
+    dropin = node / "etc" / "default" / "grub.d" / "90-preflight-iommu.cfg"
+    script, log = update_script
+    result, failed = run_module(grub_cmdline, module_args(node, SOFT, "dropin", update_command=[str(script)]))
+    assert failed
+    assert result["found"].startswith("cannot write %s on " % dropin) and "Read-only" in result["found"]
+    assert "read-only" in result["fix"] and result["path"] == str(dropin)
+    assert result["written"] == [str(grub)] and result["changed"] is True, "the grub file was already edited"
+    assert not dropin.exists() and calls(log) == []
+    assert grub.read_text() == FOREIGN
+    assert sorted(os.listdir(str(dropin.parent))) == [], "no temp file left"

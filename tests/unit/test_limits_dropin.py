@@ -1,5 +1,6 @@
 """limits_dropin against a sandbox /etc/security and /etc/pam.d."""
 
+import errno
 import hashlib
 import os
 
@@ -188,3 +189,57 @@ def test_audit_writes_nothing(run_module, sandbox):
     assert "diff" not in result
     assert result["checks"]["core_limits"]["status"] == "fail"
     assert tree_hashes(sandbox) == before
+
+
+# -- symlinks and a read-only /etc ---------------------------------------------------------------------
+
+
+def link_hashes(root):
+    """tree_hashes, with symlinks by target (tree_hashes follows them)."""
+    found = {}
+    for directory, _dirs, files in os.walk(str(root)):
+        for name in files:
+            full = os.path.join(directory, name)
+            if os.path.islink(full):
+                found[full] = "link:" + os.readlink(full)
+            else:
+                with open(full, "rb") as handle:
+                    found[full] = hashlib.sha256(handle.read()).hexdigest()
+    return found
+
+
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_a_symlinked_dropin_is_refused_and_nothing_is_written(run_module, sandbox, check_mode):
+    write(sandbox, "/srv/shared/limits.conf", "* hard core 0\n")
+    os.symlink(os.path.join(str(sandbox), "srv/shared/limits.conf"), os.path.join(str(sandbox), DROPIN.lstrip("/")))
+    before = link_hashes(sandbox)
+    result, failed = run_module(limits_dropin, args(sandbox), check_mode=check_mode)
+    assert failed and result["changed"] is False
+    assert link_hashes(sandbox) == before, "neither the link nor the shared file it points to is touched"
+    assert result["link"] == DROPIN and result["link_target"].endswith("srv/shared/limits.conf")
+    assert "is a symlink to" in result["found"] and "regular file" in result["expected"]
+    assert "rm %s" % DROPIN in result["fix"]
+
+
+def test_an_audit_of_a_symlinked_dropin_is_not_refused(run_module, sandbox):
+    os.symlink("/dev/null", os.path.join(str(sandbox), DROPIN.lstrip("/")))
+    result, failed = run_module(limits_dropin, args(sandbox, state="audit", policy="warn"))
+    assert not failed and result["changed"] is False
+
+
+def test_a_read_only_etc_is_a_clean_failure(run_module, sandbox, monkeypatch):
+    from ansible.module_utils import basic
+
+    def read_only(self, src, dest, unsafe_writes=False):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(basic.AnsibleModule, "atomic_move", read_only)
+    before = tree_hashes(sandbox)
+    result, failed = run_module(limits_dropin, args(sandbox))
+    assert failed and result["changed"] is False
+    assert result["found"].startswith("cannot write %s on " % DROPIN) and "Read-only file system" in result["found"]
+    assert result["expected"] == "/etc/security/limits.d writable by the bring-up"
+    assert "read-only" in result["fix"] and all(part in result["msg"] for part in ("Found:", "Expected:", "Fix:"))
+    assert tree_hashes(sandbox) == before, "no drop-in, no temp file"
+    result, failed = run_module(limits_dropin, args(sandbox), check_mode=True)
+    assert not failed and result["changed"] is True

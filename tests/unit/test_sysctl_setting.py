@@ -1,5 +1,6 @@
 """sysctl_setting against a sandbox root with a fake /proc/sys and sysctl.d tree."""
 
+import errno
 import hashlib
 import os
 
@@ -317,3 +318,52 @@ def test_boot_order_helper_follows_systemd_rules(sandbox):
     assert shadowed[0]["path"] == "/usr/lib/sysctl.d/50-pid-max.conf"
     assert ps.normalize_key("kernel/yama/ptrace_scope") == "kernel.yama.ptrace_scope"
     assert ps.normalize_key("net/ipv4/conf/eth0.100/rp_filter") == "net.ipv4.conf.eth0/100.rp_filter"
+
+
+# -- symlinks and a read-only /etc ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_a_symlinked_dropin_is_refused_and_nothing_is_written(run_module, sandbox, check_mode):
+    """Debian's 99-sysctl.conf -> ../sysctl.conf: writing the drop-in there would replace the link, or
+    followed, replace /etc/sysctl.conf whole; neither happens, in check mode or not."""
+    before = tree_hashes(sandbox)
+    result, failed = run_module(sysctl_setting, ptrace_args(sandbox, dropin="/etc/sysctl.d/99-sysctl.conf"),
+                                check_mode=check_mode)
+    assert failed and result["changed"] is False
+    assert tree_hashes(sandbox) == before, "the link, /etc/sysctl.conf and /proc/sys are untouched"
+    assert result["link"] == "/etc/sysctl.d/99-sysctl.conf" and result["link_target"] == "../sysctl.conf"
+    assert "is a symlink to ../sysctl.conf (/etc/sysctl.conf)" in result["found"]
+    assert "a file of its own in /etc/sysctl.d" in result["fix"] and "Fix:" in result["msg"]
+
+
+def test_an_audit_of_a_symlinked_dropin_is_not_refused(run_module, sandbox):
+    """Nothing is to be written, so nothing is refused: what is there can still be audited."""
+    result, failed = run_module(sysctl_setting, ptrace_args(sandbox, dropin="/etc/sysctl.d/99-sysctl.conf",
+                                                            state="audit"))
+    assert not failed and result["changed"] is False
+
+
+@pytest.mark.parametrize("raised", ["oserror", "wrapped"])
+def test_a_read_only_etc_is_a_clean_failure_and_the_running_value_is_left(run_module, sandbox, monkeypatch,
+                                                                           raised):
+    from ansible.module_utils import basic
+
+    def read_only(self, src, dest, unsafe_writes=False):
+        if raised == "oserror":
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        try:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        except OSError as exc:  # what Ansible's atomic_move raises for an error it does not work around
+            raise Exception("Could not replace %r with %r." % (dest, src)) from exc
+
+    monkeypatch.setattr(basic.AnsibleModule, "atomic_move", read_only)
+    before = tree_hashes(sandbox)
+    result, failed = run_module(sysctl_setting, ptrace_args(sandbox))
+    assert failed
+    assert result["found"].startswith("cannot write %s on " % PTRACE_DROPIN)
+    assert "Read-only file system" in result["found"] and "read-only" in result["fix"]
+    assert result["expected"] == "/etc/sysctl.d writable by the bring-up" and result["path"] == PTRACE_DROPIN
+    assert tree_hashes(sandbox) == before, "no temp file left, the running value not set"
+    result, failed = run_module(sysctl_setting, ptrace_args(sandbox), check_mode=True)
+    assert not failed and result["changed"] is True, "check mode writes nothing, so it cannot fail this way"
