@@ -22,6 +22,7 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 # pylint: disable=wrong-import-position
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
 from ansible.module_utils.preflight_cluster import ClusterView, without_gc  # noqa: E402
+from ansible.module_utils.preflight_outputs import write_outputs  # noqa: E402  pylint: disable=wrong-import-position
 from ansible.module_utils.preflight_verdict import (build_verdict, failure_lines, summary_line,  # noqa: E402
                                                     write_run_dir)
 
@@ -78,7 +79,14 @@ class ActionModule(ActionBase):
         records = {host: {registry.STAGE_REGISTERS[stage]: view.result(host, registry.STAGE_REGISTERS[stage])
                           for stage in stages} for host in view.hosts}
         results_dir = os.path.abspath(args.get("results_dir") or "results")
-        run_id = args.get("run_id") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        run_id = str(args.get("run_id") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+        if not run_id or run_id == "latest" or "/" in run_id or run_id.startswith("."):
+            # A directory of its own inside results_dir (under its modes), not latest nor a temporary.
+            result.update(failed=True, msg="Found run_id %r. Expected: one directory name inside %s (not latest, not "
+                                           "starting with a dot). "
+                                           "Fix: set run_id to a plain name such as 20260101T000000Z, or leave it "
+                                           "unset." % (run_id, results_dir))
+            return result
         run_dir = os.path.join(results_dir, run_id)
         by_name = dict(zip(decision_names, decisions))
         budget = None
@@ -91,10 +99,23 @@ class ActionModule(ActionBase):
                                                             by_name.get("preflight_launch")),
                                 gate=kind == "preflight", budget=budget)
         logs = (by_name.get("preflight_final") or {}).get("logs") or {}
-        write_run_dir(verdict, logs, results_dir, run_dir, filename)
         path = os.path.join(run_dir, filename)
+        outputs = {}
+        try:
+            notes = write_run_dir(verdict, logs, results_dir, run_dir, filename,
+                                  reports=lambda data, where: outputs.update(write_outputs(data, where, kind=kind)))
+        except OSError as exc:
+            result.update(failed=True, verdict_status=verdict["status"], msg=(
+                "Found: the verdict (%s) could not be written to %s on the controller: %s. Expected: a run "
+                "directory the controller's user can create in %s. Fix: make %s writable by this user (or set "
+                "preflight_results_dir to a directory that is), then re-run; the nodes were %s" % (
+                    verdict["status"], path, exc.strerror or exc, results_dir, results_dir,
+                    summary_line(verdict, path, kind.upper()))))
+            return result
+        if notes:
+            result["warnings"] = list(notes)
         lines = failure_lines(verdict)
-        result.update(changed=False, verdict_status=verdict["status"], run_dir=run_dir, verdict_file=path,
+        result.update(changed=False, verdict_status=verdict["status"], run_dir=run_dir, verdict_file=path, outputs=outputs,
                       healthy_hosts=verdict["healthy_hosts"], failed_hosts=verdict["failed_hosts"],
                       unverified_hosts=verdict["unverified_hosts"],
                       unreachable_hosts=verdict["unreachable_hosts"], failures=lines)

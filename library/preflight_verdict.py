@@ -29,11 +29,16 @@ options:
     choices: [preflight, bringup, healthcheck]
     default: preflight
   results_dir:
-    description: Directory holding one run directory per run and the C(latest) link.
+    description:
+      - Directory holding one run directory per run and the C(latest) link; created 0750. An existing one open to
+        other users loses those bits when this user owns it (a warning says so).
+      - Run directories are 0750 and the files in them 0640, whatever the umask.
     type: path
     default: results
   run_id:
-    description: Name of this run's directory; the UTC time (C(%Y%m%dT%H%M%SZ)) by default.
+    description:
+      - Name of this run's directory; the UTC time (C(%Y%m%dT%H%M%SZ)) by default. A plain directory name, not
+        containing C(/), not C(latest), not starting with a dot.
     type: str
   fail:
     description: Fail the task unless the verdict is C(pass).
@@ -57,6 +62,13 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+outputs:
+  description:
+    - File name to path of what other tools read, written next to the verdict before it (module_utils/preflight_outputs.py)
+      C(junit.xml) (one test case per node and check), C(preflight.prom) (node_exporter textfile format),
+      C(hostfile) (C(host slots=N) of the healthy nodes), C(hosts.txt) and C(hosts.csv).
+  returned: when the verdict was written
+  type: dict
 verdict_status:
   description: C(pass) or C(fail).
   returned: always

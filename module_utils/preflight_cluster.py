@@ -58,8 +58,21 @@ def outcome(result):
     if result.get("skipped"):
         return "skipped", str(result.get("skip_reason") or result.get("false_condition") or "skipped")
     if result.get("failed"):
-        return "failed", str(result.get("msg") or result.get("module_stderr") or "failed").strip()
+        return "failed", failure_message(result)
     return "ok", ""
+
+
+def failure_message(result):
+    """What a failed task says, reduced to its message: never its arguments, environment or output,
+    nothing of a no_log task.  A module that crashed adds the last line of its stderr (the exception)."""
+    if "censored" in result:
+        return "its output is hidden (no_log)"
+    message = str(result.get("msg") or "failed (no message: see the play output)").strip()
+    if message.startswith("MODULE FAILURE") and result.get("module_stderr"):
+        lines = [line for line in str(result["module_stderr"]).strip().splitlines() if line.strip()]
+        if lines:
+            message = "%s: %s" % (message.splitlines()[0], lines[-1].strip()[:300])
+    return message
 
 
 def plain(value):

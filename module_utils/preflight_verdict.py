@@ -19,8 +19,11 @@ check could not run because of another node or a cluster-wide blocker),
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
+import re
+import stat
 import tempfile
 
 from ansible.module_utils import preflight_capabilities as registry
@@ -30,6 +33,63 @@ from ansible.module_utils.preflight_cluster import outcome
 
 VERDICT_FILE = "verdict.json"
 REQUIRED_KEYS = ("status", "hosts", "nodes", "healthy_hosts", "failed_hosts", "unreachable_hosts")
+# A run's files name every node, its faults and its logs (a rank's environment can end up in
+# them): the owner and the group may read them, nobody else.  Set explicitly, whatever the umask.
+RUN_DIR_MODE = 0o750
+FILE_MODE = 0o640
+RESULTS_DIR_MODE = 0o750
+HIDDEN = "its output is hidden (no_log)"
+# A quoted key of a task result followed by ':' -- a rescue that printed ansible_failed_result
+# whole (its arguments, environment and output) into a message.
+_DUMPED_RESULT = re.compile(r"""['"](invocation|module_args|censored|_ansible_no_log|environment|env|stdout|"""
+                            r"""stdout_lines|stderr|stderr_lines|module_stdout|module_stderr|results)['"]\s*:""")
+
+
+def scrub(text):
+    """``text`` without a task result dumped into it (a rescue that printed ``ansible_failed_result``
+    whole): from the first ``{`` before the result's first key on, it is cut and the cut is said."""
+    text = str(text)
+    match = _DUMPED_RESULT.search(text)
+    if not match:
+        return text
+    brace = text.find("{", 0, match.start())
+    kept = text[:brace if brace != -1 else match.start()].rstrip()
+    return " ".join(part for part in (kept, "[a task result in this message was left out of the verdict: see the "
+                                             "play output]") if part)
+
+
+def task_message(result, default="failed"):
+    """What the verdict keeps of a failed or unreachable task: its ``msg`` and ``rc``.
+
+    Never ``invocation``, module arguments, environment or output: Ansible registers a task's
+    result whole (no_log or not; only ``invocation`` is dropped, and a rescue's
+    ``ansible_failed_result`` keeps even that), and they may carry secrets.  A censored result
+    gives nothing but that it was hidden.  ``result`` may also be a rescue's text record.
+    """
+    if result is None:
+        return default
+    if not isinstance(result, dict):
+        return scrub(result)
+    if "censored" in result or result.get("_ansible_no_log"):
+        return HIDDEN
+    msg = result.get("msg")
+    if isinstance(msg, str) and msg.strip():
+        text = scrub(msg).strip()
+    else:
+        text = "%s (no message: see the play output)" % default
+    rc = result.get("rc")
+    if isinstance(rc, int) and not isinstance(rc, bool):
+        text += " (rc %d)" % rc
+    return text
+
+
+def task_outcome(result):
+    """``(state, message)`` of one registered task result (the states of ``preflight_cluster.outcome``),
+    the message of a failed or unreachable task reduced by :func:`task_message`."""
+    state, message = outcome(result)
+    if state in ("failed", "unreachable"):
+        return state, task_message(result, state)
+    return state, message
 
 
 def _input_checks(host, settings_result):
@@ -52,7 +112,7 @@ def _stage_checks(host, records, stages):
     checks = {}
     unreachable = None
     for stage in stages:
-        state, message = outcome(records.get(registry.STAGE_REGISTERS[stage]))
+        state, message = task_outcome(records.get(registry.STAGE_REGISTERS[stage]))
         what = registry.STAGE_WHAT[stage]
         if state == "unreachable" and unreachable is None:
             unreachable = (stage, message)
@@ -80,7 +140,7 @@ def _why_nothing(host, records, capability, stages):
     for stage in ("facts",) + tuple(registry.DEPENDS.get(capability, ())):
         if stage not in stages:
             continue
-        state, message = outcome(records.get(registry.STAGE_REGISTERS[stage]))
+        state, message = task_outcome(records.get(registry.STAGE_REGISTERS[stage]))
         if state in ("unreachable", "failed", "missing"):
             return "%s was %s while %s: %s" % (host, state, registry.STAGE_WHAT[stage], message[:300])
     return "no decision covered %s (a defect of the preflight)" % host
@@ -128,8 +188,9 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
                                         "settings on %s" % ", ".join(stopped["invalid_hosts"]),
                                         "valid settings on every node"))
         for capability, message in sorted((records.get(registry.STAGE_REGISTERS["apply"]) or {}).items()):
+            # A rescue's record: text, or the failed task's result (reduced to its message).
             _add(capability, "error", failed(
-                "%s could not be applied on %s: %s" % (capability, host, str(message)[:600]),
+                "%s could not be applied on %s: %s" % (capability, host, task_message(message)[:600]),
                 "every capability of the bring-up applies on the node",
                 "fix what the message names (a package mirror, a read-only /etc, a missing file), then re-run "
                 "bringup.yml; the other capabilities were applied"))
@@ -208,7 +269,9 @@ def summary_line(verdict, path, label="PREFLIGHT"):
         "; unverified: %s" % ", ".join(verdict["unverified_hosts"]) if verdict["unverified_hosts"] else "", path)
 
 
-def atomic_write(path, text, mode=0o644):
+def atomic_write(path, text, mode=FILE_MODE):
+    """``text`` to ``path`` through a temp file in the same directory: never half a file, and never
+    visible with more than ``mode`` (mkstemp creates it 0600, the mode is set before the rename)."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
     try:
         with os.fdopen(fd, "w") as handle:
@@ -223,10 +286,60 @@ def atomic_write(path, text, mode=0o644):
         raise
 
 
-def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_FILE):
-    """Node logs and stacks first, the verdict file last, then ``latest`` moves to this run
-    (only for the gate's verdict: ``latest`` is what a scheduler reads)."""
-    os.makedirs(run_dir, exist_ok=True)
+def prepare_results_dir(results_dir):
+    """Create ``results_dir`` 0750, or tighten the one that is there; returns notes for the operator.
+
+    An existing directory is the operator's: it may be shared with a group (a team, node_exporter), so
+    only the bits for others are taken away, and only when it is ours (chmod on another user's
+    directory fails, and is not ours to decide).  One we cannot tighten is reported; the run
+    directories inside stay 0750 either way, so only the run ids are visible to others.
+    """
+    parent = os.path.dirname(results_dir.rstrip(os.sep)) or os.sep
+    os.makedirs(parent, exist_ok=True)
+    try:
+        os.mkdir(results_dir, RESULTS_DIR_MODE)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(results_dir, RESULTS_DIR_MODE)  # mkdir's mode passes through the umask
+        return []
+    info = os.stat(results_dir)  # a symlink to a bigger disk is fine: its target is what others see
+    others = stat.S_IMODE(info.st_mode) & 0o007
+    if not others:
+        return []
+    if info.st_uid == os.geteuid():
+        os.chmod(results_dir, stat.S_IMODE(info.st_mode) & ~0o007)
+        return ["%s was open to every user (mode %04o); took that away (now %04o): the runs name every node "
+                "and their faults" % (results_dir, stat.S_IMODE(info.st_mode), stat.S_IMODE(info.st_mode) & ~0o007)]
+    return ["%s is open to every user (mode %04o) and owned by uid %d, not by this user, so it was left as it "
+            "is; each run directory in it is 0750. Fix: chmod o-rwx %s (as its owner)"
+            % (results_dir, stat.S_IMODE(info.st_mode), info.st_uid, results_dir)]
+
+
+def prepare_run_dir(run_dir):
+    """The run directory, 0750 whatever the umask; an existing one (the same run id again) is
+    tightened too, but a symlink in its place is refused rather than written through."""
+    if os.path.islink(run_dir):
+        raise OSError(errno.EEXIST, "%s is a symlink (to %s), not a run directory; remove it or choose "
+                      "another run_id" % (run_dir, os.readlink(run_dir)))
+    try:
+        os.mkdir(run_dir, RUN_DIR_MODE)
+    except FileExistsError:
+        pass
+    os.chmod(run_dir, RUN_DIR_MODE)
+
+
+def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_FILE, reports=None):
+    """Node logs and stacks first, then ``reports(verdict, run_dir)`` (the files other tools read:
+    JUnit, Prometheus, host lists), the verdict file last, then ``latest`` moves to this run (only
+    for the gate's verdict: ``latest`` is what a scheduler reads), so whoever follows ``latest``
+    finds every file.
+
+    The run directory is 0750 and every file in it 0640 (the results directory 0750 when created
+    here; see :func:`prepare_results_dir`).  Returns notes for the operator (a results directory
+    other users can read)."""
+    notes = prepare_results_dir(results_dir)
+    prepare_run_dir(run_dir)
     for host, logs in sorted((logs_by_host or {}).items()):
         if logs.get("log") is not None:
             atomic_write(os.path.join(run_dir, "%s.log" % host), logs.get("log") or "")
@@ -240,12 +353,15 @@ def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_
             for entry in logs.get("ranks") or [] if entry.get("stack")]
         if stacks:
             atomic_write(os.path.join(run_dir, "%s.stacks.txt" % host), "\n".join(stacks))
+    if reports is not None:
+        reports(verdict, run_dir)
     atomic_write(os.path.join(run_dir, filename), json.dumps(verdict, indent=2, sort_keys=True) + "\n")
     if filename != VERDICT_FILE:
-        return
+        return notes
     latest = os.path.join(results_dir, "latest")
     tmp_link = os.path.join(results_dir, ".latest-%d" % os.getpid())
     if os.path.lexists(tmp_link):
         os.unlink(tmp_link)
     os.symlink(os.path.relpath(run_dir, results_dir), tmp_link)
     os.replace(tmp_link, latest)
+    return notes

@@ -73,6 +73,10 @@ def load(path):
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
+    except PermissionError as exc:
+        # Run directories are 0750 and verdicts 0640 (they name every node and its faults).
+        raise VerdictError("cannot read the verdict at %s: %s (run directories are 0750, verdicts 0640: read it as "
+                           "the user that ran the preflight or a member of its group)" % (path, exc.strerror or exc))
     except OSError as exc:
         raise VerdictError("no verdict at %s: %s" % (path, exc.strerror or exc))
     try:

@@ -3,6 +3,7 @@ directory, and scripts/verdict on good and bad files."""
 
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -219,3 +220,213 @@ def test_a_budgeted_run_reports_its_wall_time_and_an_overrun_fails_every_node():
                             "r", "/tmp/r", gate=False, budget={"elapsed": 41.0, "limit": 30})
     budget = over["nodes"]["n1"]["checks"]["preflight.budget"]
     assert over["status"] == "fail" and budget["status"] == "fail" and "over the 30 s budget" in budget["found"]
+
+
+# -- what the run directory may show, and to whom ------------------------------------------------------
+
+SECRET = "hunter2-s3cr3t-TOKEN"
+
+
+def modes(root):
+    """Mode of every directory and file under root (root included), symlinks left out."""
+    found = {str(root): stat.S_IMODE(os.stat(str(root)).st_mode)}
+    for directory, dirs, files in os.walk(str(root)):
+        for name in dirs + files:
+            full = os.path.join(directory, name)
+            if not os.path.islink(full):
+                found[full] = stat.S_IMODE(os.lstat(full).st_mode)
+    return found
+
+
+@pytest.fixture
+def umask():
+    saved = os.umask(0o022)
+    yield lambda value: os.umask(value)
+    os.umask(saved)
+
+
+LOGS = {"n1": {"log": "[n1:0]: hello\n", "rank_logs": [{"rank": 0, "name": "rank0.stderr.log", "text": "r0"}],
+               "ranks": [{"rank": 0, "pid": 7, "stack": "Thread 1 (idle)"}]}}
+
+
+@pytest.mark.parametrize("mask", [0o000, 0o022, 0o077])
+def test_the_run_directory_is_0750_and_its_files_0640_whatever_the_umask(tmp_path, umask, mask):
+    umask(mask)
+    results = tmp_path / "results"
+    notes = pv.write_run_dir(passing_verdict(str(results / "r1")), LOGS, str(results), str(results / "r1"))
+    pv.write_run_dir(passing_verdict(str(results / "r2")), {}, str(results), str(results / "r2"),
+                     filename="bringup.json")
+    assert notes == []
+    found = modes(results)
+    assert found.pop(str(results)) == 0o750, "a results directory the tool creates is 0750"
+    assert {path: mode for path, mode in found.items() if os.path.isdir(path)} == {
+        str(results / "r1"): 0o750, str(results / "r2"): 0o750}
+    files = {os.path.relpath(path, str(results)): mode for path, mode in found.items() if not os.path.isdir(path)}
+    assert files == {"r1/n1.log": 0o640, "r1/n1.rank0.stderr.log": 0o640, "r1/n1.stacks.txt": 0o640,
+                     "r1/verdict.json": 0o640, "r2/bringup.json": 0o640}
+    assert not any(mode & 0o007 for mode in modes(results).values()), "nothing under results/ for other users"
+
+
+def test_the_same_run_id_again_is_tightened_too(tmp_path, umask):
+    umask(0o000)
+    (tmp_path / "r1").mkdir(mode=0o777)
+    (tmp_path / "r1" / "n1.log").write_text("old")
+    (tmp_path / "r1" / "n1.log").chmod(0o666)
+    pv.write_run_dir(passing_verdict(str(tmp_path / "r1")), LOGS, str(tmp_path), str(tmp_path / "r1"))
+    assert stat.S_IMODE((tmp_path / "r1").stat().st_mode) == 0o750
+    assert stat.S_IMODE((tmp_path / "r1" / "n1.log").stat().st_mode) == 0o640
+
+
+def test_a_symlink_in_place_of_the_run_directory_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "results").mkdir()
+    os.symlink(str(elsewhere), str(tmp_path / "results" / "r1"))
+    with pytest.raises(OSError, match="is a symlink"):
+        pv.write_run_dir(passing_verdict("r1"), {}, str(tmp_path / "results"), str(tmp_path / "results" / "r1"))
+    assert os.listdir(str(elsewhere)) == []
+
+
+def test_an_existing_world_readable_results_dir_of_ours_loses_only_the_bits_for_others(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    results.chmod(0o775)  # shared with a group: that stays
+    notes = pv.write_run_dir(passing_verdict("r1"), {}, str(results), str(results / "r1"))
+    assert stat.S_IMODE(results.stat().st_mode) == 0o770
+    assert len(notes) == 1 and "0775" in notes[0] and "0770" in notes[0]
+    assert pv.write_run_dir(passing_verdict("r2"), {}, str(results), str(results / "r2")) == [], "said once"
+    results.chmod(0o700)
+    assert pv.write_run_dir(passing_verdict("r3"), {}, str(results), str(results / "r3")) == []
+    assert stat.S_IMODE(results.stat().st_mode) == 0o700, "a tighter directory is left as it is"
+
+
+def test_a_world_readable_results_dir_of_another_user_is_reported_not_changed(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    results.mkdir()
+    results.chmod(0o755)
+    monkeypatch.setattr(pv.os, "geteuid", lambda: os.stat(str(results)).st_uid + 4242)
+    notes = pv.write_run_dir(passing_verdict("r1"), {}, str(results), str(results / "r1"))
+    assert stat.S_IMODE(results.stat().st_mode) == 0o755
+    assert len(notes) == 1 and "not by this user" in notes[0] and "chmod o-rwx" in notes[0]
+    assert stat.S_IMODE((results / "r1").stat().st_mode) == 0o750
+
+
+# -- task errors: the message, never the arguments -----------------------------------------------------
+
+FAILED_WITH_SECRETS = {
+    "failed": True, "rc": 2, "msg": "The task timed out after 60 seconds",
+    "invocation": {"module_args": {"password": SECRET, "capabilities": {"x": SECRET}}},
+    "env": {"API_TOKEN": SECRET}, "environment": {"API_TOKEN": SECRET},
+    "stdout": "token=%s" % SECRET, "stdout_lines": [SECRET], "stderr": SECRET,
+    "module_stdout": SECRET, "module_stderr": "Traceback ... %s" % SECRET,
+}
+
+
+def test_a_failed_task_is_reduced_to_its_message_rc_and_stage():
+    verdict = build(["n1"], {"n1": records(facts=FAILED_WITH_SECRETS)}, [{"checks_by_host": {}}, gate("skipped")])
+    text = json.dumps(verdict)
+    assert SECRET not in text
+    for name in ("invocation", "module_args", "API_TOKEN", "Traceback"):
+        assert name not in text
+    check = verdict["nodes"]["n1"]["checks"]["preflight.facts"]
+    assert "while reading its facts" in check["found"] and "timed out after 60 seconds (rc 2)" in check["found"]
+
+
+def test_a_failed_task_without_a_message_never_falls_back_to_its_output():
+    result = {k: v for k, v in FAILED_WITH_SECRETS.items() if k != "msg"}
+    verdict = build(["n1"], {"n1": records(probes=result)}, [{"checks_by_host": {}}, gate("skipped")])
+    assert SECRET not in json.dumps(verdict)
+    assert "failed (no message: see the play output) (rc 2)" in \
+        verdict["nodes"]["n1"]["checks"]["preflight.probes"]["found"]
+
+
+def test_a_censored_or_unreachable_result_gives_only_what_it_may():
+    censored = {"failed": True, "censored": "the output has been hidden due to the fact that 'no_log: true' was "
+                                            "specified for this result", "msg": SECRET}
+    lost = dict(UNREACHABLE, invocation={"module_args": {"key": SECRET}})
+    verdict = build(["n1", "n2"], {"n1": records(facts=censored), "n2": records(port_mesh=lost)},
+                    [{"checks_by_host": {}}, gate("skipped")])
+    assert SECRET not in json.dumps(verdict)
+    assert "its output is hidden (no_log)" in verdict["nodes"]["n1"]["checks"]["preflight.facts"]["found"]
+    assert "Connection timed out" in verdict["nodes"]["n2"]["checks"]["preflight.reachable"]["found"]
+
+
+@pytest.mark.parametrize("record", [
+    # A rescue that recorded the failed task's result itself.
+    dict(FAILED_WITH_SECRETS, msg="No package matching 'pdsh' (no mirror)"),
+    # A rescue whose message carries the task's result dumped whole (msg | default(ansible_failed_result)).
+    "task 'Install': Found: the install failed: {'changed': False, 'msg': 'No package matching pdsh (no mirror)', "
+    "'invocation': {'module_args': {'name': ['pdsh'], 'password': '%s'}}, 'env': {'T': '%s'}}" % (SECRET, SECRET),
+    '{"stdout": "%s", "msg": "no mirror"}' % SECRET,
+])
+def test_a_bringup_record_keeps_the_message_and_drops_a_dumped_result(record):
+    data = records()
+    data["preflight_apply"] = {"debug_tools": record}
+    verdict = pv.build_verdict(["n1"], {"n1": data}, [{"checks_by_host": {}}], registry.BRINGUP_NAMES,
+                               ("settings", "facts", "apply"), "r", "/tmp/r", gate=False)
+    assert SECRET not in json.dumps(verdict)
+    found = verdict["nodes"]["n1"]["checks"]["debug_tools.error"]["found"]
+    assert found.startswith("debug_tools could not be applied on n1: ")
+    assert "no mirror" in found or "left out of the verdict" in found
+
+
+# -- the action end to end: hostvars in, a private run directory without secrets out -------------------
+
+ACTION = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_verdict.py")
+
+
+def run_action(args, hostvars):
+    import importlib.util
+    from unittest import mock
+    spec = importlib.util.spec_from_file_location("preflight_verdict_action", ACTION)
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    task = mock.MagicMock(args=args, async_val=0, check_mode=False, diff=False)
+    action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
+                                 mock.MagicMock())
+    hosts = sorted(hostvars)
+    return action.run(task_vars={"ansible_play_hosts_all": hosts, "groups": {"cluster": hosts},
+                                 "hostvars": hostvars})
+
+
+def test_the_action_writes_a_private_bringup_report_without_secrets(tmp_path, umask):
+    umask(0o000)
+    hostvars = {"n1": records(facts=FAILED_WITH_SECRETS), "n2": records()}
+    hostvars["n2"]["preflight_apply"] = {"iommu": dict(FAILED_WITH_SECRETS, msg="grub: Read-only file system")}
+    result = run_action({"kind": "bringup", "results_dir": str(tmp_path / "results"), "run_id": "r1"}, hostvars)
+    assert result["failed"] and result["verdict_file"] == str(tmp_path / "results" / "r1" / "bringup.json")
+    text = open(result["verdict_file"]).read()
+    assert SECRET not in text and SECRET not in json.dumps(result)
+    assert "Read-only file system" in text and "timed out after 60 seconds" in text
+    assert stat.S_IMODE(os.stat(result["verdict_file"]).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(result["run_dir"]).st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(str(tmp_path / "results")).st_mode) == 0o750
+
+
+@pytest.mark.parametrize("run_id", ["../elsewhere", "latest", ".hidden", "a/b"])
+def test_the_action_refuses_a_run_id_that_is_not_a_directory_of_its_own(tmp_path, run_id):
+    result = run_action({"kind": "bringup", "results_dir": str(tmp_path / "results"), "run_id": run_id},
+                        {"n1": records()})
+    assert result["failed"] and "Found run_id" in result["msg"] and "Fix:" in result["msg"]
+    assert not (tmp_path / "results").exists() and not (tmp_path / "elsewhere").exists()
+
+
+def test_the_action_reports_a_results_dir_it_cannot_write(tmp_path, monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(pv.os, "mkdir", refuse)
+    result = run_action({"kind": "bringup", "results_dir": str(tmp_path / "results"), "run_id": "r1"},
+                        {"n1": records()})
+    assert result["failed"] and "could not be written" in result["msg"] and "Permission denied" in result["msg"]
+    assert "Fix:" in result["msg"]
+
+
+def test_cli_says_why_a_private_verdict_cannot_be_read(tmp_path, monkeypatch):
+    from ansible.module_utils import preflight_verdict_file as vf
+    pv.write_run_dir(passing_verdict("r1"), {}, str(tmp_path), str(tmp_path / "r1"))
+
+    def refuse(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(vf, "open", refuse, raising=False)
+    with pytest.raises(vf.VerdictError, match="0640: read it as the user that ran the preflight"):
+        vf.load(str(tmp_path / "r1"))
