@@ -50,6 +50,20 @@ def test_default_inventory_passes_with_a_full_verdict(tmp_path):
     assert {name.split(".")[0] for name in node["checks"]} >= {
         "preflight", "nic_discovery", "port_mesh", "allreduce", "kernel_debug", "core_dumps", "iommu",
         "debug_tools", "ssh_trust"}
+    # What other tools read sits next to the verdict, written before it: JUnit with a case per check,
+    # the node_exporter text file, the healthy hosts.
+    import xml.etree.ElementTree as ElementTree
+
+    from prometheus_client.parser import text_string_to_metric_families
+    run_dir = os.path.join(result.results_dir, "latest")
+    cases = ElementTree.parse(os.path.join(run_dir, "junit.xml")).getroot().iter("testcase")
+    assert sorted(case.get("name") for case in cases) == sorted(node["checks"])
+    with open(os.path.join(run_dir, "preflight.prom")) as handle:
+        families = {family.name: family for family in text_string_to_metric_families(handle.read())}
+    statuses = {sample.labels["check"] for sample in families["preflight_check_status"].samples}
+    assert statuses == set(node["checks"])
+    assert open(os.path.join(run_dir, "hostfile")).read() == "localhost slots=2\n"
+    assert open(os.path.join(run_dir, "hosts.csv")).read().strip() == "localhost"
 
 
 def test_python_without_torch_fails_fast_naming_node(tmp_path):

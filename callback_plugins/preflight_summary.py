@@ -1,0 +1,167 @@
+# -*- coding: utf-8 -*-
+"""Callback: a node x capability matrix of the verdict at the end of every preflight playbook."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: preflight_summary
+type: aggregate
+short_description: Node x capability matrix of the preflight verdict at the end of the run
+description:
+  - Remembers where the C(preflight_verdict) task wrote its report (the task's C(verdict_file), for
+    C(preflight.yml), C(bringup.yml) and C(healthcheck.yml) alike, whether the verdict passed or
+    failed), reads that file when the playbook ends and prints one line per node with each
+    capability's outcome (C(pass), C(warn), C(fail), C(n/a), C(unverified); the capability is the
+    part of a check's name before the dot), the all-reduce (status, world size, backend, bus
+    bandwidth at the largest size) and the run directory.
+  - An aggregate callback, not a stdout one, so it prints next to any stdout callback, including
+    ansible-runner's C(awx_display). ansible-runner replaces E(ANSIBLE_CALLBACK_PLUGINS); a runner
+    caller passes C(ANSIBLE_CALLBACK_PLUGINS=<project>/callback_plugins) and
+    C(ANSIBLE_CALLBACKS_ENABLED=preflight_summary) in C(envvars).
+  - A cell holds the worst outcome of the node's checks of that capability; C(n/a) when every one
+    was C(not_applicable) or C(skipped); C(-) when the node has none.
+requirements:
+  - enable it with C(callbacks_enabled = preflight_summary) in C(ansible.cfg) (done in this project)
+"""
+
+import os
+
+import ansible.module_utils
+from ansible import constants as C
+from ansible.plugins.callback import CallbackBase
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
+    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
+
+# pylint: disable=wrong-import-position
+from ansible.module_utils.preflight_verdict_file import VerdictError, load  # noqa: E402
+
+VERDICT_ACTION = "preflight_verdict"
+PLAYBOOKS = ("preflight.yml", "bringup.yml", "healthcheck.yml")
+# The report file names the verdict action writes, and what the run was.
+LABELS = {"verdict.json": "PREFLIGHT", "bringup.json": "BRING-UP", "healthcheck.json": "HEALTH CHECK"}
+# A node's row is coloured by its status, so a failed node stands out in a wide matrix.
+COLORS = {"pass": C.COLOR_OK, "warn": C.COLOR_CHANGED, "unverified": C.COLOR_SKIP, "fail": C.COLOR_ERROR}
+NOT_APPLICABLE = "n/a"
+NONE = "-"
+
+
+def capability_cell(checks):
+    """The worst outcome among one capability's checks on one node, as the matrix shows it."""
+    if not checks:
+        return NONE
+    statuses = [check.get("status") for check in checks]
+    if "fail" in statuses or any(status not in ("pass", "not_applicable", "skipped", "warn") for status in statuses):
+        return "fail"
+    if any((check.get("details") or {}).get("blocked") for check in checks):
+        return "unverified"
+    if "warn" in statuses:
+        return "warn"
+    if "pass" in statuses:
+        return "pass"
+    return NOT_APPLICABLE
+
+
+def capabilities(verdict):
+    """Every capability with a check on some node: the run's own (``preflight``) first, then by name."""
+    names = {name.split(".", 1)[0] for host in verdict["hosts"] for name in verdict["nodes"][host]["checks"]}
+    return sorted(names, key=lambda name: (name != "preflight", name))
+
+
+def matrix(verdict):
+    """``[(header, None)] + [(row, node status)]``: one row per node, one column per capability."""
+    columns = capabilities(verdict)
+    width = max([len("node")] + [len(host) for host in verdict["hosts"]])
+    widths = [max(len(name), len("unverified")) for name in columns]
+    header = "  ".join(["node".ljust(width), "status".ljust(10)] + [name.ljust(w) for name, w in zip(columns, widths)])
+    rows = [(header.rstrip(), None)]
+    for host in verdict["hosts"]:
+        node = verdict["nodes"][host]
+        by_capability = {}
+        for name, check in node["checks"].items():
+            by_capability.setdefault(name.split(".", 1)[0], []).append(check)
+        cells = [capability_cell(by_capability.get(name)).ljust(w) for name, w in zip(columns, widths)]
+        rows.append(("  ".join([host.ljust(width), node["status"].ljust(10)] + cells).rstrip(), node["status"]))
+    return rows
+
+
+def allreduce_line(verdict):
+    """The all-reduce in one line: status, world size, backend, busbw at the largest message size."""
+    gate = verdict.get("allreduce")
+    if not gate:
+        return "all-reduce: not part of this playbook"
+    if gate.get("status") == "skipped":
+        return "all-reduce: skipped (%s)" % (gate.get("reason") or "not launched")
+    line = "all-reduce: %s, world size %s of %s planned, backend %s" % (
+        gate.get("status"), gate.get("world_size"), gate.get("planned_world_size"), gate.get("backend"))
+    sizes = gate.get("sizes") or []
+    if sizes:
+        largest = max(sizes, key=lambda row: row["size_bytes"])
+        line += ", busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes" % (
+            largest["busbw_gbps"], largest["algbw_gbps"], largest["size_bytes"])
+    suspects = gate.get("suspects") or []
+    if suspects:
+        line += "; suspects: %s" % ", ".join("rank %s on %s" % (item["rank"], item["host"]) for item in suspects)
+    return line
+
+
+def summary_lines(verdict, path):
+    """``[(text, colour or None)]``: the title, the matrix, the all-reduce and where the run is."""
+    label = LABELS.get(os.path.basename(path), "PREFLIGHT")
+    title = "%s SUMMARY: %s, %d/%d nodes healthy" % (label, verdict["status"].upper(), len(verdict["healthy_hosts"]),
+                                                     len(verdict["hosts"]))
+    lines = [(title, C.COLOR_OK if verdict["status"] == "pass" else C.COLOR_ERROR)]
+    lines += [(text, COLORS.get(status)) for text, status in matrix(verdict)]
+    lines.append((allreduce_line(verdict), None))
+    lines.append(("run directory: %s" % (verdict.get("run_dir") or os.path.dirname(path)), None))
+    lines.append(("verdict: %s" % path, None))
+    return lines
+
+
+class CallbackModule(CallbackBase):
+    """See DOCUMENTATION."""
+
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "preflight_summary"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self, display=None):
+        super().__init__(display=display)
+        self.verdict_files = []
+        self.playbook = None
+
+    def v2_playbook_on_start(self, playbook):
+        self.playbook = os.path.basename(getattr(playbook, "_file_name", "") or "")
+
+    def _remember(self, result):
+        # The action's own name or a collection-qualified one (ansible.legacy.preflight_verdict).
+        if result._task.action.rsplit(".", 1)[-1] != VERDICT_ACTION:
+            return
+        path = result._result.get("verdict_file")
+        if path and path not in self.verdict_files:
+            self.verdict_files.append(path)
+
+    def v2_runner_on_ok(self, result):
+        self._remember(result)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        # A verdict that is not pass fails its task: that is when the matrix matters most.
+        self._remember(result)
+
+    def v2_playbook_on_stats(self, stats):
+        if not self.verdict_files:
+            if self.playbook in PLAYBOOKS:
+                self._display.display("PREFLIGHT SUMMARY: no verdict was written (the run stopped before its "
+                                      "verdict task; see the errors above)", color=C.COLOR_ERROR)
+            return
+        for path in self.verdict_files:
+            self._display.display("")
+            try:
+                verdict = load(path)
+            except VerdictError as exc:
+                self._display.display("PREFLIGHT SUMMARY: %s" % exc, color=C.COLOR_ERROR)
+                continue
+            for text, color in summary_lines(verdict, path):
+                self._display.display(text, color=color)

@@ -1,0 +1,272 @@
+# -*- coding: utf-8 -*-
+"""What other tools read from a verdict: JUnit, Prometheus, host lists.
+
+Controller-side only (it imports ``junit_xml``, ``prometheus_client`` and
+nothing a node has); called by the verdict action plugin after the verdict
+file is written.  Every function is a pure function of the verdict dict
+(``module_utils/preflight_verdict.py`` ``build_verdict``) except
+:func:`write_outputs`, which writes them all into the run directory.
+
+``junit.xml`` -- one ``<testsuite>`` per node (``name`` and ``hostname`` the node),
+one ``<testcase>`` per check of that node: ``classname`` the node, ``name`` the
+check (``allreduce.correctness``).  A CI job or a dashboard that reads JUnit
+then shows which node failed which check, with what to do:
+
+=================================  ==========================================
+check                               JUnit
+=================================  ==========================================
+``pass``                            passed
+``warn``                            passed, ``<system-out>`` ``WARN`` + found /
+                                    expected / fix: drift that does not block a
+                                    job, like the node it leaves ``healthy``
+``not_applicable``, ``skipped``     ``<skipped>`` with the reason
+``fail``                            ``<failure>``: message found, text found /
+                                    expected / fix
+blocked (``details.blocked``,       ``<error>`` (type ``unverified``): the check
+any status but ``fail``)            could not prove anything because of another
+                                    node or a cluster-wide problem -- JUnit's
+                                    "could not run", not "ran and was wrong"
+=================================  ==========================================
+
+``preflight.prom`` -- Prometheus text format for node_exporter's textfile
+collector (it reads ``*.prom`` in its ``--collector.textfile.directory``: link
+``results/latest/preflight.prom`` there, and give node_exporter's group read
+access, the file is ``0640``).  Every series carries ``kind`` (``preflight``,
+``healthcheck``, ``bringup``) so the reports of different playbooks can sit
+side by side in that directory.
+
+* ``preflight_check_status{kind,host,check}`` -- a numeric code ordered by
+  severity, so ``>= 3`` is everything that needs attention: 0 pass,
+  1 not_applicable, 2 skipped, 3 warn, 4 blocked (unverified), 5 fail.  A code
+  rather than one series per status keeps the cardinality at nodes x checks.
+* ``preflight_host_status{kind,host,status}`` -- one-hot over pass, warn,
+  unverified, fail (``count(preflight_host_status{status="fail"} == 1)``).
+* ``preflight_host_reachable{kind,host}`` -- 1, or 0 when the node stopped answering.
+* ``preflight_run_status{kind,status}`` -- one-hot over pass, fail;
+  ``preflight_run_timestamp_seconds{kind}`` -- when the verdict was made;
+  ``preflight_run_info{kind,run_id,run_dir}`` -- 1.
+* With an all-reduce (``preflight.yml``): ``preflight_allreduce_status{kind,status}``
+  one-hot over pass, fail, skipped; ``preflight_allreduce_world_size`` and
+  ``preflight_allreduce_planned_world_size``; per message size (rank 0's timing)
+  ``preflight_allreduce_busbw_bytes_per_second``,
+  ``preflight_allreduce_algbw_bytes_per_second`` (the verdict's GB/s x 1e9:
+  Prometheus wants base units) and ``preflight_allreduce_duration_seconds``
+  (one timed all-reduce of that size).
+
+Host lists, of the nodes the verdict calls healthy (``healthy_hosts``: ``pass``
+and ``warn``), in the verdict's order; empty files when none is, so a stale list
+is never used:
+
+* ``hostfile`` -- ``<host> slots=<N>`` (MPI, DeepSpeed), ``N`` the ranks the
+  all-reduce planned on that node.  A verdict without an all-reduce
+  (healthcheck, bring-up) knows no rank count: the line is the bare name (MPI
+  then counts the node's cores; DeepSpeed refuses the line rather than guess).
+* ``hosts.txt`` -- one node per line (``pdsh -w ^hosts.txt``, ``xargs``).
+* ``hosts.csv`` -- one line, comma-separated (``pdsh -w "$(cat hosts.csv)"``,
+  ``srun --nodelist``).
+"""
+
+from __future__ import annotations
+
+import calendar
+import os
+import tempfile
+import time
+
+from junit_xml import TestCase, TestSuite, to_xml_report_string
+from prometheus_client import CollectorRegistry, Gauge, Info, generate_latest
+
+JUNIT_FILE = "junit.xml"
+PROM_FILE = "preflight.prom"
+HOSTFILE = "hostfile"
+HOSTS_TXT = "hosts.txt"
+HOSTS_CSV = "hosts.csv"
+# Readable by the operator's group (node_exporter, a CI agent), not by every user:
+# the texts name the cluster's nodes, addresses and weaknesses.
+MODE = 0o640
+
+# Severity order for preflight_check_status (documented above; never renumber).
+CHECK_CODES = {"pass": 0, "not_applicable": 1, "skipped": 2, "warn": 3, "blocked": 4, "fail": 5}
+HOST_STATUSES = ("pass", "warn", "unverified", "fail")
+RUN_STATUSES = ("pass", "fail")
+ALLREDUCE_STATUSES = ("pass", "fail", "skipped")
+
+
+def check_state(check):
+    """``check``'s status, or ``blocked`` when another node or the cluster kept it from proving anything.
+
+    A blocked ``fail`` stays ``fail``: the node status (``preflight_checks.node_status``)
+    puts a failure before everything else too."""
+    status = check.get("status")
+    if status != "fail" and (check.get("details") or {}).get("blocked"):
+        return "blocked"
+    return status if status in CHECK_CODES else "fail"
+
+
+def _explain(check):
+    return "found: %s\nexpected: %s\nfix: %s" % (check.get("found", ""), check.get("expected", ""),
+                                                 check.get("fix") or "-")
+
+
+def _timestamp(verdict):
+    """``finished`` (``%Y-%m-%dT%H:%M:%SZ``, UTC) as seconds since the epoch; now when absent."""
+    finished = verdict.get("finished")
+    if not finished:
+        return time.time()
+    return float(calendar.timegm(time.strptime(finished, "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def junit_suites(verdict):
+    """One ``junit_xml.TestSuite`` per node of the verdict, one test case per check."""
+    suites = []
+    for host in verdict["hosts"]:
+        node = verdict["nodes"][host]
+        cases = []
+        for name, check in sorted(node["checks"].items()):
+            state = check_state(check)
+            case = TestCase(name, classname=host, timestamp=verdict.get("finished"))
+            if state == "fail":
+                case.add_failure_info(message=check.get("found") or name, output=_explain(check),
+                                      failure_type="fail")
+            elif state == "blocked":
+                case.add_error_info(message=check.get("found") or name, output=_explain(check),
+                                    error_type="unverified")
+            elif state in ("not_applicable", "skipped"):
+                case.add_skipped_info(message="%s: %s" % (state, check.get("found", "")))
+            elif state == "warn":
+                case.stdout = "WARN\n" + _explain(check)
+            cases.append(case)
+        suites.append(TestSuite(host, cases, hostname=host, id=verdict.get("run_id"),
+                                timestamp=verdict.get("finished"),
+                                properties={"node_status": node["status"], "reachable": str(node.get("reachable")),
+                                            "verdict_status": verdict["status"],
+                                            "run_dir": str(verdict.get("run_dir") or "")}))
+    return suites
+
+
+def junit_xml(verdict):
+    """``junit.xml`` as text."""
+    return to_xml_report_string(junit_suites(verdict), prettyprint=True, encoding="utf-8")
+
+
+def prometheus_registry(verdict, kind="preflight"):
+    """A ``CollectorRegistry`` holding the verdict's metrics (see the module's docstring)."""
+    registry = CollectorRegistry(auto_describe=True)
+
+    def gauge(name, documentation, labels):
+        return Gauge(name, documentation, ["kind"] + list(labels), registry=registry)
+
+    check_status = gauge("preflight_check_status", "Check outcome: 0 pass, 1 not_applicable, 2 skipped, 3 warn, "
+                                                   "4 blocked (unverified), 5 fail.", ["host", "check"])
+    host_status = gauge("preflight_host_status", "Node status, one-hot over pass, warn, unverified, fail.",
+                        ["host", "status"])
+    reachable = gauge("preflight_host_reachable", "1 when the node answered at every stage of the run.", ["host"])
+    for host in verdict["hosts"]:
+        node = verdict["nodes"][host]
+        for name, check in node["checks"].items():
+            check_status.labels(kind, host, name).set(CHECK_CODES[check_state(check)])
+        for status in HOST_STATUSES:
+            host_status.labels(kind, host, status).set(1 if node["status"] == status else 0)
+        reachable.labels(kind, host).set(1 if node.get("reachable", True) else 0)
+    run_status = gauge("preflight_run_status", "The verdict, one-hot over pass, fail.", ["status"])
+    for status in RUN_STATUSES:
+        run_status.labels(kind, status).set(1 if verdict["status"] == status else 0)
+    gauge("preflight_run_timestamp_seconds", "When the verdict was made, seconds since the epoch.",
+          []).labels(kind).set(_timestamp(verdict))
+    Info("preflight_run", "The run the metrics come from.", ["kind"], registry=registry).labels(kind).info(
+        {"run_id": str(verdict.get("run_id") or ""), "run_dir": str(verdict.get("run_dir") or "")})
+    gate = verdict.get("allreduce")
+    if gate:
+        gate_status = gauge("preflight_allreduce_status", "The all-reduce gate, one-hot over pass, fail, skipped.",
+                            ["status"])
+        for status in ALLREDUCE_STATUSES:
+            gate_status.labels(kind, status).set(1 if gate.get("status") == status else 0)
+        for key in ("world_size", "planned_world_size"):
+            if gate.get(key) is not None:
+                gauge("preflight_allreduce_%s" % key, "Ranks of the all-reduce (%s)." % key.replace("_", " "),
+                      []).labels(kind).set(gate[key])
+        sizes = gate.get("sizes") or []
+        if sizes:
+            busbw = gauge("preflight_allreduce_busbw_bytes_per_second",
+                          "All-reduce bus bandwidth (nccl-tests busbw) at a message size, rank 0.", ["size_bytes"])
+            algbw = gauge("preflight_allreduce_algbw_bytes_per_second",
+                          "All-reduce algorithm bandwidth at a message size, rank 0.", ["size_bytes"])
+            duration = gauge("preflight_allreduce_duration_seconds",
+                             "Time of one all-reduce at a message size, rank 0.", ["size_bytes"])
+            for row in sizes:
+                size = str(row["size_bytes"])
+                busbw.labels(kind, size).set(row["busbw_gbps"] * 1e9)
+                algbw.labels(kind, size).set(row["algbw_gbps"] * 1e9)
+                duration.labels(kind, size).set(row["time_us"] / 1e6)
+    return registry
+
+
+def prometheus_text(verdict, kind="preflight"):
+    """``preflight.prom`` as bytes (Prometheus text exposition format)."""
+    return generate_latest(prometheus_registry(verdict, kind))
+
+
+def slots_by_host(verdict):
+    """Ranks the all-reduce planned on each node (its rank rows, reported or not)."""
+    slots = {}
+    for row in (verdict.get("allreduce") or {}).get("ranks") or []:
+        if row.get("host"):
+            slots[row["host"]] = slots.get(row["host"], 0) + 1
+    return slots
+
+
+def healthy_hosts(verdict):
+    """The nodes the verdict calls healthy, in the verdict's order."""
+    healthy = set(verdict.get("healthy_hosts") or [])
+    return [host for host in verdict["hosts"] if host in healthy]
+
+
+def host_lists(verdict):
+    """``{file name: text}`` of ``hostfile``, ``hosts.txt`` and ``hosts.csv``."""
+    hosts = healthy_hosts(verdict)
+    slots = slots_by_host(verdict)
+    lines = ["%s slots=%d" % (host, slots[host]) if slots.get(host) else host for host in hosts]
+    return {
+        HOSTFILE: "".join(line + "\n" for line in lines),
+        HOSTS_TXT: "".join(host + "\n" for host in hosts),
+        HOSTS_CSV: ",".join(hosts) + "\n" if hosts else "",
+    }
+
+
+def _write(path, data, mode):
+    """``data`` (bytes) to ``path`` through a temp file in the same directory.
+
+    Bytes rather than text, so the XML and the metrics are UTF-8 whatever the
+    controller's locale; the mode is set before the rename, so the file is never
+    visible with wider permissions, nor half-written (node_exporter may read it
+    at any moment)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-%s." % os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_outputs(verdict, run_dir, kind="preflight", mode=MODE):
+    """Write ``junit.xml``, ``preflight.prom``, ``hostfile``, ``hosts.txt`` and ``hosts.csv`` into
+    ``run_dir``, each atomically with ``mode``; returns ``{file name: absolute path}``.
+
+    ``run_dir`` must exist: it is the verdict's (``write_run_dir`` creates it with the
+    run's permissions), so it is never created here with the umask's.  Everything is
+    rendered before the first file is written, so a verdict these outputs cannot
+    represent raises without leaving half of them behind.
+    """
+    rendered = {JUNIT_FILE: junit_xml(verdict).encode("utf-8"), PROM_FILE: prometheus_text(verdict, kind)}
+    rendered.update((name, text.encode("utf-8")) for name, text in host_lists(verdict).items())
+    paths = {}
+    for name, data in rendered.items():
+        paths[name] = os.path.abspath(os.path.join(run_dir, name))
+        _write(paths[name], data, mode)
+    return paths
