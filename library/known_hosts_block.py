@@ -173,8 +173,10 @@ diff:
   type: dict
 """
 
+import socket
+
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_files import write_atomic
+from ansible.module_utils.preflight_files import refuse_symlinks, write_atomic
 from ansible.module_utils.preflight_ssh import (MARKER, SshTrustError, join_block, markers, plan_block, read_text,
                                                 rooted, sha256_text, split_block)
 from ansible.module_utils.preflight_ssh_trust import known_hosts_check
@@ -207,7 +209,8 @@ def main():
     try:
         mode = int(str(params["mode"]), 8)
     except ValueError:
-        module.fail_json(msg="mode %r is not an octal file mode such as 0644" % params["mode"])
+        module.fail_json(msg="Found: mode %r for %s on %s. Expected: an octal file mode such as 0644. Fix: set mode "
+                             "to an octal string." % (params["mode"], path, socket.gethostname()))
     before = read_text(full)
     try:
         if params["state"] == "absent":
@@ -219,7 +222,8 @@ def main():
             plan = plan_block(before, params["entries"], params["keep_nodes"], params["accept_changed"],
                               params["marker"], path)
     except SshTrustError as exc:
-        module.fail_json(msg="%s: %s" % (path, exc))
+        # SshTrustError's text already says what was found, what is expected and the fix.
+        module.fail_json(msg="%s on %s: %s" % (path, socket.gethostname(), exc))
 
     after = plan["text"]
     if before is None and not after:
@@ -231,8 +235,11 @@ def main():
                   missing=[m for m in plan["missing"] if m["node"] not in held_back],
                   before_sha256=sha256_text(before), after_sha256=sha256_text(after))
 
+    if changed:
+        # Decided before acting, in check mode too: the real run would refuse a symlinked file.
+        refuse_symlinks(module, [(full, path)])
     if changed and not module.check_mode:
-        backup_file = write_atomic(module, full, after or "", mode=mode, backup=params["backup"])
+        backup_file = write_atomic(module, full, after or "", mode=mode, backup=params["backup"], logical=path)
         if backup_file:
             result["backup_file"] = backup_file
 

@@ -13,9 +13,16 @@ description:
     cluster known-hosts set can be built without an unauthenticated C(ssh-keyscan) of the network.
     The connection that runs this module is itself host-key checked, which is what makes the keys
     trustworthy.
-  - The key files are the C(HostKey) lines of O(sshd_config) (following its C(Include) lines, up to
-    the first C(Match) block), or sshd's default list when it names none, each with C(.pub)
-    appended. O(host_key_files) replaces that discovery.
+  - The key files are those the B(running) sshd serves. The process listening on O(port) is found
+    from C(/proc/net/tcp) and C(/proc/net/tcp6) (the socket's inode) and C(/proc/PID/fd); its command
+    line gives its configuration (C(-f FILE), C(/etc/ssh/sshd_config) without one), its C(-h KEY) and
+    C(-o OPTION) arguments, and C(sshd -T) with them lists the C(HostKey) files (retried with
+    C(-C user=root,host=localhost,addr=127.0.0.1) for Match blocks). Without C(sshd -T) (no binary, not
+    root) the configuration is parsed (C(Include) lines followed up to the first C(Match) block). Each
+    key is read from its C(.pub).
+  - O(sshd_config) (that configuration instead of the running sshd's) and O(host_key_files) (these
+    files) are explicit overrides. When no sshd is found listening (not root, socket activation)
+    C(/etc/ssh/sshd_config) is assumed and the check is a C(warn) saying why.
   - A host key without its C(.pub) file is derived with C(ssh-keygen -y); the private key is read by
     ssh-keygen only and never returned.
   - Also returns the node's host name and FQDN as the node reports them, so no fact gathering is
@@ -27,13 +34,19 @@ version_added: "1.0.0"
 author: Cluster preflight maintainers
 options:
   sshd_config:
-    description: The sshd configuration whose C(HostKey) lines name the keys.
-    type: path
-    default: /etc/ssh/sshd_config
+    description:
+      - An sshd configuration whose C(HostKey) lines name the keys, instead of the running sshd's; empty finds the
+        sshd listening on O(port).
+    type: str
+    default: ""
+  port:
+    description: The TCP port of the sshd whose keys are read (the port the other nodes reach it on).
+    type: int
+    default: 22
   host_key_files:
     description:
       - Host key files to read instead of the ones O(sshd_config) names; a private key path or its
-        C(.pub). For an sshd started with C(-f) or C(-h) elsewhere.
+        C(.pub). Replaces every discovery.
     type: list
     elements: path
     default: []
@@ -82,6 +95,15 @@ host_key_files:
   returned: always
   type: list
   elements: str
+sshd:
+  description:
+    - Where the key files came from - source (C(listener), C(ssh_trust_sshd_config), C(ssh_trust_host_key_files) or
+      C(default)), config, how (C(sshd -T) or parsed), port, pid and argv of the listening sshd, and discovery (why no
+      running sshd was found).
+  returned: always
+  type: dict
+  sample: {source: listener, config: /srv/sshd/sshd_config, how: sshd -T, port: 22, pid: 1,
+           argv: [/usr/sbin/sshd, -D, -f, /srv/sshd/sshd_config], discovery: ""}
 problems:
   description:
     - A missing or unreadable sshd configuration, and key files that could not be read or parsed, with the reason.
@@ -94,7 +116,8 @@ check_mode:
   type: bool
 checks:
   description:
-    - C(ssh_host_keys), pass when at least one host public key was read; otherwise a fail whose fix names
+    - C(ssh_host_keys), pass when at least one host public key was read from the running sshd's files; warn when no
+      running sshd was found (the default configuration was assumed); otherwise a fail whose fix names
       O(sshd_config) and O(host_key_files).
   returned: always
   type: dict
@@ -111,23 +134,26 @@ from ansible.module_utils.preflight_ssh_trust import host_keys_check
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            sshd_config=dict(type="path", default="/etc/ssh/sshd_config"),
+            sshd_config=dict(type="str", default=""),
             host_key_files=dict(type="list", elements="path", default=[]),
+            port=dict(type="int", default=22),
             root=dict(type="path", default="/"),
         ),
         supports_check_mode=True,
     )
     params = module.params
     root = params["root"]
-    paths, problem = host_key_sources(root, params["sshd_config"], params["host_key_files"])
-    keys, problems = read_host_keys(root, paths, NodeOps(module))
+    ops = NodeOps(module)
+    paths, problem, sshd = host_key_sources(root, params["sshd_config"], params["host_key_files"], ops,
+                                            params["port"])
+    keys, problems = read_host_keys(root, paths, ops)
     if problem:
         problems.insert(0, problem)
     hostname = socket.gethostname()
     fqdn = socket.getfqdn() or hostname
-    check = host_keys_check(hostname, keys, problems, params["sshd_config"])
+    check = host_keys_check(hostname, keys, problems, sshd)
     module.exit_json(changed=False, hostname=hostname, fqdn=fqdn, short_name=hostname.split(".")[0], keys=keys,
-                     host_key_files=[p[:-4] if p.endswith(".pub") else p for p in paths], problems=problems,
+                     host_key_files=[p[:-4] if p.endswith(".pub") else p for p in paths], problems=problems, sshd=sshd,
                      check_mode=module.check_mode, checks={"ssh_host_keys": check})
 
 

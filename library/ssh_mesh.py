@@ -26,6 +26,10 @@ description:
     whether the cluster key is offered.
   - When pdsh is installed, also runs C(PDSH_RCMD_TYPE=ssh pdsh -w HOSTS date) as the multi-node
     debugging recipes do (check C(ssh_pdsh)); when it is not, that check is not applicable.
+  - "Also runs C(ssh-keyscan) against each peer's first target: the host keys its sshd really presents
+    (RV(served)). With a peer's O(peers[].keys) (the keys read from its files), C(ssh_served_<peer>)
+    fails when the sshd serves a key that none of those files holds (keys read from the wrong sshd
+    configuration). Scanned keys are compared, never trusted or written."
   - C(UpdateHostKeys=no) keeps ssh from writing any known_hosts file; nothing on the node changes.
   - Never fails for a finding. The same code runs in the preflight's probe (C(probe) of
     C(module_utils/preflight_ssh_trust.py)), which reports the same findings per node as C(ssh_trust.mesh),
@@ -52,6 +56,11 @@ options:
         description: sshd port of the peer.
         type: int
         default: 22
+      keys:
+        description: The peer's host public keys as read from its own files (C(TYPE BASE64)); enables C(ssh_served_<peer>).
+        type: list
+        elements: str
+        default: []
   source:
     description: This node's name in the results; defaults to its host name.
     type: str
@@ -120,6 +129,14 @@ options:
     description: The pdsh executable.
     type: str
     default: pdsh
+  keyscan:
+    description: Run C(ssh-keyscan) against every peer (RV(served)).
+    type: bool
+    default: true
+  keyscan_bin:
+    description: The ssh-keyscan executable.
+    type: str
+    default: ssh-keyscan
   root:
     description: Prefix for reading the known_hosts file ssh names as offending; tests point it at a sandbox tree.
     type: path
@@ -163,8 +180,14 @@ pdsh:
       C(no_hosts) or C(not_installed).
   returned: always
   type: dict
+served:
+  description: Per peer, C({target, keys, error}) - the host keys its sshd presented to C(ssh-keyscan).
+  returned: always
+  type: dict
 checks:
-  description: C(ssh_host_key_<peer>) and C(ssh_login_<peer>) per peer, C(ssh_client_config) and C(ssh_pdsh).
+  description:
+    - C(ssh_host_key_<peer>) and C(ssh_login_<peer>) per peer, C(ssh_served_<peer>) per peer given O(peers[].keys),
+      C(ssh_client_config) and C(ssh_pdsh).
   returned: always
   type: dict
 """
@@ -176,7 +199,7 @@ from ansible.module_utils.preflight_checks import worst
 from ansible.module_utils.preflight_node import NodeOps
 from ansible.module_utils.preflight_ssh import forbidden_ssh_options, run_mesh
 from ansible.module_utils.preflight_ssh_trust import (client_config_check, pdsh_check, peer_host_key_check,
-                                                      peer_login_check)
+                                                      peer_login_check, served_keys_check)
 
 
 def main():
@@ -186,6 +209,7 @@ def main():
                 node=dict(type="str", required=True),
                 targets=dict(type="list", elements="str", required=True),
                 port=dict(type="int", default=22),
+                keys=dict(type="list", elements="str", default=[], no_log=False),
             )),
             source=dict(type="str"),
             user=dict(type="str", default=""),
@@ -199,6 +223,8 @@ def main():
             pdsh_hosts=dict(type="list", elements="str", default=[]),
             ssh_bin=dict(type="str", default="ssh"),
             pdsh_bin=dict(type="str", default="pdsh"),
+            keyscan=dict(type="bool", default=True),
+            keyscan_bin=dict(type="str", default="ssh-keyscan"),
             root=dict(type="path", default="/"),
             known_hosts_file=dict(type="str", default="/etc/ssh/ssh_known_hosts"),
             identity_file=dict(type="str", default=""),
@@ -209,18 +235,22 @@ def main():
     params = module.params
     source = params["source"] or socket.gethostname()
     if params["connect_timeout"] < 1 or params["timeout"] <= params["connect_timeout"] or params["parallel"] < 1:
-        module.fail_json(msg="need connect_timeout >= 1, timeout > connect_timeout and parallel >= 1 (got %s, %s, %s)"
-                         % (params["connect_timeout"], params["timeout"], params["parallel"]))
+        module.fail_json(msg="Found: connect_timeout %s, timeout %s, parallel %s on %s. Expected: connect_timeout >= 1, "
+                             "timeout > connect_timeout and parallel >= 1. Fix: set them so (defaults 5, 20, 32)."
+                         % (params["connect_timeout"], params["timeout"], params["parallel"], source))
     for option in forbidden_ssh_options(params["ssh_options"]):
-        module.fail_json(msg="ssh_options may not set %r: the check measures the node's own host-key checking"
-                         % option)
+        module.fail_json(msg="Found: ssh_options sets %r on %s. Expected: no option that relaxes or bypasses "
+                             "host-key checking (the check measures the node's own). Fix: remove it from ssh_options."
+                         % (option, source))
     report = run_mesh(NodeOps(module), source, params["peers"], user=params["user"],
                       connect_timeout=params["connect_timeout"], timeout=params["timeout"],
                       parallel=params["parallel"], ssh_options=params["ssh_options"], connect=True,
                       pdsh=params["pdsh"], pdsh_hosts=params["pdsh_hosts"], ssh_bin=params["ssh_bin"],
-                      pdsh_bin=params["pdsh_bin"], root=params["root"])
+                      pdsh_bin=params["pdsh_bin"], root=params["root"], keyscan=params["keyscan"],
+                      keyscan_bin=params["keyscan_bin"])
     if report["problem"]:
-        module.fail_json(msg=report["problem"])
+        module.fail_json(msg="Found: %s. Expected: an ssh client on %s. Fix: install openssh-client on %s."
+                             % (report["problem"], source, source))
 
     results = report["results"]
     checks = {}
@@ -232,6 +262,9 @@ def main():
                                                                        params["unknown_policy"])
         checks["ssh_login_%s" % peer["node"]] = peer_login_check(source, peer["node"], rows, params["login_policy"],
                                                                  peer["port"])
+        if peer["keys"]:
+            checks["ssh_served_%s" % peer["node"]] = served_keys_check(source, peer["node"], peer["keys"],
+                                                                       report["served"].get(peer["node"]))
     checks["ssh_client_config"] = client_config_check(source, report["client_config"], params["known_hosts_file"],
                                                       params["identity_file"], params["relaxed"])
     checks["ssh_pdsh"] = pdsh_check(source, report["pdsh"], [h for h in params["pdsh_hosts"] if h],
@@ -243,7 +276,7 @@ def main():
         counts[row["status"]] = counts.get(row["status"], 0) + 1
     status = worst(c["status"] for c in checks.values())
     module.exit_json(changed=False, source=source, results=results, client_config=report["client_config"],
-                     pdsh=report["pdsh"],
+                     pdsh=report["pdsh"], served=report["served"],
                      checks=checks, counts=counts,
                      msg="%s: %d ssh target(s), %s; worst check %s" % (
                          source, len(results), ", ".join("%s %d" % kv for kv in sorted(counts.items())) or "none",

@@ -4,21 +4,25 @@
 The faces of ``module_utils/preflight_capabilities.py``:
 
 * :func:`validate` - inputs the argument spec cannot judge (ranges, file names, paths).
-* :func:`read_args` / :func:`read` - on the node: its host keys (from the files its sshd
-  configuration names, never a network scan), its names, the managed block of the cluster
-  known-hosts file, the ssh client's Include of ``ssh_config.d`` and the drop-in, and the
-  cluster user key's state.  A node without sshd or its configuration reads fine: that is a fact.
+* :func:`read_args` / :func:`read` - on the node: its host keys (from the files the RUNNING sshd
+  serves: the process listening on ssh_trust_port, its -f/-h/-o and ``sshd -T``; never a network
+  scan), its self-reported names, the managed block of the cluster known-hosts file, the ssh
+  client's Include of ``ssh_config.d`` and the drop-in, and each cluster key user's home, ~/.ssh,
+  own pair (never its private content) and authorized cluster key lines.  A node without sshd or
+  its configuration reads fine: that is a fact.
 * :func:`plan` - on the controller, over every node: the known-hosts entries every node should
-  hold (what the writer ``known_hosts_block`` writes and the audit compares with), each node's
-  mesh peers, the client drop-in, where the cluster key comes from, and which nodes' keys changed.
+  hold under its inventory names only (what the writer ``known_hosts_block`` writes and the audit
+  compares with), names two nodes share, each node's mesh peers, the client drop-in, the cluster
+  key users and addresses, and which nodes' keys changed.
 * :func:`probe_args` / :func:`probe` - on the node: ssh to every peer with BatchMode and
-  StrictHostKeyChecking=yes, in parallel and bounded, ``ssh -G`` per peer, pdsh when installed.
+  StrictHostKeyChecking=yes, in parallel and bounded, ``ssh -G`` per peer, ``ssh-keyscan`` of
+  each peer (the keys its sshd serves, compared with its files), pdsh when installed.
 * :func:`decide` - on the controller, pure: facts, plan and probes into checks.
 
 The check builders for one peer (:func:`peer_host_key_check`, :func:`peer_login_check`), the
 client configuration, pdsh, the known-hosts block and the host keys are shared with the
-modules ``ssh_mesh``, ``known_hosts_block`` and ``ssh_host_keys``, so the audit and bring-up
-judge alike.
+modules ``ssh_mesh``, ``known_hosts_block``, ``ssh_host_keys`` and ``ssh_cluster_key`` (which
+judges ~/.ssh with the same ``ssh_dir_refusal``), so the audit and bring-up judge alike.
 """
 
 from __future__ import annotations
@@ -31,18 +35,20 @@ import socket
 from ansible.module_utils.preflight_checks import (check, failed, not_applicable, passed, skipped, warned,
                                                    worst)
 from ansible.module_utils.preflight_ssh import (KNOWN_HOSTS, MARKER, SSHD_CONFIG, SshTrustError, _NAME,
-                                                host_key_sources, host_key_verified, included, markers,
-                                                normalize_entries,
-                                                parse_public_key, plan_block, read_file, read_host_keys,
-                                                rooted, run_mesh, split_block, ssh_config_includes,
-                                                split_lines)
+                                                host_key_sources, host_key_verified, host_token, included,
+                                                is_managed_line, markers, normalize_entries,
+                                                UnsafeDirectory, open_ssh_dir, parse_authorized_line,
+                                                parse_public_key, plan_block, private_key_state, read_file,
+                                                read_host_keys, read_in_dir, rooted, run_mesh, safe_fingerprint,
+                                                split_block, split_lines, ssh_config_includes, ssh_dir_refusal,
+                                                user_ssh_state)
 
 CAPABILITY = "ssh_trust"
 
 # The role's defaults (roles/ssh_trust/defaults/main.yml; a unit test keeps them equal), used
 # when a setting is absent.  ssh_trust_login_policy's default depends on ssh_trust_cluster_key.
 DEFAULTS = {
-    "ssh_trust_sshd_config": SSHD_CONFIG,
+    "ssh_trust_sshd_config": "",
     "ssh_trust_host_key_files": [],
     "ssh_trust_port": 22,
     "ssh_trust_extra_names": [],
@@ -75,7 +81,6 @@ KEY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 DROPIN = re.compile(r"^/.*/ssh_config\.d/[^/]+\.conf$")
 USER_NAME = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.-]*\$?$")
 COMMENT = re.compile(r"^[A-Za-z0-9_.@:+=-]+$")
-_AUTHORIZED_KEY = re.compile(r"(?:^|\s)((?:ssh|ecdsa|sk)-[A-Za-z0-9@.-]+)\s+([A-Za-z0-9+/]+=*)(?:\s|$)")
 # How many peers a found text names before it summarises.
 LIST_LIMIT = 8
 
@@ -186,9 +191,12 @@ def validate(settings):
         problem("pdsh", "ssh_trust_pdsh is %r" % (pdsh,), "auto or never", "set ssh_trust_pdsh to auto or never")
     for key in ("sshd_config", "known_hosts_file", "ssh_config"):
         value = setting(settings, key)
+        if key == "sshd_config" and value == "":
+            continue  # empty: the configuration of the sshd listening on ssh_trust_port
         if not isinstance(value, str) or not value.startswith("/"):
-            problem(key, "ssh_trust_%s is %r" % (key, value), "an absolute path",
-                    "set ssh_trust_%s to an absolute path (default %s)" % (key, DEFAULTS["ssh_trust_" + key]))
+            problem(key, "ssh_trust_%s is %r" % (key, value), "an absolute path%s" % (
+                " or empty (the configuration of the sshd listening on ssh_trust_port)" if key == "sshd_config" else ""),
+                    "set ssh_trust_%s to an absolute path (default %s)" % (key, DEFAULTS["ssh_trust_" + key] or "''"))
     files = setting(settings, "host_key_files")
     relative = [path for path in as_list(files) if not path.startswith("/")]
     if relative or not isinstance(files, (list, tuple)):
@@ -210,8 +218,9 @@ def read_args(settings, node):
     """What :func:`read` needs on ``node``; ssh_trust is never switched off as a whole."""
     return {
         "node": node["name"],
-        "sshd_config": setting(settings, "sshd_config"),
+        "sshd_config": setting(settings, "sshd_config") or "",
         "host_key_files": as_list(setting(settings, "host_key_files")),
+        "port": _port(settings),
         "known_hosts_file": setting(settings, "known_hosts_file"),
         "marker": MARKER,
         "ssh_config": setting(settings, "ssh_config"),
@@ -224,82 +233,93 @@ def read_args(settings, node):
     }
 
 
-def _passwd_home(root, user, ops):
-    """``(home, problem)`` of ``user``: getent (NSS, so directory users too), else the passwd file."""
+def passwd_entry(root, user, ops):
+    """``({home, uid, gid}, problem)`` of ``user``: getent (NSS, so directory users too), else the passwd file."""
+    def entry(fields):
+        try:
+            return {"home": fields[5], "uid": int(fields[2]), "gid": int(fields[3])}
+        except (IndexError, ValueError):
+            return None
     getent = ops.which("getent")
     if getent:
         rc, out, err = ops.run([getent, "passwd", user], timeout=10)
         if rc == 0 and out.strip():
-            fields = out.strip().splitlines()[0].split(":")
-            if len(fields) >= 6 and fields[5]:
-                return fields[5], None
+            found = entry(out.strip().splitlines()[0].split(":"))
+            if found and found["home"]:
+                return found, None
         if rc == 2 or (rc == 0 and not out.strip()):
             return None, "no user %s" % user
         return None, "getent passwd %s failed (rc %s): %s" % (user, rc, (err or "").strip()[:200])
     if root in ("", "/"):
         try:
-            return pwd.getpwnam(user).pw_dir, None
+            record = pwd.getpwnam(user)
         except KeyError:
             return None, "no user %s" % user
+        return {"home": record.pw_dir, "uid": record.pw_uid, "gid": record.pw_gid}, None
     text, problem = read_file(rooted(root, "/etc/passwd"))
     for line in split_lines(text or ""):
         fields = line.rstrip("\n").split(":")
-        if fields[0] == user and len(fields) >= 6:
-            return fields[5], None
+        if fields[0] == user and entry(fields):
+            return entry(fields), None
     return None, problem or "no user %s" % user
 
 
-def _authorized_lines(text, comment):
-    """The authorized_keys lines ending in ``comment``: ``[{options, public_key, fingerprint}]``."""
-    found = []
-    for line in split_lines(text or ""):
-        line = line.strip()
-        if not line or line.startswith("#") or line.split()[-1] != comment:
-            continue
-        match = _AUTHORIZED_KEY.search(line)
-        if not match:
-            found.append({"options": "", "public_key": "", "fingerprint": "(unreadable key)"})
-            continue
-        options = line[:match.start()].strip()
+def _read_user_ssh(entry, root, name, comment):
+    """The pair's state and the authorized_keys lines of one user, read through a descriptor of
+    ~/.ssh opened without following links (a user cannot make root read another file here)."""
+    try:
+        dir_fd = open_ssh_dir(root, entry["home"])
+    except (UnsafeDirectory, OSError) as exc:
+        entry["problem"] = str(exc)
+        return
+    problems = []
+    try:
+        key = private_key_state(dir_fd, name)
+        entry.update(private=key.get("kind") == "file", private_mode=key.get("mode"), private_uid=key.get("uid"))
         try:
-            key = parse_public_key("%s %s" % (match.group(1), match.group(2)))
-        except SshTrustError:
-            found.append({"options": options, "public_key": "", "fingerprint": "(unreadable key)"})
-            continue
-        found.append({"options": options, "public_key": "%s %s" % (key["type"], key["blob"]),
-                      "fingerprint": key["fingerprint"]})
-    return found
+            text = read_in_dir(dir_fd, name + ".pub", entry["uid"])
+        except UnsafeDirectory as exc:
+            text = None
+            problems.append("%s.pub: %s" % (entry["path"], exc))
+        if text is not None:
+            try:
+                parsed = parse_public_key(text)
+                entry["public_key"] = "%s %s" % (parsed["type"], parsed["blob"])
+                entry["fingerprint"] = parsed["fingerprint"]
+            except SshTrustError:  # its message would quote the file
+                problems.append("%s.pub is not an ssh public key" % entry["path"])
+        try:
+            text = read_in_dir(dir_fd, "authorized_keys", entry["uid"])
+        except UnsafeDirectory as exc:
+            text = None
+            problems.append("%s/authorized_keys: %s" % (entry["ssh"]["ssh_dir"], exc))
+        for line in split_lines(text or ""):
+            if is_managed_line(line, comment):
+                entry["authorized"].append(parse_authorized_line(line) or {
+                    "options": "", "type": "", "public_key": "", "fingerprint": "(unreadable key)",
+                    "comment": comment, "node": ""})
+    finally:
+        os.close(dir_fd)
+    entry["problem"] = "; ".join(problems)
 
 
 def read_cluster_key(root, users, name, comment, ops):
-    """Per user: home, ~/.ssh, whether the private key exists (never its content), the public
-    key and the authorized_keys lines carrying the cluster key's comment."""
+    """Per user: home and ~/.ssh (:func:`preflight_ssh.user_ssh_state`), the private key's
+    existence, mode and owner (never its content), the public key, and the authorized_keys
+    lines that end in the cluster key's comment."""
     state = {}
     for user in users:
-        home, problem = _passwd_home(root, user, ops)
-        if not home:
+        found, problem = passwd_entry(root, user, ops)
+        if not found:
             state[user] = {"exists": False, "problem": problem}
             continue
-        ssh_dir = os.path.join(home, ".ssh")
-        private = os.path.join(ssh_dir, name)
-        entry = {"exists": True, "home": home, "path": private,
-                 "ssh_dir_symlink": os.path.islink(rooted(root, ssh_dir)),
-                 "private": os.path.isfile(rooted(root, private)), "public_key": "", "fingerprint": "",
-                 "problem": "", "authorized": []}
-        text, problem = read_file(rooted(root, private + ".pub"))
-        if text is not None:
-            try:
-                key = parse_public_key(text)
-                entry["public_key"] = "%s %s" % (key["type"], key["blob"])
-                entry["fingerprint"] = key["fingerprint"]
-            except SshTrustError as exc:
-                entry["problem"] = "%s.pub: %s" % (private, exc)
-        elif problem:
-            entry["problem"] = problem
-        text, problem = read_file(rooted(root, os.path.join(ssh_dir, "authorized_keys")))
-        entry["authorized"] = _authorized_lines(text, comment)
-        if problem:
-            entry["problem"] = (entry["problem"] + "; " if entry["problem"] else "") + problem
+        ssh = user_ssh_state(root, found["home"])
+        entry = {"exists": True, "uid": found["uid"], "gid": found["gid"], "home": found["home"],
+                 "path": os.path.join(ssh["ssh_dir"], name), "ssh": ssh, "private": False, "private_mode": None,
+                 "private_uid": None, "public_key": "", "fingerprint": "", "problem": "", "authorized": []}
+        # Nothing is read through a ~/.ssh that is a link or not a directory: ssh_dirs reports it.
+        if ssh["ssh_dir_state"].get("kind") == "dir":
+            _read_user_ssh(entry, root, name, comment)
         state[user] = entry
     return {"users": state}
 
@@ -307,7 +327,8 @@ def read_cluster_key(root, users, name, comment, ops):
 def read(args, ops):
     """This node's ssh trust facts; what the node lacks is a fact, never an exception."""
     root = args.get("root") or "/"
-    paths, problem = host_key_sources(root, args["sshd_config"], args.get("host_key_files") or [])
+    paths, problem, sshd = host_key_sources(root, args.get("sshd_config") or "", args.get("host_key_files") or [],
+                                            ops, args.get("port") or 22)
     keys, problems = read_host_keys(root, paths, ops)
     if problem:
         problems.insert(0, problem)
@@ -336,8 +357,10 @@ def read(args, ops):
     if args.get("cluster_key"):
         cluster_key = read_cluster_key(root, args.get("cluster_key_users") or [], args["cluster_key_name"],
                                        args["cluster_key_comment"], ops)
+    config = sshd.get("config") or ""
     return {"hostname": hostname, "fqdn": fqdn, "short_name": hostname.split(".")[0],
-            "sshd_config": {"path": args["sshd_config"], "exists": os.path.exists(rooted(root, args["sshd_config"]))},
+            "sshd": sshd,
+            "sshd_config": {"path": config, "exists": bool(config) and os.path.exists(rooted(root, config))},
             "host_key_files": [p[:-4] if p.endswith(".pub") else p for p in paths],
             "keys": keys, "problems": problems, "known_hosts": known_hosts, "client": client,
             "cluster_key": cluster_key}
@@ -373,54 +396,66 @@ def _usable(name):
     return name if name and _NAME.match(name) and not LOCAL_NAME.match(name) else ""
 
 
+def _named(node, settings):
+    """``[(name, source)]``: the names a node has in the inventory, each with where it comes from."""
+    named = [(node["name"], "inventory name"), (node.get("node_addr"), "preflight_node_addr"),
+             (node.get("ansible_host"), "ansible_host")]
+    named += [(name, "ssh_trust_extra_names") for name in as_list(setting(settings, "extra_names"))]
+    found = {}
+    for name, source in named:
+        name = _usable(name)
+        if name and name not in found:
+            found[name] = source
+    return list(found.items())
+
+
 def inventory_names(node, settings):
-    """The names a node has in the inventory: its name, ``preflight_node_addr``, ``ansible_host``
-    and ``ssh_trust_extra_names``.  They win over what a node reports about itself."""
-    names = [node["name"], node.get("node_addr"), node.get("ansible_host")] + as_list(setting(settings, "extra_names"))
-    return [n for n in dict.fromkeys(_usable(n) for n in names) if n]
+    """The names a node is known by: its inventory name, ``preflight_node_addr``, ``ansible_host``
+    and ``ssh_trust_extra_names``.  Only these are ever trusted; what a node reports about itself
+    (hostname, FQDN) is compared with them (check ``hostname``), never added."""
+    return [name for name, _source in _named(node, settings)]
 
 
 def reported_names(facts):
-    """The names a node reports for itself (FQDN, hostname, short name)."""
+    """The names a node reports for itself: ``[(what, name)]`` for its hostname and FQDN."""
     if not facts:
         return []
-    names = [facts.get("fqdn"), facts.get("hostname"), facts.get("short_name")]
-    return [n for n in dict.fromkeys(_usable(n) for n in names) if n]
+    found = []
+    for what, name in (("hostname", facts.get("hostname")), ("FQDN", facts.get("fqdn"))):
+        name = _usable(name)
+        if name and name not in [n for _w, n in found]:
+            found.append((what, name))
+    return found
 
 
 def _claims(cluster, hosts):
-    """``(names, conflicts)``: per node the names it keeps, and per node the names it lost.
+    """``(names, duplicates, owners)`` over the inventory alone.
 
-    A name claimed by two nodes belongs to neither, except that an inventory name beats a
-    self-reported one (a node cannot take another node's inventory name by calling itself so)."""
-    owners = {}
+    ``names``: per node the names it keeps.  A name (with the node's ssh port, as known_hosts
+    holds it) that two nodes list belongs to neither, except that a node's own inventory name
+    stays its own.  ``duplicates``: per node ``[{name, source, others: {node: source}}]``, on every
+    node involved and no other.  ``owners``: lower-cased name -> ``{node: source}``."""
+    owners, listed = {}, {}
     for host in hosts:
-        node, settings = _node(cluster, host), _settings(cluster, host)
-        for name in inventory_names(node, settings):
-            owners.setdefault(name.lower(), []).append((host, "inventory"))
-        for name in reported_names(_facts(cluster, host)):
-            if (host, "inventory") not in owners.get(name.lower(), []):
-                owners.setdefault(name.lower(), []).append((host, "reported"))
-    names, conflicts = {}, {}
+        port = _port(_settings(cluster, host))
+        listed[host] = [(name, source, host_token(name, port).lower())
+                        for name, source in _named(_node(cluster, host), _settings(cluster, host))]
+        for name, source, token in listed[host]:
+            owners.setdefault(token, {}).setdefault(host, source)
+    names, duplicates, by_name = {}, {}, {}
     for host in hosts:
-        node, settings = _node(cluster, host), _settings(cluster, host)
         keep = []
-        for name in dict.fromkeys(inventory_names(node, settings) + reported_names(_facts(cluster, host))):
-            claims = owners[name.lower()]
-            others = sorted({h for h, _ in claims if h != host})
-            mine = [kind for h, kind in claims if h == host]
+        for name, source, token in listed[host]:
+            by_name.setdefault(name.lower(), {}).setdefault(host, source)
+            others = {h: src for h, src in owners[token].items() if h != host}
             if not others:
                 keep.append(name)
                 continue
-            inventory_others = sorted({h for h, kind in claims if h != host and kind == "inventory"})
-            if "inventory" in mine and not inventory_others:
+            if source == "inventory name" and "inventory name" not in others.values():
                 keep.append(name)
-                continue
-            why = ("an inventory name of %s" % ", ".join(inventory_others) if inventory_others
-                   else "also reported by %s" % ", ".join(others))
-            conflicts.setdefault(host, []).append({"name": name, "nodes": others, "why": why})
-        names[host] = list(dict.fromkeys(keep))
-    return names, conflicts
+            duplicates.setdefault(host, []).append({"name": name, "source": source, "others": others})
+        names[host] = keep
+    return names, duplicates, by_name
 
 
 def render_dropin(names, cluster_key, key_name, relaxed):
@@ -454,34 +489,30 @@ def mesh_peers(host, hosts, nodes, port_of):
 
 
 def _cluster_key_plan(cluster, hosts, all_hosts):
+    """``(public, keys, holders)``: the plan's ``cluster_key`` (``{enabled, users, from}``), every
+    user's public cluster key per node (``{user: {node: (public_key, fingerprint)}}``) and who holds
+    each key (``{fingerprint: [(node, user)]}``).  Each node generates its own pair per user; the
+    controller only ever sees public keys."""
     enabled = [h for h in hosts if as_bool(setting(_settings(cluster, h), "cluster_key"))]
-    result = {"enabled": bool(enabled), "source": "", "source_path": "", "holders": [], "fingerprint": "",
-              "public_key": "", "from": []}
+    public = {"enabled": bool(enabled), "users": [], "from": []}
+    keys, holders = {}, {}
     if not enabled:
-        return result
+        return public, keys, holders
     addresses = []
     for host in all_hosts:
         node = _node(cluster, host)
         addresses += [node.get("node_addr"), node.get("ansible_host")]
-    result["from"] = [a for a in dict.fromkeys(_usable(a) for a in addresses) if a]
-    candidates = []
-    for host in sorted(enabled):
-        facts = _facts(cluster, host) or {}
-        users = as_list(setting(_settings(cluster, host), "cluster_key_users"))
-        state = ((facts.get("cluster_key") or {}).get("users") or {}).get(users[0] if users else "")
-        if not state or not state.get("exists"):
-            continue
-        candidates.append(host)
-        if state.get("private") and state.get("fingerprint"):
-            result["holders"].append(host)
-            if not result["source"]:
-                result.update(source=host, source_path=state["path"], fingerprint=state["fingerprint"],
-                              public_key=state["public_key"])
-    if not result["source"] and candidates:
-        facts = _facts(cluster, candidates[0])
-        users = as_list(setting(_settings(cluster, candidates[0]), "cluster_key_users"))
-        result.update(source=candidates[0], source_path=facts["cluster_key"]["users"][users[0]]["path"])
-    return result
+    public["from"] = [a for a in dict.fromkeys(_usable(a) for a in addresses) if a]
+    users = []
+    for host in enabled:
+        users += as_list(setting(_settings(cluster, host), "cluster_key_users"))
+        state = ((_facts(cluster, host) or {}).get("cluster_key") or {}).get("users") or {}
+        for user, entry in state.items():
+            if entry.get("exists") and entry.get("fingerprint"):
+                keys.setdefault(user, {})[host] = (entry["public_key"], entry["fingerprint"])
+                holders.setdefault(entry["fingerprint"], []).append((host, user))
+    public["users"] = list(dict.fromkeys(users))
+    return public, keys, holders
 
 
 _MEMO = {}
@@ -510,7 +541,7 @@ def _analysis(cluster):
 def _analyse(cluster, hosts, all_hosts):
     targeted = sorted(hosts)
     keep_nodes = sorted(set(all_hosts) | set(hosts))
-    names, conflicts = _claims(cluster, keep_nodes)
+    names, duplicates, owners = _claims(cluster, keep_nodes)
     entries, unreadable, unread, fingerprints = [], {}, [], {}
     for host in targeted:
         facts = _facts(cluster, host)
@@ -529,7 +560,8 @@ def _analyse(cluster, hosts, all_hosts):
             unreadable[host] = "; ".join(facts.get("problems") or []) or "no host key named"
             continue
         if not names[host]:
-            unreadable[host] = "every name of %s is claimed by another node" % host
+            unreadable[host] = "%s has no name of its own in the inventory (each is another node's too, or means " \
+                               "'this machine')" % host
             continue
         entries.append({"node": host, "names": names[host], "keys": keys, "port": _port(_settings(cluster, host))})
     desired = normalize_entries(entries)
@@ -596,7 +628,7 @@ def _analyse(cluster, hosts, all_hosts):
         suspects[host] = ("no ssh_trust facts were read from %s (see its ssh_trust.error or preflight.reachable)"
                           % host)
     for host in unreadable:
-        if host in fingerprints:  # keys read, but every name it has belongs to another node too
+        if host in fingerprints:  # keys read, but it has no name of its own
             suspects[host] = "%s has no name of its own (see ssh_trust.names on %s)" % (host, host)
         else:
             suspects[host] = "%s's host keys could not be read (see ssh_trust.host_keys on %s)" % (host, host)
@@ -604,22 +636,24 @@ def _analyse(cluster, hosts, all_hosts):
         if not change["accepted"]:
             suspects.setdefault(change["node"], "%s's host key changed (see ssh_trust.host_key_unchanged on %s)"
                                 % (change["node"], change["node"]))
+    cluster_key, user_keys, key_holders = _cluster_key_plan(cluster, targeted, keep_nodes)
     public = {"entries": entries, "keep_nodes": keep_nodes, "names": dropin_names, "peers": peers, "dropin": dropin,
-              "cluster_key": _cluster_key_plan(cluster, targeted, keep_nodes), "unreadable": unreadable,
-              "unread": unread, "changed_keys": changed_keys, "name_conflicts": conflicts}
+              "cluster_key": cluster_key, "unreadable": unreadable, "unread": unread, "changed_keys": changed_keys,
+              "duplicate_names": duplicates}
     return {"plan": public, "desired": desired, "blocks": blocks, "fingerprints": fingerprints, "suspects": suspects,
-            "names": names}
+            "names": names, "owners": owners, "user_keys": user_keys, "key_holders": key_holders}
 
 
 def plan(cluster):
     """The cluster-wide view of ssh trust, from every node's facts.
 
     Returns ``{entries, keep_nodes, names, peers, dropin, cluster_key, unreadable, unread,
-    changed_keys, name_conflicts}``:
+    changed_keys, duplicate_names}``:
 
     ``entries``
         ``[{node, names, keys, port}]``, one per targeted node whose host keys were read:
         the input of ``known_hosts_block`` (role variable ``ssh_trust_known_hosts_entries``).
+        ``names`` come from the inventory only (:func:`inventory_names`).
     ``keep_nodes``
         every node of the inventory group: its lines stay in a block when it has no entry
         this run (``ssh_trust_known_hosts_keep_nodes``).
@@ -634,16 +668,17 @@ def plan(cluster):
         (remove the file), ``unsupported`` (ssh_config has no Include of ssh_config.d) or
         ``unknown`` (no facts; leave it) (``ssh_trust_client_dropin``).
     ``cluster_key``
-        ``{enabled, source, source_path, holders, fingerprint, public_key, from}``: the node
-        the cluster key comes from (the first, sorted, that holds it; else the first where it
-        can be generated), its path there, and the addresses for ``from=``.
+        ``{enabled, users, from}``: whether any node wants the cluster key, the users named,
+        and the addresses for ``from=``.  Each node generates its own pair per user (nothing
+        is copied between nodes); bring-up authorizes the public halves it collects.
     ``unreadable`` / ``unread``
         nodes whose host keys could not be read (with why) / nodes with no facts.
     ``changed_keys``
         ``[{node, key_type, old_fingerprint, new_fingerprint, names, seen_on, accepted, fix}]``:
         a node presents another key than the one some node's block holds for it.
-    ``name_conflicts``
-        per node, the names it lost because another node claims them too.
+    ``duplicate_names``
+        per node, ``[{name, source, others}]``: a name of its inventory entry that another
+        node's entry lists too (left out of known_hosts, except a node's own inventory name).
     """
     return _analysis(cluster)["plan"]
 
@@ -682,6 +717,8 @@ def probe_args(settings, node, plan):  # pylint: disable=redefined-outer-name
         "pdsh_hosts": [peer["targets"][-1] for peer in peers],
         "ssh_bin": "ssh",
         "pdsh_bin": "pdsh",
+        "keyscan": True,
+        "keyscan_bin": "ssh-keyscan",
         "root": "/",
     }
 
@@ -693,23 +730,72 @@ def probe(args, ops):
                     parallel=args.get("parallel", 32), ssh_options=args.get("ssh_options") or [],
                     connect=args.get("connect", True), pdsh=args.get("pdsh", "auto"),
                     pdsh_hosts=args.get("pdsh_hosts") or [], ssh_bin=args.get("ssh_bin") or "ssh",
-                    pdsh_bin=args.get("pdsh_bin") or "pdsh", root=args.get("root") or "/")
+                    pdsh_bin=args.get("pdsh_bin") or "pdsh", root=args.get("root") or "/",
+                    keyscan=args.get("keyscan", True), keyscan_bin=args.get("keyscan_bin") or "ssh-keyscan")
 
 
 # --------------------------------------------------------------------------
 # Check builders shared with the modules
 
 
-def host_keys_check(node, keys, problems, sshd_config=SSHD_CONFIG):
-    expected = "at least one readable host public key on %s" % node
+def describe_sshd(sshd):
+    """Where the host key files came from, in words (the ``sshd`` fact of :func:`read`)."""
+    sshd = sshd or {}
+    source = sshd.get("source")
+    how = (" (%s)" % sshd["how"]) if sshd.get("how") else ""
+    if source == "ssh_trust_host_key_files":
+        return "the files of ssh_trust_host_key_files"
+    if source == "ssh_trust_sshd_config":
+        return "the HostKeys of ssh_trust_sshd_config %s%s" % (sshd.get("config"), how)
+    if source == "listener":
+        return "the HostKeys of the sshd listening on port %s (pid %s: %s)%s" % (
+            sshd.get("port"), sshd.get("pid"), " ".join(sshd.get("argv") or []), how)
+    if source == "default":
+        return "the HostKeys of %s, assumed because %s%s" % (sshd.get("config"), sshd.get("discovery"), how)
+    return "the node's sshd configuration"
+
+
+def host_keys_check(node, keys, problems, sshd=None):
+    """Whether host keys were read on ``node`` and from the sshd that really runs there."""
+    sshd = sshd if isinstance(sshd, dict) else {"source": "ssh_trust_sshd_config", "config": sshd or SSHD_CONFIG}
+    expected = "at least one readable host public key on %s, from the sshd that listens on its ssh port" % node
+    fix = ("point ssh_trust_sshd_config at the configuration %s's running sshd uses (see its command line: "
+           "ps -o args= -C sshd; empty finds it from the process listening on ssh_trust_port) or list its key "
+           "files in ssh_trust_host_key_files; a node without openssh-server needs it installed (ssh-keygen -A "
+           "creates the default keys)" % node)
+    where = describe_sshd(sshd)
+    if keys and sshd.get("source") == "default" and sshd.get("discovery"):
+        return warned("%d host key(s) on %s: %s, read from %s; the running sshd was not found, so they may not be "
+                      "the keys it serves (ssh_trust.host_keys_served compares them with ssh-keyscan)" % (
+                          len(keys), node, ", ".join("%s %s" % (k["type"], k["fingerprint"]) for k in keys), where),
+                      expected, "run the preflight as root (preflight_become: true) so the sshd listening on "
+                      "ssh_trust_port is found, set ssh_trust_port to its port, or " + fix)
     if keys:
-        return passed("%d host key(s) on %s: %s" % (len(keys), node, ", ".join(
-            "%s %s" % (k["type"], k["fingerprint"]) for k in keys)), expected)
-    return failed("no readable host public key on %s (%s)" % (node, "; ".join(problems) or "none named"), expected,
-                  "point ssh_trust_sshd_config at the configuration %s's running sshd uses (see its command line: "
-                  "ps -o args= -C sshd; default %s) or list its key files in ssh_trust_host_key_files; a node "
-                  "without openssh-server needs it installed (ssh-keygen -A creates the default keys)"
-                  % (node, sshd_config))
+        return passed("%d host key(s) on %s: %s, read from %s" % (len(keys), node, ", ".join(
+            "%s %s" % (k["type"], k["fingerprint"]) for k in keys), where), expected)
+    return failed("no readable host public key on %s (%s; looked at %s)" % (
+        node, "; ".join(problems) or "none named", where), expected, fix)
+
+
+def served_keys_check(source, node, keys, row):
+    """Whether the keys ``node``'s sshd presented to ``source``'s ssh-keyscan (``row``: ``{target,
+    keys, error}``) are among ``keys``, the ones read from ``node``'s own files (``TYPE BASE64``)."""
+    expected = "the sshd of %s presents only host keys read from its own key files" % node
+    if not row:
+        return skipped("%s did not scan %s's sshd" % (source, node), expected)
+    if not row.get("keys"):
+        return skipped("ssh-keyscan from %s to %s (%s) got no key: %s" % (source, node, row.get("target"),
+                                                                          row.get("error") or "no answer"), expected)
+    read = {text.split()[1] for text in keys or [] if len(text.split()) >= 2}
+    unknown = [text for text in row["keys"] if text.split()[1] not in read]
+    if unknown:
+        return failed("the sshd of %s (%s, scanned from %s) serves %s, which none of the key files read on %s holds"
+                      % (node, row.get("target"), source, ", ".join("%s %s" % (text.split()[0], safe_fingerprint(
+                          text.split()[1])) for text in unknown), node), expected,
+                      "find the configuration the sshd on %s runs with (ps -o args= -C sshd: its -f and -h) and read "
+                      "the keys from there (ssh_trust_sshd_config / ssh_trust_host_key_files empty finds it)" % node)
+    return passed("the sshd of %s serves %s, read from its files too" % (node, ", ".join(
+        "%s %s" % (text.split()[0], safe_fingerprint(text.split()[1])) for text in row["keys"])), expected)
 
 
 def _describe_missing(missing):
@@ -925,6 +1011,13 @@ def _summary(items):
     return "; ".join(items[:LIST_LIMIT]) + "; and %d more" % (len(items) - LIST_LIMIT)
 
 
+def _nodes(items):
+    """A comma list of node names, cut after LIST_LIMIT."""
+    items = list(items)
+    return ", ".join(items[:LIST_LIMIT]) + (" and %d more" % (len(items) - LIST_LIMIT) if len(items) > LIST_LIMIT
+                                            else "")
+
+
 def _collateral(result, reason):
     """A peer's failure that its own checks explain: a warn on this node, never a fail."""
     if result["status"] not in ("warn", "fail"):
@@ -1004,7 +1097,12 @@ def _mesh_view(cluster, analysis):
             if node not in suspects and probes.get(node) is None:
                 suspects[node] = ("%s gave no ssh_trust probe result (see its ssh_trust.error or preflight.reachable)"
                                   % node)
-    result = {"inbound": inbound, "suspects": suspects}
+    # What each node's sshd presented to the peers that scanned it: {node: {source: row}}.
+    served = {}
+    for source, report in probes.items():
+        for node, row in ((report or {}).get("served") or {}).items():
+            served.setdefault(node, {})[source] = row
+    result = {"inbound": inbound, "suspects": suspects, "served": served}
     _MEMO["mesh"] = (key, (analysis, cluster.get("probes")), result)
     return result
 
@@ -1096,15 +1194,90 @@ def _inbound_check(host, settings, cluster, analysis):
 
 def _names_check(host, analysis):
     names = analysis["names"].get(host) or []
-    conflicts = analysis["plan"]["name_conflicts"].get(host) or []
-    expected = "every name of %s belongs to it alone" % host
-    if conflicts:
-        return warned("%s: %s left out of every known_hosts block and of the mesh (%s)" % (
-            host, ", ".join(c["name"] for c in conflicts), "; ".join("%s is %s" % (c["name"], c["why"])
-                                                                    for c in conflicts)),
-            expected, "give each node its own hostname (hostnamectl set-hostname) and inventory addresses, or "
-                      "remove the name from ssh_trust_extra_names; %s is known as %s" % (host, ", ".join(names)))
+    duplicates = analysis["plan"]["duplicate_names"].get(host) or []
+    expected = "every name %s has in the inventory belongs to it alone" % host
+    if duplicates:
+        found = "; ".join("%s is a name of both %s (%s) and %s" % (
+            d["name"], host, d["source"], " and ".join("%s (%s)" % (other, source) for other, source in
+                                                       sorted(d["others"].items()))) for d in duplicates)
+        lost = [d["name"] for d in duplicates if d["name"] not in names]
+        nodes = sorted({host} | {other for d in duplicates for other in d["others"]})
+        return failed("%s%s; %s is known as %s" % (
+            found, "; %s left out of every known_hosts block and of the mesh" % ", ".join(lost) if lost else "",
+            host, ", ".join(names)), expected,
+            "give each node its own names in the inventory: change ansible_host, preflight_node_addr or "
+            "ssh_trust_extra_names of %s so no two nodes share one" % " or ".join(nodes),
+            nodes=nodes)
     return passed("%s is known as %s" % (host, ", ".join(names)), expected)
+
+
+def _hostname_check(host, facts, analysis):
+    """A hostname or FQDN the node reports that is not one of its inventory names: a warning, never a
+    trusted name (a node cannot put itself under another node's name into anybody's known_hosts)."""
+    own = {name.lower() for name in analysis["names"].get(host) or []}
+    own |= {d["name"].lower() for d in analysis["plan"]["duplicate_names"].get(host) or []}
+    reported = reported_names(facts)
+    expected = "the hostname and FQDN %s reports are among its inventory names (only those are trusted)" % host
+    if not reported:
+        return passed("%s reports no name of its own besides localhost" % host, expected)
+    differing = [(what, name) for what, name in reported if name.lower() not in own]
+    if not differing:
+        return passed("%s calls itself %s" % (host, ", ".join(name for _what, name in reported)), expected)
+    parts = []
+    for what, name in differing:
+        owners = {h: src for h, src in (analysis["owners"].get(name.lower()) or {}).items() if h != host}
+        parts.append("%s %s%s" % (what, name, " (%s of %s)" % (" and ".join(
+            "the %s" % src for src in dict.fromkeys(owners.values())), ", ".join(sorted(owners))) if owners else ""))
+    return warned("%s calls itself %s, not one of its inventory names (%s); a name a node reports is never "
+                  "trusted: it is in no known_hosts block" % (host, "; ".join(parts), ", ".join(
+                      analysis["names"].get(host) or [])), expected,
+                  "if %s really is a name of %s, add it to ssh_trust_extra_names for %s; otherwise give %s its own "
+                  "hostname (hostnamectl set-hostname %s)" % (" / ".join(name for _w, name in differing), host, host,
+                                                              host, host))
+
+
+def _served_check(host, facts, settings, cluster, analysis):
+    """The host keys peers saw with ssh-keyscan against the key files read on ``host``."""
+    expected = "the host keys the sshd on %s serves are the key files read on %s (what known_hosts holds)" % (host,
+                                                                                                          host)
+    if not as_bool(setting(settings, "mesh")):
+        return skipped("ssh_trust_mesh is false: no peer scanned %s's sshd" % host, expected)
+    if not facts.get("keys"):
+        return skipped("%s's host key files could not be read (see ssh_trust.host_keys)" % host, expected)
+    rows = _mesh_view(cluster, analysis)["served"].get(host) or {}
+    scanned = {peer: row for peer, row in rows.items() if row.get("keys")}
+    if not scanned:
+        return skipped("no peer got %s's host keys with ssh-keyscan in this run%s" % (host, (": " + _summary(
+            "%s: %s" % (peer, row.get("error") or "no key") for peer, row in sorted(rows.items()))) if rows else
+            " (bring-up does not probe; preflight.yml does)"), expected)
+    read = {}
+    for key in facts.get("keys") or []:
+        read[key["public_key"].split()[1] if len(key["public_key"].split()) > 1 else ""] = key
+    unknown, seen_types = [], set()
+    for peer, row in sorted(scanned.items()):
+        for text in row["keys"]:
+            key_type, blob = text.split()[:2]
+            seen_types.add(key_type)
+            if blob not in read:
+                unknown.append("%s %s (seen by %s at %s)" % (key_type, safe_fingerprint(blob), peer, row["target"]))
+    files = ", ".join("%s %s (%s)" % (k["type"], k["fingerprint"], k.get("path")) for k in facts["keys"])
+    where = describe_sshd(facts.get("sshd"))
+    fix = ("find the configuration the sshd on %s really runs with (ps -o args= -C sshd: its -f and -h) and point "
+           "ssh_trust_sshd_config (or ssh_trust_host_key_files) at it, or leave both empty so the listening sshd is "
+           "found; then %s. If no key file on %s holds the served key, something else answers on %s's address"
+           % (host, BRINGUP, host, host))
+    if unknown:
+        return failed("the sshd on %s serves %s, which is none of the key files read on %s (%s, from %s): peers "
+                      "would find a key that their known_hosts does not hold" % (
+                          host, _summary(dict.fromkeys(unknown)), host, files, where), expected, fix)
+    unserved = [k for k in facts["keys"] if k["type"] not in seen_types]
+    if unserved:
+        return warned("%s's key file(s) %s are not served by its sshd (peers saw only %s): known_hosts lists keys "
+                      "no client is shown" % (host, ", ".join("%s %s (%s)" % (k["type"], k["fingerprint"],
+                                                                               k.get("path")) for k in unserved),
+                                              ", ".join(sorted(seen_types))), expected, fix)
+    return passed("the sshd on %s serves the key(s) read from its files (%s), as %s saw with ssh-keyscan" % (
+        host, ", ".join(k["fingerprint"] for k in facts["keys"]), ", ".join(sorted(scanned))), expected)
 
 
 def _host_key_unchanged_check(host, facts, analysis):
@@ -1141,46 +1314,111 @@ def _known_hosts_decision(host, facts, settings, analysis):
     return known_hosts_check(host, path, result, policy(settings, "drift_policy"), held_back=held)
 
 
-def _cluster_key_check(host, facts, settings, analysis):
+def _cluster_key_users(facts, settings):
     users = as_list(setting(settings, "cluster_key_users"))
+    state = (facts.get("cluster_key") or {}).get("users")
+    return users, state
+
+
+def _ssh_dirs_check(host, facts, settings):
+    """Every cluster key user's home and ~/.ssh on ``host``: nothing bring-up would have to write
+    through (a link) or that sshd's StrictModes would refuse (writable by others)."""
+    users, state = _cluster_key_users(facts, settings)
+    expected = ("the home and ~/.ssh of %s on %s are directories of their own (not group- or world-writable, "
+                "~/.ssh no symlink)" % (", ".join(users), host))
+    if not as_bool(setting(settings, "cluster_key")):
+        return skipped("ssh_trust_cluster_key is false: no user's ~/.ssh is written", expected)
+    if state is None:
+        return skipped("the cluster key users were not read on %s" % host, expected)
+    refusals = []
+    for user in users:
+        entry = state.get(user) or {}
+        if entry.get("exists") and entry.get("ssh"):
+            refusal = ssh_dir_refusal(host, user, entry["uid"], entry["ssh"])
+            if refusal:
+                refusals.append(refusal)
+    if refusals:
+        return failed("; ".join(r["found"] for r in refusals), expected, " ".join(r["fix"] for r in refusals),
+                      refused=True)
+    return passed("the home and ~/.ssh of %s on %s are safe to hold keys" % (
+        ", ".join(u for u in users if (state.get(u) or {}).get("exists")) or "no user", host), expected)
+
+
+def _cluster_key_check(host, facts, settings, cluster, analysis):
+    users, state = _cluster_key_users(facts, settings)
     name = setting(settings, "cluster_key_name")
-    expected = "%s on %s hold the cluster key in ~/.ssh/%s and authorize it" % (", ".join(users), host, name)
+    expected = ("%s on %s each hold a key pair of their own in ~/.ssh/%s (0600, owned by the user) and authorize "
+                "their own key from every node" % (", ".join(users), host, name))
     if not as_bool(setting(settings, "cluster_key")):
         return skipped("ssh_trust_cluster_key is false: node-to-node logins use keys the users bring", expected)
-    state = (facts.get("cluster_key") or {}).get("users")
     if state is None:
         return skipped("the cluster key was not read on %s" % host, expected)
-    cluster_key = analysis["plan"]["cluster_key"]
-    drift = policy(settings, "drift_policy")
-    missing_users = ["%s (%s)" % (u, state[u].get("problem") or "no such user") for u in users
+    missing_users = ["%s (%s)" % (u, (state.get(u) or {}).get("problem") or "no such user") for u in users
                      if not (state.get(u) or {}).get("exists")]
     if missing_users:
         return failed("%s: %s" % (host, "; ".join(missing_users)), expected,
                       "create the user(s) on %s first or change ssh_trust_cluster_key_users" % host)
-    if not cluster_key["fingerprint"]:
-        return check(drift, "no node holds the cluster key yet (looked on %s)" % host, expected,
-                     "%s with ssh_trust_cluster_key: true" % BRINGUP)
-    options = ('from="%s"' % ",".join(cluster_key["from"])
-               if as_bool(setting(settings, "cluster_key_restrict_from")) and cluster_key["from"] else "")
-    problems = []
+    known = set(cluster.get("all_hosts") or []) | set(cluster.get("hosts") or [])
+    options = ('from="%s"' % ",".join(analysis["plan"]["cluster_key"]["from"])
+               if as_bool(setting(settings, "cluster_key_restrict_from")) and analysis["plan"]["cluster_key"]["from"]
+               else "")
+    fails, drift, fixes = [], [], []
     for user in users:
         entry = state[user]
+        if ssh_dir_refusal(host, user, entry["uid"], entry["ssh"]):
+            drift.append("%s's ~/.ssh was not examined (see ssh_trust.ssh_dirs)" % user)
+            continue
         if not entry.get("private"):
-            problems.append("%s has no %s" % (user, entry["path"]))
-        if entry.get("fingerprint") != cluster_key["fingerprint"]:
-            problems.append("%s's %s.pub is %s" % (user, entry["path"], entry.get("fingerprint") or entry.get("problem")
-                                                   or "missing"))
-        lines = [line for line in entry.get("authorized") or [] if line["fingerprint"] == cluster_key["fingerprint"]]
-        if not lines:
-            problems.append("%s does not authorize it in ~/.ssh/authorized_keys" % user)
-        elif not any(line["options"] == options for line in lines):
-            problems.append("%s authorizes it with options %r, not %r" % (user, lines[0]["options"], options))
-    if problems:
-        return check(drift, "the cluster key %s (from %s) on %s: %s" % (
-            cluster_key["fingerprint"], cluster_key["source"], host, "; ".join(problems)), expected,
-            "%s with ssh_trust_cluster_key: true" % BRINGUP)
-    return passed("cluster key %s from %s held and authorized by %s on %s" % (
-        cluster_key["fingerprint"], cluster_key["source"], ", ".join(users), host), expected)
+            drift.append("%s has no %s" % (user, entry["path"]))
+        elif entry.get("private_mode") != 0o600 or entry.get("private_uid") != entry["uid"]:
+            drift.append("%s is mode %04o, owned by uid %s (ssh refuses a private key others can read)" % (
+                entry["path"], entry.get("private_mode") or 0, entry.get("private_uid")))
+        if not entry.get("fingerprint"):
+            drift.append("%s has no %s.pub%s" % (user, entry["path"], " (%s)" % entry["problem"]
+                                                 if entry.get("problem") else ""))
+        else:
+            holders = [h for h in analysis["key_holders"].get(entry["fingerprint"]) or [] if h != (host, user)]
+            others = sorted({"%s on %s" % (u, n) for n, u in holders if u != user})
+            copies = sorted({n for n, u in holders if u == user})
+            if others:
+                fails.append("%s's key %s is also the key of %s: one user's key handed to another" % (
+                    user, entry["fingerprint"], ", ".join(others)))
+                fixes.append("on %s remove %s and %s.pub (never copy another user's key), then %s" % (
+                    host, entry["path"], entry["path"], BRINGUP))
+            elif copies:
+                drift.append("%s's key %s is the same pair as on %s (a copied key: one stolen copy opens every node)"
+                             % (user, entry["fingerprint"], _nodes(copies)))
+                fixes.append("on %s remove %s and %s.pub so bring-up generates a pair of its own" % (
+                    host, entry["path"], entry["path"]))
+        wanted = analysis["user_keys"].get(user) or {}
+        lines = entry.get("authorized") or []
+        held = {(line["node"], line["public_key"]) for line in lines}
+        lacking = sorted(node for node, (public_key, _fp) in wanted.items() if (node, public_key) not in held)
+        stale = []
+        for line in lines:
+            node = line["node"]
+            if not node or node not in known or (node in wanted and wanted[node][0] != line["public_key"]):
+                stale.append("%s%s" % (line["fingerprint"], " (node=%s)" % node if node else " (no node=, the old "
+                                                                                            "shared key?)"))
+        if lacking:
+            drift.append("%s's authorized_keys lacks the key of %s from %s" % (user, user, _nodes(lacking)))
+        if stale:
+            drift.append("%s's authorized_keys still holds cluster key line(s) no node has: %s" % (
+                user, _summary(stale)))
+        wrong = [line for line in lines if (line["node"], line["public_key"]) in
+                 {(n, k) for n, (k, _f) in wanted.items()} and line["options"] != options]
+        if wrong:
+            drift.append("%s authorizes the cluster keys with options %r, not %r" % (user, wrong[0]["options"],
+                                                                                   options))
+    fixes.append("%s with ssh_trust_cluster_key: true" % BRINGUP)
+    if fails:
+        return failed("%s: %s" % (host, "; ".join(fails + drift)), expected, "; ".join(dict.fromkeys(fixes)))
+    if drift:
+        return check(policy(settings, "drift_policy"), "%s: %s" % (host, "; ".join(drift)), expected,
+                     "; ".join(dict.fromkeys(fixes)))
+    return passed("%s on %s hold their own cluster key (%s) and authorize it from %s" % (
+        ", ".join(users), host, ", ".join("%s %s" % (u, state[u]["fingerprint"]) for u in users),
+        _nodes(sorted({n for u in users for n in analysis["user_keys"].get(u) or {}}))), expected)
 
 
 def _client_dropin_check(host, facts, settings, analysis):
@@ -1209,8 +1447,9 @@ def _client_dropin_check(host, facts, settings, analysis):
 
 
 def decide(host, facts, settings, probe=None, cluster=None):  # pylint: disable=redefined-outer-name
-    """``{name: check}`` for ``host``: host_keys, names, known_hosts, host_key_unchanged,
-    cluster_key, client_dropin, client_config, mesh, login, inbound, pdsh; or ``peers``
+    """``{name: check}`` for ``host``: host_keys, host_keys_served, names, hostname, known_hosts,
+    host_key_unchanged, ssh_dirs, cluster_key, client_dropin, client_config, mesh, login, inbound,
+    pdsh; or ``peers``
     (not applicable) when ``host`` has no targeted peer.  ``{}`` when ``host`` was not read."""
     hosts = list((cluster or {}).get("hosts") or [host])
     if len([h for h in hosts if h != host]) == 0:
@@ -1225,11 +1464,15 @@ def decide(host, facts, settings, probe=None, cluster=None):  # pylint: disable=
     analysis = _analysis(cluster)
     checks = {
         "host_keys": host_keys_check(host, facts.get("keys") or [], facts.get("problems") or [],
-                                     setting(settings, "sshd_config")),
+                                     facts.get("sshd") or {"source": "ssh_trust_sshd_config",
+                                                            "config": setting(settings, "sshd_config")}),
+        "host_keys_served": _served_check(host, facts, settings, cluster, analysis),
         "names": _names_check(host, analysis),
+        "hostname": _hostname_check(host, facts, analysis),
         "known_hosts": _known_hosts_decision(host, facts, settings, analysis),
         "host_key_unchanged": _host_key_unchanged_check(host, facts, analysis),
-        "cluster_key": _cluster_key_check(host, facts, settings, analysis),
+        "ssh_dirs": _ssh_dirs_check(host, facts, settings),
+        "cluster_key": _cluster_key_check(host, facts, settings, cluster, analysis),
         "client_dropin": _client_dropin_check(host, facts, settings, analysis),
         "inbound": _inbound_check(host, settings, cluster, analysis),
     }

@@ -871,8 +871,8 @@ class Testbed:
                 "ansible_python_interpreter": self.training_python,
                 "preflight_training_python": self.training_python,
                 "preflight_node_addr": node.node_addr,
-                # The node's sshd runs from the bed's directory, not /etc/ssh.
-                "ssh_trust_sshd_config": os.path.join(node.dir, "sshd_config"),
+                # The node's sshd runs with -f from the bed's directory, not /etc/ssh: ssh_trust finds
+                # that from the listening process, as on a real node.
             }
             hostvars.update(merged_host_vars.get(node.name, {}))
             hosts[node.name] = hostvars

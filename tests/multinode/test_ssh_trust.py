@@ -1,14 +1,20 @@
 """Node-to-node ssh with host-key checking on, through the real playbooks on the namespace test
 bed: bringup.yml for the ssh_trust capability alone, preflight.yml with strict ssh_trust policies.
 
-Three nodes with their own /etc and /root (so each has its own ssh_known_hosts, ~/.ssh and
-authorized_keys), a fabric network, real sshd.  The steps run in file order on one bed:
-before bring-up the node-to-node matrix fails (host keys unknown); bring-up makes it pass and a
-re-run changes nothing; a regenerated host key is named with both fingerprints and is never
-replaced without ssh_trust_accept_changed.  Every audit must leave every file of every node as
-it was.
+Three nodes with their own /etc, /root and /home (so each has its own ssh_known_hosts, users,
+~/.ssh and authorized_keys), a fabric network, real sshd started with -f from the bed's
+directory (not /etc/ssh: the keys must be found from the running sshd, no
+ssh_trust_sshd_config is given), and a real unprivileged user on every node.  The steps run
+in file order on one bed: before bring-up the node-to-node matrix fails (host keys unknown);
+bring-up makes it pass, gives root and the user a key pair of their own on every node and a
+re-run changes nothing; a node calling itself by another node's name gets no name into any
+known_hosts and a user whose ~/.ssh is a symlink is refused without a write through it; a
+regenerated host key is named with both fingerprints and is never replaced without
+ssh_trust_accept_changed.  Every audit must leave every file of every node as it was, and no
+result or log of any run holds a byte of a private key.
 """
 
+import base64
 import hashlib
 import json
 import os
@@ -29,6 +35,11 @@ APPLY_VARS = {"preflight_bringup_capabilities": ["ssh_trust"]}
 AUDIT_VARS = {"ssh_trust_drift_policy": "fail", "ssh_trust_unknown_key_policy": "fail",
               "preflight_nproc_per_node": 1, "allreduce_sizes": [65536], "allreduce_iters": 2,
               "allreduce_warmup": 1}
+# The unprivileged user every node gets (same uid everywhere, a home of each node's own).
+USER, UID = "pfuser", 23456
+KEY = "id_ed25519_cluster"
+# Every run's directory (runner artifacts, results) and output: the last test greps them all.
+RUNS = []
 
 pytestmark = [
     pytest.mark.multinode,
@@ -47,10 +58,32 @@ def _write_plain_shell(bed):
                        "plain-shell", "# test-bed node: a plain shell"], check=True)
 
 
+def _add_user(bed):
+    """A real unprivileged account on every node, created inside the node (its /etc and /home are
+    the node's own overlays); ``*`` instead of a locked password so sshd (UsePAM no) lets it in."""
+    for node in bed.nodes:
+        bed.run(node, ["useradd", "--no-log-init", "--create-home", "--home-dir", f"/home/{USER}", "--uid", str(UID),
+                       "--user-group", "--shell", "/bin/sh", USER], check=True)
+        bed.run(node, ["usermod", "--password", "*", USER], check=True)
+
+
+def _as_user(bed, node, argv, timeout=30):
+    """argv inside the node as the unprivileged user (its ids, a clean environment, no PAM)."""
+    return bed.run(node, ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--init-groups", "--",
+                          "env", "-i", f"HOME=/home/{USER}", f"USER={USER}", f"LOGNAME={USER}",
+                          "PATH=/usr/bin:/bin"] + list(argv), timeout=timeout)
+
+
+def _cat(bed, node, path):
+    proc = bed.run(node, ["cat", path])
+    return proc.stdout if proc.returncode == 0 else None
+
+
 @pytest.fixture(scope="module")
 def bed(request):
-    bed = tb.testbed_fixture(request, nodes=3, fabric=True, private_dirs=("/etc", "/root"))
+    bed = tb.testbed_fixture(request, nodes=3, fabric=True, private_dirs=("/etc", "/root", "/home"))
     _write_plain_shell(bed)
+    _add_user(bed)
     return bed
 
 
@@ -65,12 +98,14 @@ def controller(bed, tmp_path_factory):
     args = f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
     # ansible-runner sets ANSIBLE_HOST_KEY_CHECKING=False unless told otherwise, and Ansible's
     # own -o StrictHostKeyChecking=no would then win over the one above: the host variable
-    # keeps the controller's host-key checking on.
-    host_vars = {node.name: {"ssh_trust_sshd_config": os.path.join(node.dir, "sshd_config"),
+    # keeps the controller's host-key checking on.  ssh_trust_sshd_config is empty (the role's
+    # default) over the bed's own inventory value: the sshd runs with -f from the bed's
+    # directory, and the keys must be found from the running process.
+    host_vars = {node.name: {"ssh_trust_sshd_config": "",
                              "ansible_ssh_common_args": args, "ansible_host_key_checking": True}
                  for node in bed.nodes}
-    group_vars = {"ssh_trust_cluster_key": True, "ssh_trust_mesh_connect_timeout": 3,
-                  "ssh_trust_mesh_timeout": 10}
+    group_vars = {"ssh_trust_cluster_key": True, "ssh_trust_cluster_key_users": ["root", USER],
+                  "ssh_trust_mesh_connect_timeout": 3, "ssh_trust_mesh_timeout": 10}
     inventory = bed.write_inventory(host_vars=host_vars, group_vars=group_vars,
                                     path=str(work / "inventory.yml"))
     return {"inventory": inventory, "known_hosts": known}
@@ -80,8 +115,10 @@ def _run(tmp_path, controller, playbook, name, extravars=None, **kwargs):
     directory = tmp_path / name
     directory.mkdir()
     extravars = dict(APPLY_VARS if playbook == APPLY else AUDIT_VARS, **(extravars or {}))
-    return run_playbook(directory, playbook=playbook, inventory=controller["inventory"],
-                        timeout=RUN_TIMEOUT, extravars=extravars, **kwargs)
+    result = run_playbook(directory, playbook=playbook, inventory=controller["inventory"],
+                          timeout=RUN_TIMEOUT, extravars=extravars, **kwargs)
+    RUNS.append((str(directory), result.stdout))
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +150,7 @@ def _snapshot(bed):
     overlay upper dirs), leaving out Ansible's own remote temp dir."""
     state = {}
     for node in bed.nodes:
-        for directory in ("/etc", "/root"):
+        for directory in ("/etc", "/root", "/home"):
             upper = bed.overlay_path(node, directory)
             for base, dirs, files in os.walk(upper):
                 dirs[:] = [d for d in dirs if not (base == upper and d == ".ansible")]
@@ -157,6 +194,12 @@ def test_before_bringup_the_matrix_fails_and_the_audit_writes_nothing(bed, contr
         assert mine["known_hosts"]["status"] == "fail"
         assert "lacks the current key" in mine["known_hosts"]["found"]
         assert mine["cluster_key"]["status"] == "fail"
+        # The keys come from the sshd listening on port 22 (its -f), which the peers' ssh-keyscan confirms.
+        host_keys = mine["host_keys"]
+        assert host_keys["status"] == "pass" and "listening on port 22" in host_keys["found"], host_keys
+        assert os.path.join(node.dir, "sshd_config") in host_keys["found"], host_keys
+        assert mine["host_keys_served"]["status"] == "pass", mine["host_keys_served"]
+        assert mine["hostname"]["status"] == "pass" and mine["names"]["status"] == "pass"
         mesh = mine["mesh"]
         assert mesh["status"] == "fail" and mesh["fix"], mesh
         assert "Host key verification failed" in mesh["found"]
@@ -169,12 +212,20 @@ def test_before_bringup_the_matrix_fails_and_the_audit_writes_nothing(bed, contr
         assert statuses == {(p.name, t): "host_key_unknown" for p in peers for t in (p.node_addr, p.name)}
 
 
+def _public(bed, node, home):
+    text = _cat(bed, node, f"{home}/.ssh/{KEY}.pub")
+    return " ".join(text.split()[:2]) if text else None
+
+
 @pytest.mark.timeout(600)
 def test_bringup_makes_the_mesh_pass_with_host_key_checking_and_reruns_unchanged(
         bed, controller, applied, tmp_path):
     assert applied.rc == 0, applied.stdout[-3000:]
     assert sum(applied.stats.get("changed", {}).values()) > 0
     block = _known_hosts(bed, "pfn1")
+    with open("/etc/ssh/ssh_host_ed25519_key.pub", encoding="ascii") as handle:
+        etc_ssh_blob = handle.read().split()[1]  # what /etc/ssh/sshd_config would have named
+    assert etc_ssh_blob not in block
     for node in bed.nodes:
         assert _known_hosts(bed, node) == block
         with open(os.path.join(node.dir, "ssh_host_ed25519_key.pub"), encoding="ascii") as handle:
@@ -186,9 +237,36 @@ def test_bringup_makes_the_mesh_pass_with_host_key_checking_and_reruns_unchanged
             text = handle.read()
         assert "IdentityFile ~/.ssh/id_ed25519_cluster" in text
         assert "StrictHostKeyChecking" not in text and "Host *" not in text
-        private = os.path.join(bed.overlay_path(node, "/root"), ".ssh", "id_ed25519_cluster")
-        assert os.stat(private).st_mode & 0o777 == 0o600
+        for home, uid in (("/root", 0), (f"/home/{USER}", UID)):
+            stat = bed.run(node, ["stat", "-c", "%u %a", f"{home}/.ssh/{KEY}", f"{home}/.ssh"], check=True).stdout
+            assert stat.split() == [str(uid), "600", str(uid), "700"], (node.name, home, stat)
     assert "PRIVATE KEY" not in applied.stdout
+
+    # Every node and user has a pair of its own; the user's authorized_keys holds exactly its own keys
+    # from every node, never root's.
+    user_keys = {node.name: _public(bed, node, f"/home/{USER}") for node in bed.nodes}
+    root_keys = {node.name: _public(bed, node, "/root") for node in bed.nodes}
+    assert len(set(user_keys.values()) | set(root_keys.values())) == 6, (user_keys, root_keys)
+    for node in bed.nodes:
+        authorized = _cat(bed, node, f"/home/{USER}/.ssh/authorized_keys")
+        lines = [l for l in authorized.splitlines() if l.endswith(" preflight-ssh-trust-cluster-key")]
+        assert lines == [f"{user_keys[n.name]} node={n.name} preflight-ssh-trust-cluster-key" for n in bed.nodes]
+        assert not any(key.split()[1] in authorized for key in root_keys.values()), node.name
+    # The user logs in from every node to every other with StrictHostKeyChecking=yes, by name and address.
+    for node in bed.nodes:
+        for peer in bed.nodes:
+            if peer is node:
+                continue
+            for target in (peer.name, peer.node_addr):
+                login = _as_user(bed, node, ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                                             "-o", "ConnectTimeout=5", target, "id", "-un"])
+                assert login.returncode == 0 and login.stdout.strip() == USER, (node.name, target, login.stderr)
+        # root's key does not open the user's account.
+        denied = bed.run(node, ["ssh", "-F", "/dev/null", "-o", "IdentitiesOnly=yes", "-i", f"/root/.ssh/{KEY}",
+                                "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                                "-o", "GlobalKnownHostsFile=/etc/ssh/ssh_known_hosts", "-o", "ConnectTimeout=5",
+                                f"{USER}@{bed.nodes[(node.index) % 3].name}", "true"], timeout=30)
+        assert denied.returncode == 255 and "Permission denied" in denied.stderr, denied
 
     rerun = _run(tmp_path, controller, APPLY, "rerun")
     assert rerun.rc == 0, rerun.stdout[-3000:]
@@ -200,11 +278,58 @@ def test_bringup_makes_the_mesh_pass_with_host_key_checking_and_reruns_unchanged
         bad = {name: c for name, c in mine.items()
                if c["status"] not in ("pass", "not_applicable", "skipped")}
         assert not bad, (host, bad)
-        for name in ("mesh", "login", "known_hosts", "host_keys", "cluster_key"):
+        for name in ("mesh", "login", "known_hosts", "host_keys", "host_keys_served", "cluster_key", "ssh_dirs",
+                     "names", "hostname"):
             assert mine[name]["status"] == "pass", (host, name, mine[name])
         assert mine["pdsh"]["status"] in ("pass", "not_applicable")
     for host, rows in _mesh_rows(audit).items():
         assert {row["status"] for row in rows} == {"ok"}, (host, rows)
+
+
+@pytest.mark.timeout(400)
+def test_a_spoofed_hostname_gets_no_name_and_a_symlinked_ssh_dir_is_refused(bed, controller, applied, tmp_path):
+    """pfn3 calls itself pfn1; pfn2's user replaced ~/.ssh by a link to /root/.ssh (the write
+    through it would hand the user root's logins).  One bring-up: neither takes effect."""
+    assert applied.rc == 0, applied.stdout[-3000:]
+    spoofer, linked = bed.node("pfn3"), bed.node("pfn2")
+    with open(os.path.join(spoofer.dir, "ssh_host_ed25519_key.pub"), encoding="ascii") as handle:
+        spoofer_blob = handle.read().split()[1]
+    root_ssh = bed.run(linked, ["sh", "-c", 'cd /root/.ssh && sha256sum -- * | sort'], check=True).stdout
+    bed.run(spoofer, ["hostname", "pfn1"], check=True)
+    bed.run(linked, ["mv", f"/home/{USER}/.ssh", f"/home/{USER}/ssh.moved"], check=True)
+    bed.run(linked, ["ln", "-s", "/root/.ssh", f"/home/{USER}/.ssh"], check=True)
+    try:
+        result = _run(tmp_path, controller, APPLY, "spoofed")
+    finally:
+        bed.run(spoofer, ["hostname", "pfn3"], check=True)
+        bed.run(linked, ["rm", f"/home/{USER}/.ssh"], check=True)
+        bed.run(linked, ["mv", f"/home/{USER}/ssh.moved", f"/home/{USER}/.ssh"], check=True)
+    assert result.rc != 0, result.stdout[-3000:]
+    checks = _checks(result)
+    # Nothing was written through the link: root's ~/.ssh on pfn2 is as it was.
+    assert bed.run(linked, ["sh", "-c", 'cd /root/.ssh && sha256sum -- * | sort'], check=True).stdout == root_ssh
+    refused = checks["pfn2"]["ssh_dirs"]
+    assert refused["status"] == "fail" and "is a symlink to /root/.ssh" in refused["found"], refused
+    assert "pfn2" in refused["found"] and refused["expected"] and "pfn2" in refused["fix"]
+    assert "ssh_trust.error" not in checks["pfn2"] and "Traceback" not in json.dumps(checks["pfn2"])
+    # The spoofing node is warned about, and its name stays its own everywhere.
+    spoof = checks["pfn3"]["hostname"]
+    assert spoof["status"] == "warn" and "calls itself hostname pfn1" in spoof["found"], spoof
+    assert "the inventory name of pfn1" in spoof["found"]
+    for node in bed.nodes:
+        for line in _known_hosts(bed, node).splitlines():
+            names = line.split()[0].split(",") if line and not line.startswith("#") else []
+            if spoofer_blob in line:
+                assert "pfn1" not in names and names[0] == "pfn3", (node.name, line)
+            elif "pfn1" in names:
+                assert line.endswith("node=pfn1"), (node.name, line)
+    for node in ("pfn1", "pfn3"):
+        assert checks[node]["ssh_dirs"]["status"] == "pass" and checks[node]["names"]["status"] == "pass"
+    assert checks["pfn1"]["hostname"]["status"] == "pass"
+    verdict_path = os.path.join(result.results_dir, sorted(os.listdir(result.results_dir))[-1], "bringup.json")
+    with open(verdict_path, encoding="utf-8") as handle:
+        report = json.load(handle)
+    assert report["failed_hosts"] == ["pfn2"], report["failed_hosts"]
 
 
 @pytest.mark.timeout(800)
@@ -266,3 +391,39 @@ def test_changed_host_key_is_named_and_never_silently_replaced(bed, controller, 
     for host, mine in _checks(audit).items():
         assert mine["host_key_unchanged"]["status"] == "pass", (host, mine["host_key_unchanged"])
         assert mine["mesh"]["status"] == "pass", (host, mine["mesh"])
+
+
+def _private_key_material(bed):
+    """Per node and user, the strings a leak of its private key would show: each base64 line of
+    the key file but the first (which every OpenSSH key shares) and the file as slurp encodes it."""
+    material = {}
+    for node in bed.nodes:
+        for home in ("/root", f"/home/{USER}"):
+            text = _cat(bed, node, f"{home}/.ssh/{KEY}")
+            assert text and "OPENSSH PRIVATE KEY" in text, (node.name, home)
+            lines = [l.strip() for l in text.splitlines() if l.strip() and not l.startswith("-----")]
+            whole = base64.b64encode(text.encode("ascii")).decode("ascii")
+            material[f"{node.name}:{home}"] = lines[1:] + ["".join(lines), whole[len(whole) // 3:][:60]]
+    return material
+
+
+@pytest.mark.timeout(120)
+def test_no_result_or_log_of_any_run_holds_private_key_material(bed, applied):
+    assert applied.rc == 0 and len(RUNS) >= 3, RUNS
+    material = _private_key_material(bed)
+    assert len(material) == 6 and all(len(needles) >= 4 for needles in material.values())
+    leaks, scanned = [], 0
+    for directory, stdout in RUNS:
+        sources = [("stdout of " + directory, stdout.encode("utf-8", "replace"))]
+        for base, _dirs, files in os.walk(directory):
+            for name in files:
+                with open(os.path.join(base, name), "rb") as handle:
+                    sources.append((os.path.join(base, name), handle.read()))
+        scanned += len(sources)
+        for where, data in sources:
+            for owner, needles in material.items():
+                if any(needle.encode("ascii") in data for needle in needles):
+                    leaks.append((owner, where))
+    # Every run left its events (runner artifacts) and its report: the grep saw the whole record.
+    assert scanned > 10 * len(RUNS), scanned
+    assert not leaks, leaks

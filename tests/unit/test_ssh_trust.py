@@ -98,6 +98,20 @@ def ps_hashed_line(name, key):
 # known_hosts_block
 
 
+@pytest.mark.parametrize("check_mode", [True, False])
+def test_a_symlinked_known_hosts_file_is_refused_naming_its_target_and_nothing_is_written(run_module, tmp_path,
+                                                                                         keys, check_mode):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(foreign(keys))
+    path = kh_path(tmp_path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.symlink(str(target), path)
+    args = {"root": str(tmp_path), "entries": entries(keys), "keep_nodes": ["pfn1", "pfn2", "pfn3"]}
+    result, failed = run_module(known_hosts_block, args, check_mode=check_mode)
+    assert failed and result["link_target"] == str(target) and str(target) in result["found"]
+    assert result["fix"] and os.path.islink(path) and target.read_bytes() == foreign(keys)
+
+
 def test_four_steps_check_apply_reapply_diff(run_module, tmp_path, keys):
     original = foreign(keys)
     path = write_kh(tmp_path, original)
@@ -315,8 +329,10 @@ def test_ssh_host_keys_reads_public_halves_and_derives_a_missing_one(run_module,
     os.unlink(etc / "ssh_host_ecdsa_key.pub")
     (etc / "sshd_config").write_text("HostKey /etc/ssh/ssh_host_ed25519_key\nHostKey /etc/ssh/ssh_host_ecdsa_key\n"
                                      "HostKey /etc/ssh/ssh_host_rsa_key\n")
-    result, failed = run_module(ssh_host_keys, {"root": str(tmp_path)}, check_mode=True)
+    result, failed = run_module(ssh_host_keys, {"root": str(tmp_path), "sshd_config": "/etc/ssh/sshd_config"},
+                                check_mode=True)
     assert not failed and result["changed"] is False and result["check_mode"] is True
+    assert result["sshd"]["source"] == "ssh_trust_sshd_config"
     assert [k["type"] for k in result["keys"]] == ["ssh-ed25519", "ecdsa-sha2-nistp256"]
     assert [k["fingerprint"] for k in result["keys"]] == [expected["ed25519"], expected["ecdsa"]]
     assert result["keys"][0]["path"] == "/etc/ssh/ssh_host_ed25519_key.pub"

@@ -21,7 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ROLE = os.path.join(ROOT, "roles", "ssh_trust")
 KH = "/etc/ssh/ssh_known_hosts"
 DROPIN = "/etc/ssh/ssh_config.d/60-preflight-cluster.conf"
-NO_SSHD = "sshd configuration /etc/ssh/sshd_config does not exist (no openssh-server, or sshd runs with another -f)"
+NO_LISTENER = "no process listens on TCP port 22 (/proc/net/tcp, /proc/net/tcp6)"
+NO_SSHD = ("sshd configuration /etc/ssh/sshd_config does not exist (no openssh-server, or sshd runs with another -f) "
+           "and " + NO_LISTENER)
+LISTENER = {"source": "listener", "config": "/etc/ssh/sshd_config", "how": "sshd -T", "port": 22, "pid": 812,
+            "argv": ["/usr/sbin/sshd", "-D"], "discovery": ""}
 
 
 def load_yaml(*parts):
@@ -57,6 +61,7 @@ def facts(name, keys=(), block=None, problems=None, hostname=None, dropin_text=N
     hostname = hostname or name
     return {
         "hostname": hostname, "fqdn": hostname, "short_name": hostname.split(".")[0],
+        "sshd": dict(LISTENER),
         "sshd_config": {"path": "/etc/ssh/sshd_config", "exists": bool(keys)},
         "host_key_files": ["/etc/ssh/ssh_host_ed25519_key"] if keys else [],
         "keys": [{"type": k.split()[0], "public_key": k, "fingerprint": fp(k),
@@ -180,6 +185,7 @@ def test_read_without_sshd_or_any_ssh_file_is_facts_not_an_exception(tmp_path):
     result = st.read(args_for(tmp_path), ops)
     assert result["keys"] == [] and result["problems"] == [NO_SSHD]
     assert result["sshd_config"] == {"path": "/etc/ssh/sshd_config", "exists": False}
+    assert result["sshd"]["source"] == "default" and result["sshd"]["discovery"] == NO_LISTENER
     assert result["known_hosts"] == {"path": KH, "exists": False, "present": False, "block": [], "error": None}
     assert result["client"]["ssh_config_exists"] is False and result["client"]["dropin_included"] is False
     assert result["cluster_key"] is None and ops.calls == []
@@ -204,12 +210,12 @@ def test_read_host_keys_block_client_and_cluster_key(tmp_path):
                                                                                        KEYS["node2"], end))
     write(tmp_path, "/etc/ssh/ssh_config", "Include /etc/ssh/ssh_config.d/*.conf\nHost *\n    SendEnv LANG\n")
     write(tmp_path, DROPIN, "# old drop-in\n")
-    cluster_pub = fake_key("cluster")
+    cluster_pub, peer_pub = fake_key("cluster"), fake_key("cluster-node2")
     write(tmp_path, "/home/train/.ssh/id_ed25519_cluster", "-----BEGIN OPENSSH PRIVATE KEY-----\nCLUSTERSECRET\n",
           0o600)
     write(tmp_path, "/home/train/.ssh/id_ed25519_cluster.pub", cluster_pub + " preflight-ssh-trust-cluster-key\n")
     write(tmp_path, "/home/train/.ssh/authorized_keys", 'ssh-rsa AAAA other\nfrom="198.19.0.1,198.19.0.2" %s '
-                                                        'preflight-ssh-trust-cluster-key\n' % cluster_pub)
+                                                        'node=node2 preflight-ssh-trust-cluster-key\n' % peer_pub)
     ops = FakeOps(programs={"ssh-keygen": "/usr/bin/ssh-keygen", "getent": "/usr/bin/getent"},
                   commands={("/usr/bin/ssh-keygen", "-y"): (0, ecdsa + "\n", ""),
                             ("/usr/bin/getent", "passwd", "train"): (0, "train:x:1000:1000::/home/train:/bin/sh\n",
@@ -227,10 +233,13 @@ def test_read_host_keys_block_client_and_cluster_key(tmp_path):
     assert result["client"]["dropin_included"] is True and result["client"]["dropin_text"] == "# old drop-in\n"
     users = result["cluster_key"]["users"]
     assert users["ghost"] == {"exists": False, "problem": "no user ghost"}
-    assert users["train"]["private"] is True and users["train"]["fingerprint"] == fp(cluster_pub)
-    assert users["train"]["path"] == "/home/train/.ssh/id_ed25519_cluster"
-    assert users["train"]["authorized"] == [{"options": 'from="198.19.0.1,198.19.0.2"', "public_key": cluster_pub,
-                                              "fingerprint": fp(cluster_pub)}]
+    train = users["train"]
+    assert train["private"] is True and train["private_mode"] == 0o600 and train["fingerprint"] == fp(cluster_pub)
+    assert train["path"] == "/home/train/.ssh/id_ed25519_cluster" and train["uid"] == 1000
+    assert train["ssh"]["ssh_dir_state"]["kind"] == "dir" and train["problem"] == ""
+    assert train["authorized"] == [{"options": 'from="198.19.0.1,198.19.0.2"', "type": "ssh-ed25519",
+                                    "public_key": peer_pub, "fingerprint": fp(peer_pub),
+                                    "comment": "node=node2 preflight-ssh-trust-cluster-key", "node": "node2"}]
     # Private key material is never read.
     assert "SECRETBODY" not in str(result) and "CLUSTERSECRET" not in str(result)
 
@@ -263,10 +272,12 @@ def test_in_sync_cluster_passes_everything_and_plan_has_the_shape_the_role_expec
     for host, checks in decide_all(view).items():
         assert_contract(host, checks)
         statuses = {name: c["status"] for name, c in checks.items()}
-        assert statuses == {"host_keys": "pass", "names": "pass", "known_hosts": "pass",
-                            "host_key_unchanged": "pass", "cluster_key": "skipped", "client_dropin": "pass",
-                            "inbound": "skipped", "client_config": "skipped", "mesh": "skipped", "login": "skipped",
+        assert statuses == {"host_keys": "pass", "host_keys_served": "skipped", "names": "pass", "hostname": "pass",
+                            "known_hosts": "pass", "host_key_unchanged": "pass", "ssh_dirs": "skipped",
+                            "cluster_key": "skipped", "client_dropin": "pass", "inbound": "skipped",
+                            "client_config": "skipped", "mesh": "skipped", "login": "skipped",
                             "pdsh": "skipped"}, host
+        assert "sshd listening on port 22 (pid 812" in checks["host_keys"]["found"]
 
 
 def test_multi_node_missing_sshd_config_names_that_node_and_blames_no_peer():
@@ -414,25 +425,79 @@ def test_the_writer_and_the_audit_agree(run_module, tmp_path):
     assert result["changed"] is False
 
 
-def test_names_come_from_the_inventory_first_and_a_claimed_name_is_left_out():
-    # node2 calls itself node1 (another node's inventory name); node3 and node4 both call themselves ubuntu.
-    view = cluster({"node1": facts("node1", [KEYS["node1"]], hostname="node1"),
+def test_known_hosts_names_come_only_from_the_inventory_and_a_reported_hostname_is_a_warning():
+    # node2 calls itself node1 (another node's inventory name); node3 and node4 both call themselves
+    # ubuntu; node1's FQDN is not in the inventory.
+    view = cluster({"node1": dict(facts("node1", [KEYS["node1"]]), fqdn="node1.cluster.test"),
                     "node2": facts("node2", [KEYS["node2"]], hostname="node1"),
                     "node3": facts("node3", [KEYS["node3"]], hostname="ubuntu"),
                     "node4": facts("node4", [fake_key("node4")], hostname="ubuntu")})
     plan = st.plan(view)
     names = {e["node"]: e["names"] for e in plan["entries"]}
-    assert names["node1"] == ["node1", "198.19.0.1", "198.18.0.1"]
-    assert names["node2"] == ["node2", "198.19.0.2", "198.18.0.2"]
-    assert "ubuntu" not in names["node3"] + names["node4"]
-    assert "ubuntu" not in plan["names"]
+    assert names == {"node%d" % i: ["node%d" % i, "198.19.0.%d" % i, "198.18.0.%d" % i] for i in (1, 2, 3, 4)}
+    assert "ubuntu" not in plan["names"] and "node1.cluster.test" not in plan["names"]
+    block = ps.plan_block("", plan["entries"])["block"]
+    assert [line for line in block if "node1" in line.split()[0].split(",")] == [
+        "node1,198.19.0.1,198.18.0.1 %s node=node1" % KEYS["node1"]]
     results = decide_all(view)
-    assert results["node1"]["names"]["status"] == "pass"
-    result = results["node2"]["names"]
-    assert result["status"] == "warn" and "node1 is an inventory name of node1" in result["found"]
+    for host, checks in results.items():
+        assert_contract(host, checks)
+        assert checks["names"]["status"] == "pass", (host, checks["names"])
+    spoof = results["node2"]["hostname"]
+    assert spoof["status"] == "warn" and "node2 calls itself hostname node1" in spoof["found"]
+    assert "(the inventory name of node1)" in spoof["found"] and "never trusted" in spoof["found"]
+    assert "ssh_trust_extra_names for node2" in spoof["fix"] and "hostnamectl set-hostname node2" in spoof["fix"]
+    assert "FQDN node1.cluster.test" in results["node1"]["hostname"]["found"]
+    assert results["node1"]["hostname"]["status"] == "warn"
     for host in ("node3", "node4"):
-        assert results[host]["names"]["status"] == "warn" and "ubuntu" in results[host]["names"]["found"]
+        assert results[host]["hostname"]["status"] == "warn" and "ubuntu" in results[host]["hostname"]["found"]
+    # The operator says the FQDN is node1's: then it is trusted and the warning goes.
+    view = cluster(view["facts"], node_settings={"node1": {"ssh_trust_extra_names": ["node1.cluster.test"]}})
+    assert "node1.cluster.test" in {e["node"]: e["names"] for e in st.plan(view)["entries"]}["node1"]
+    assert st.decide("node1", view["facts"]["node1"], view["settings"]["node1"], None,
+                     view)["hostname"]["status"] == "pass"
+
+
+def test_a_duplicate_name_is_a_finding_on_exactly_the_two_nodes_that_share_it():
+    view = cluster({n: facts(n, [KEYS[n]]) for n in ("node1", "node2", "node3")})
+    # node2 and node3 were given the same ansible_host by mistake.
+    view["nodes"]["node3"] = dict(view["nodes"]["node3"], ansible_host="198.18.0.2")
+    plan = st.plan(view)  # no exception: the other nodes are planned as usual
+    names = {e["node"]: e["names"] for e in plan["entries"]}
+    assert names == {"node1": ["node1", "198.19.0.1", "198.18.0.1"], "node2": ["node2", "198.19.0.2"],
+                     "node3": ["node3", "198.19.0.3"]}
+    assert sorted(plan["duplicate_names"]) == ["node2", "node3"]
+    results = decide_all(view)
+    for host in ("node2", "node3"):
+        finding = results[host]["names"]
+        assert finding["status"] == "fail", finding
+        assert "198.18.0.2 is a name of both" in finding["found"] and "node2" in finding["found"]
+        assert "node3" in finding["found"] and "ansible_host" in finding["found"]
+        assert finding["details"]["nodes"] == ["node2", "node3"]
+        assert "ansible_host" in finding["fix"] and "node2 or node3" in finding["fix"]
         assert_contract(host, results[host])
+    # node1 is not involved: no finding about the duplicate (its known_hosts is merely not written yet).
+    assert results["node1"]["names"]["status"] == "pass" and pc.node_status(results["node1"]) != "fail"
+    assert not [c for c in results["node1"].values() if "198.18.0.2" in c["found"]]
+    assert "198.18.0.2" not in "".join(ps.plan_block("", plan["entries"])["block"])
+
+    # A node listing another node's inventory name: the owner keeps its name, both are told.
+    view = cluster({n: facts(n, [KEYS[n]]) for n in ("node1", "node2", "node3")},
+                   node_settings={"node1": {"ssh_trust_extra_names": ["node2"]}})
+    names = {e["node"]: e["names"] for e in st.plan(view)["entries"]}
+    assert names["node2"][0] == "node2" and "node2" not in names["node1"]
+    results = decide_all(view)
+    assert results["node1"]["names"]["status"] == results["node2"]["names"]["status"] == "fail"
+    assert "ssh_trust_extra_names" in results["node1"]["names"]["found"]
+    assert "node2 (inventory name)" in results["node1"]["names"]["found"]
+    assert results["node3"]["names"]["status"] == "pass"
+
+    # The same address on different ssh ports (a NAT gateway) is two names in known_hosts: no finding.
+    view = cluster({n: facts(n, [KEYS[n]]) for n in ("node1", "node2")},
+                   node_settings={"node2": {"ssh_trust_port": 2222}})
+    view["nodes"]["node2"] = dict(view["nodes"]["node2"], ansible_host="198.18.0.1")
+    results = decide_all(view)
+    assert results["node1"]["names"]["status"] == results["node2"]["names"]["status"] == "pass"
 
 
 def test_plan_port_extra_names_and_localhost_names():
@@ -478,57 +543,130 @@ def test_client_dropin_plan_and_decide():
     assert result["status"] == "warn" and "though nothing needs it" in result["found"]
 
 
-def key_state(private=True, pub=None, authorized=None, exists=True, options=""):
+def ssh_state(home="/root", home_mode=0o700, ssh_mode=0o700, uid=0, ssh_kind="dir"):
+    return {"home": home, "home_state": {"exists": True, "kind": "dir", "mode": home_mode, "uid": uid},
+            "ssh_dir": home + "/.ssh", "ssh_dir_state": {"exists": True, "kind": ssh_kind, "mode": ssh_mode, "uid": uid,
+                                                         "target": "/srv/shared/.ssh"},
+            "authorized_keys_state": {"exists": True, "kind": "file", "mode": 0o600, "uid": uid}}
+
+
+USERS = {"root": (0, "/root"), "train": (1000, "/home/train")}
+
+
+def key_state(user="root", pub=None, authorized=(), private=True, exists=True, options="", mode=0o600, ssh=None):
+    """One user's cluster key facts; ``authorized`` is [(node, public key)]."""
     if not exists:
-        return {"exists": False, "problem": "no user root"}
-    pub = pub or ""
-    return {"exists": True, "home": "/root", "path": "/root/.ssh/id_ed25519_cluster", "ssh_dir_symlink": False,
-            "private": private, "public_key": pub, "fingerprint": fp(pub) if pub else "", "problem": "",
-            "authorized": [{"options": options, "public_key": k, "fingerprint": fp(k)} for k in authorized or []]}
+        return {"exists": False, "problem": "no user %s" % user}
+    uid, home = USERS[user]
+    return {"exists": True, "uid": uid, "gid": uid, "home": home, "path": home + "/.ssh/id_ed25519_cluster",
+            "ssh": ssh or ssh_state(home, uid=uid), "private": private, "private_mode": mode if private else None,
+            "private_uid": uid if private else None, "public_key": pub or "", "fingerprint": fp(pub) if pub else "",
+            "problem": "", "authorized": [
+                {"options": options, "type": k.split()[0], "public_key": k, "fingerprint": fp(k),
+                 "comment": ("node=%s " % n if n else "") + "preflight-ssh-trust-cluster-key", "node": n}
+                for n, k in authorized]}
 
 
-def test_cluster_key_source_distribution_and_drift():
-    ck = fake_key("cluster")
-    on = {"ssh_trust_cluster_key": True}
-    held = {"users": {"root": key_state(pub=ck, authorized=[ck])}}
-    none = {"users": {"root": key_state(private=False)}}
-    base = in_sync(**on)
-    block = base["facts"]["node1"]["known_hosts"]["block"]
+NODES3 = ("node1", "node2", "node3")
+UKEY = {(n, u): fake_key("%s-%s" % (n, u)) for n in NODES3 for u in USERS}
+
+
+def synced_users(node, users=("root", "train"), **changes):
+    """Every user on ``node`` with its own key, authorizing its own keys from every node."""
+    return {"users": {u: key_state(u, UKEY[(node, u)], **dict({"authorized": [(n, UKEY[(n, u)]) for n in NODES3]},
+                                                               **changes.get(u, {})))
+                      for u in users}}
+
+
+def test_cluster_key_is_per_user_and_node_and_authorized_from_every_node():
+    on = {"ssh_trust_cluster_key": True, "ssh_trust_cluster_key_users": ["root", "train"]}
+    block = in_sync(**on)["facts"]["node1"]["known_hosts"]["block"]
 
     def view_with(states, **extra):
-        return cluster({n: facts(n, [KEYS[n]], block=block, cluster_key=s) for n, s in states.items()},
-                       **dict(on, **extra))
+        return cluster({n: facts(n, [KEYS[n]], block=block, cluster_key=states.get(n) or synced_users(n))
+                        for n in NODES3}, **dict(on, **extra))
 
-    # Nobody holds it yet: the first node is the source, every node is drift.
-    view = view_with({"node1": none, "node2": none, "node3": none})
-    plan = st.plan(view)["cluster_key"]
-    assert plan["source"] == "node1" and plan["source_path"] == "/root/.ssh/id_ed25519_cluster"
-    assert plan["holders"] == [] and plan["fingerprint"] == ""
-    assert plan["from"] == ["198.19.0.1", "198.18.0.1", "198.19.0.2", "198.18.0.2", "198.19.0.3", "198.18.0.3"]
+    view = view_with({})
+    assert st.plan(view)["cluster_key"] == {
+        "enabled": True, "users": ["root", "train"],
+        "from": ["198.19.0.1", "198.18.0.1", "198.19.0.2", "198.18.0.2", "198.19.0.3", "198.18.0.3"]}
+    for host, checks in decide_all(view).items():
+        assert_contract(host, checks)
+        assert checks["cluster_key"]["status"] == "pass", checks["cluster_key"]
+        assert checks["ssh_dirs"]["status"] == "pass", checks["ssh_dirs"]
+
+    cases = [
+        # (what is wrong on node3, status, words in found)
+        ({"train": {"authorized": [(n, UKEY[(n, "train")]) for n in ("node1", "node3")]}}, "warn",
+         "train's authorized_keys lacks the key of train from node2"),
+        ({"train": {"authorized": [(n, UKEY[(n, "train")]) for n in NODES3] + [("", fake_key("old-shared"))]}},
+         "warn", "no node=, the old shared key?"),
+        ({"train": {"authorized": [(n, UKEY[(n, "train")]) for n in NODES3] + [("node9", fake_key("gone"))]}},
+         "warn", "(node=node9)"),
+        ({"train": {"mode": 0o644}}, "warn", "/home/train/.ssh/id_ed25519_cluster is mode 0644"),
+        ({"train": {"private": False}}, "warn", "train has no /home/train/.ssh/id_ed25519_cluster"),
+    ]
+    for change, status, words in cases:
+        view = view_with({"node3": synced_users("node3", **change)})
+        result = st.decide("node3", view["facts"]["node3"], view["settings"]["node3"], None, view)["cluster_key"]
+        assert result["status"] == status and words in result["found"] and "node3" in result["found"], (change,
+                                                                                                       result)
+        assert "bringup.yml" in result["fix"]
+
+    # root's key handed to train: a failure on the node that holds it, naming both users.
+    state = synced_users("node3")
+    state["users"]["train"] = key_state("train", UKEY[("node2", "root")],
+                                        [(n, UKEY[(n, "train")]) for n in NODES3])
+    view = view_with({"node3": state})
+    result = st.decide("node3", view["facts"]["node3"], view["settings"]["node3"], None, view)["cluster_key"]
+    assert result["status"] == "fail" and "also the key of root on node2" in result["found"], result
+    assert "one user's key handed to another" in result["found"]
+    # A pair copied between nodes (the old design): drift on every node holding the copy.
+    copied = {n: synced_users(n) for n in NODES3}
+    for n in NODES3:
+        copied[n]["users"]["train"] = key_state("train", UKEY[("node1", "train")],
+                                                [("node1", UKEY[("node1", "train")])])
+    view = view_with(copied)
     result = st.decide("node2", view["facts"]["node2"], view["settings"]["node2"], None, view)["cluster_key"]
-    assert result["status"] == "warn" and "no node holds the cluster key yet" in result["found"]
-    # node2 holds it: it is the source; node3 lacks it.
-    view = view_with({"node1": held, "node2": held, "node3": none})
-    view["facts"]["node1"]["cluster_key"] = {"users": {"root": key_state(pub=fake_key("other"), authorized=[ck])}}
-    plan = st.plan(view)["cluster_key"]
-    assert plan["source"] == "node1" and plan["fingerprint"] == fp(fake_key("other"))
-    view = view_with({"node1": none, "node2": held, "node3": none})
-    plan = st.plan(view)["cluster_key"]
-    assert plan["source"] == "node2" and plan["holders"] == ["node2"] and plan["fingerprint"] == fp(ck)
-    results = decide_all(view)
-    assert results["node2"]["cluster_key"]["status"] == "pass"
-    assert results["node3"]["cluster_key"]["status"] == "warn"
-    assert "root has no /root/.ssh/id_ed25519_cluster" in results["node3"]["cluster_key"]["found"]
-    # restrict_from: the authorized line must carry from="...".
-    view = view_with({"node1": held, "node2": held, "node3": held}, ssh_trust_cluster_key_restrict_from=True)
+    assert result["status"] == "warn" and "the same pair as on node1, node3" in result["found"], result
+    # restrict_from: every line must carry from="...".
+    view = view_with({}, ssh_trust_cluster_key_restrict_from=True)
     result = st.decide("node1", view["facts"]["node1"], view["settings"]["node1"], None, view)["cluster_key"]
     assert result["status"] == "warn" and "with options ''" in result["found"]
     # A missing user is not drift bring-up can fix.
-    view = view_with({"node1": held, "node2": {"users": {"root": key_state(exists=False)}}, "node3": held})
+    state = synced_users("node2")
+    state["users"]["train"] = key_state("train", exists=False)
+    view = view_with({"node2": state})
     result = st.decide("node2", view["facts"]["node2"], view["settings"]["node2"], None, view)["cluster_key"]
     assert result["status"] == "fail" and "create the user" in result["fix"]
     for host, checks in decide_all(view).items():
         assert_contract(host, checks)
+
+
+SSH_DIRS = [
+    # (home mode, ~/.ssh mode, ~/.ssh kind, words in found)
+    (0o777, 0o700, "dir", "home /home/train is writable by group or others (mode 0777)"),
+    (0o750, 0o770, "dir", "~/.ssh /home/train/.ssh is writable by group or others (mode 0770)"),
+    (0o750, 0o777, "symlink", "~/.ssh /home/train/.ssh is a symlink to /srv/shared/.ssh"),
+]
+
+
+@pytest.mark.parametrize("home_mode,ssh_mode,kind,words", SSH_DIRS)
+def test_an_unsafe_home_or_ssh_dir_is_refused_in_the_audit(home_mode, ssh_mode, kind, words):
+    on = {"ssh_trust_cluster_key": True, "ssh_trust_cluster_key_users": ["root", "train"]}
+    state = synced_users("node2")
+    state["users"]["train"] = key_state("train", UKEY[("node2", "train")], [(n, UKEY[(n, "train")]) for n in NODES3],
+                                        ssh=ssh_state("/home/train", home_mode, ssh_mode, 1000, kind))
+    view = cluster({n: facts(n, [KEYS[n]], cluster_key=state if n == "node2" else synced_users(n)) for n in NODES3},
+                   **on)
+    results = decide_all(view)
+    result = results["node2"]["ssh_dirs"]
+    assert result["status"] == "fail" and words in result["found"] and "node2" in result["found"], result
+    assert result["expected"] and "node2" in result["fix"] and "bringup.yml" in result["fix"]
+    assert "train's ~/.ssh was not examined (see ssh_trust.ssh_dirs)" in results["node2"]["cluster_key"]["found"]
+    for host in ("node1", "node3"):
+        assert results[host]["ssh_dirs"]["status"] == "pass"
+    assert_contract("node2", results["node2"])
 
 
 # ----------------------------------------------------------------------------
@@ -743,8 +881,8 @@ def test_every_check_name_decide_can_return_is_in_the_contract():
         for host, checks in decide_all(test_view).items():
             assert_contract(host, checks)
             names |= set(checks)
-    assert names == {"host_keys", "names", "known_hosts", "host_key_unchanged", "cluster_key", "client_dropin",
-                     "client_config", "mesh", "login", "inbound", "pdsh"}
+    assert names == {"host_keys", "host_keys_served", "names", "hostname", "known_hosts", "host_key_unchanged",
+                     "ssh_dirs", "cluster_key", "client_dropin", "client_config", "mesh", "login", "inbound", "pdsh"}
 
 
 def test_role_defaults_mirror_argument_specs_and_carry_the_plan_inputs():
@@ -752,15 +890,22 @@ def test_role_defaults_mirror_argument_specs_and_carry_the_plan_inputs():
     options = load_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]
     assert set(defaults) == set(options)
     for name in ("ssh_trust_known_hosts_entries", "ssh_trust_known_hosts_keep_nodes", "ssh_trust_client_dropin",
-                 "ssh_trust_cluster_key_source", "ssh_trust_cluster_key_source_path", "ssh_trust_cluster_key_from"):
+                 "ssh_trust_cluster_key_from"):
         assert "preflight_plan.ssh_trust" in defaults[name], name
     assert defaults["ssh_trust_strict_host_key_checking_no"] is False
+    assert defaults["ssh_trust_sshd_config"] == "" and defaults["ssh_trust_host_key_files"] == []
     tasks = os.listdir(os.path.join(ROLE, "tasks"))
     assert sorted(tasks) == ["client_config.yml", "cluster_key.yml", "known_hosts.yml", "main.yml"]
     for name in tasks:
         text = open(os.path.join(ROLE, "tasks", name), encoding="utf-8").read()
-        assert "hostvars" not in text and "ansible_play_hosts" not in text, name
+        # The one cross-node read: the public keys the nodes just registered (never a decision).
+        assert text.count("hostvars") == (1 if name == "cluster_key.yml" else 0), name
+        assert "ansible_play_hosts" not in text, name
         assert "ssh_trust_checks" not in text and "check_mode: true" not in text, name
+        # Nothing delegated to another node; a task delegated to the controller must not become root there.
+        assert "delegate_to" not in text or "become: false" in text, name
+        # No private key handling in the role: no slurp, no copy of key material.
+        assert "slurp" not in text and "b64decode" not in text and "no_log" not in text, name
 
 
 def test_a_node_that_checked_only_its_share_of_peers_is_judged_on_those():
