@@ -36,6 +36,8 @@ def run_playbook(tmp_path, playbook="preflight.yml", inventory=None, extravars=N
         # ansible-runner turns host-key checking off unless told: keep it on, as ansible.cfg says.
         envvars={"ANSIBLE_CONFIG": os.path.join(ROOT, "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0",
                  "ANSIBLE_HOST_KEY_CHECKING": "True",
+                 # ansible-runner replaces the callback path: keep the summary for playbooks under playbooks/.
+                 "ANSIBLE_CALLBACK_PLUGINS": os.path.join(ROOT, "callback_plugins"),
                  "PATH": os.environ["PATH"]},
         limit=limit, timeout=timeout, quiet=True, cmdline=" ".join(cmdline) or None, event_handler=event_handler)
     events = list(run.events)
