@@ -36,6 +36,7 @@ import time
 import pytest
 
 from playbook import run_playbook, task_results
+from job_env import job_python
 from testbed import unavailable_reason, testbed_fixture
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(600)]
@@ -95,14 +96,18 @@ FOREIGN_SYSCTL = (
 )
 
 CORE_CHECKS = ("core_pattern", "core_pattern_persisted", "core_pattern_boot", "core_pattern_pid",
-               "core_dir", "core_limits", "core_probe")
-# Drift before bring-up: what the audit must report under the drift policy.
-DRIFT_CHECKS = ("core_pattern", "core_pattern_persisted", "core_pattern_boot", "core_limits")
+               "core_dir", "core_limits", "core_limits_session", "core_probe")
+# Drift before bring-up: what the audit must report under the drift policy (the job user's login
+# session has no core limit before the limits drop-in exists).
+DRIFT_CHECKS = ("core_pattern", "core_pattern_persisted", "core_pattern_boot", "core_limits", "core_limits_session")
 DEBUG_TOOLS = ("gdb", "strace", "pdsh", "nmap", "py_spy")
 
 # Keep the all-reduce gate of preflight.yml short: it is not what this file tests
 # (tests/multinode/test_gate_multinode.py is), but every audit runs it.
 GATE_VARS = {
+    # Job-side code (torch probe, ranks, core and ptrace probes) runs as an unprivileged job user, as an
+    # operator names it; the audit proves the bring-up for that user.
+    "preflight_job_user": "nobody",
     "preflight_nproc_per_node": 1,
     "allreduce_sizes": [65536],
     "allreduce_iters": 2,
@@ -304,7 +309,10 @@ def seeded(request):
     # The state of a node nobody has brought up, whatever an earlier run left behind.
     write_proc(PROC_SYSCTLS["kernel.core_pattern"], "core")
     write_proc(PROC_SYSCTLS["kernel.core_uses_pid"], "0")
-    bed = testbed_fixture(request, nodes=NODES)
+    python = job_python("nobody")
+    if python is None:
+        pytest.skip("no Python with torch that an unprivileged job user can run on this machine")
+    bed = testbed_fixture(request, nodes=NODES, training_python=python)
     bed.write_inventory(group_vars=GROUP_VARS)
     node_write(bed, FOREIGN_NODE, "/etc/security/limits.conf", FOREIGN_LIMITS)
     node_write(bed, FOREIGN_NODE, "/etc/sysctl.conf", FOREIGN_SYSCTL)
@@ -507,6 +515,9 @@ def test_audit_after_bringup_passes_every_node(seeded, audited):
             assert ptrace["status"] == "pass", ptrace
         else:
             assert ptrace["status"] == "not_applicable" and "no Yama" in ptrace["found"], ptrace
+        # The job user attaches to its own process whatever the LSM says: proven, not inferred.
+        attach = capability_checks(result, host, "kernel_debug")["ptrace_attach"]
+        assert attach["status"] == "pass" and attach["found"].startswith("nobody (uid "), attach
         iommu = capability_checks(result, host, "iommu")
         for name in ("grub", "cmdline"):
             assert iommu[name]["status"] == "not_applicable", (host, name)

@@ -1,0 +1,211 @@
+# -*- coding: utf-8 -*-
+"""``python -m cluster_preflight``: the command line. The only place that turns a result into an exit
+code for the process (``main`` returns it; ``__main__`` exits with it). Exit codes: see the package."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import threading
+
+from . import playbooks
+from .progress import Progress
+from .verdict import (EXIT_INTERRUPTED, EXIT_MEANING, EXIT_UNKNOWN, EXIT_USAGE, ROOT, VerdictError, exit_code,
+                      load_verdict)
+
+RUN_COMMANDS = {
+    "gate": "the pre-job gate (preflight.yml): audit every node, all-reduce across them, verdict.json",
+    "bringup": "node bring-up (bringup.yml): apply what the gate audits, then audit it (bringup.json)",
+    "healthcheck": "node-local health check (healthcheck.yml) within its time budget (healthcheck.json)",
+    "diagnose": "diagnose.yml, when this checkout has it",
+}
+LABELS = {"verdict.json": "PREFLIGHT", "bringup.json": "BRING-UP", "healthcheck.json": "HEALTH CHECK"}
+
+
+class UsageError(ValueError):
+    """A command line that cannot be run; one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse exits 2 on a usage error, which is scripts/verdict's "fail": ours is 4.
+    def error(self, message):
+        raise UsageError("%s: %s" % (self.prog, message))
+
+
+def extra_var(text):
+    """``-e KEY=VALUE`` (several pairs in one argument too, quoted as ansible-playbook takes them) as a
+    dict; ``-e @file`` and ``-e '{json}'`` are given to ansible-playbook as they are (``None`` here)."""
+    text = text.strip()
+    if text.startswith("@") or text.startswith("{") or text.startswith("["):
+        return None
+    from ansible.parsing.splitter import parse_kv  # pylint: disable=import-outside-toplevel
+
+    try:
+        pairs = parse_kv(text)
+    except Exception as exc:  # ansible's own parse error, whatever its class
+        raise UsageError("-e %s: %s" % (text, exc)) from exc
+    if not pairs or "_raw_params" in pairs or any(not key for key in pairs):
+        raise UsageError("-e %r is not KEY=VALUE (nor @FILE or a JSON object)" % text)
+    return pairs
+
+
+def build_parser():
+    parser = _Parser(prog="python -m cluster_preflight", allow_abbrev=False,
+                     description="Run the cluster preflight and answer with its verdict (exit codes: see README, "
+                                 "'The command line and the API').")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+    for name, text in RUN_COMMANDS.items():
+        sub = commands.add_parser(name, help=text, description=text + ". Other options go to ansible-playbook "
+                                  "as they are (-v, --forks N, -e @vars.yml).", allow_abbrev=False)
+        sub.add_argument("-i", "--inventory", "--inventory-file", action="append", dest="inventory",
+                         metavar="INVENTORY", help="inventory file or directory (default: the embedded inventory/)")
+        sub.add_argument("-l", "--limit", metavar="HOSTS", help="only these nodes (the verdict covers exactly them)")
+        sub.add_argument("-e", "--extra-vars", action="append", default=[], dest="extra_vars", metavar="KEY=VALUE",
+                         help="a setting (repeatable), as ansible-playbook's -e")
+        sub.add_argument("--results-dir", metavar="DIR", help="where run directories go (preflight_results_dir)")
+        sub.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary: one line at the end")
+        sub.add_argument("--timeout", type=int, metavar="SECONDS", help="stop the whole run after this long")
+    sub = commands.add_parser("verdict", help="validate and summarise a verdict file (as scripts/verdict)",
+                              description="Validate and summarise a verdict (default results/latest); exit 0 pass, "
+                                          "1 pass with warnings, 2 fail, 3 unknown, 4 invalid settings.",
+                              allow_abbrev=False)
+    sub.add_argument("path", nargs="?", default=os.path.join(ROOT, "results", "latest"),
+                     help="a run directory or a verdict file (default: results/latest)")
+    group = sub.add_mutually_exclusive_group()
+    group.add_argument("--drain-list", action="store_true", help="print the nodes to drain, one per line")
+    group.add_argument("--nhc", action="store_true", help="print 'ERROR: nhc: Health check failed:' lines")
+    return parser
+
+
+def parse_args(argv):
+    """``(namespace, passthrough)``: our options, and those ansible-playbook gets as they are."""
+    args, rest = build_parser().parse_known_args(argv)
+    if args.command == "verdict" and rest:
+        raise UsageError("verdict: unrecognized arguments: %s" % " ".join(rest))
+    args.extravars, passthrough = {}, list(rest)
+    for text in getattr(args, "extra_vars", []):
+        pairs = extra_var(text)
+        if pairs is None:
+            passthrough += ["-e", text]
+        else:
+            args.extravars.update(pairs)
+    if getattr(args, "inventory", None):
+        args.inventory = args.inventory[0] if len(args.inventory) == 1 else args.inventory
+    return args, passthrough
+
+
+def headline(verdict):
+    """``PREFLIGHT PASS: 1/1 nodes healthy; verdict PATH`` (the verdict task's own line)."""
+    label = LABELS.get(os.path.basename(verdict.path), "PREFLIGHT")
+    text = "%s %s: %d/%d nodes healthy" % (label, verdict.status.upper(), len(verdict.healthy_hosts),
+                                          len(verdict.hosts))
+    if verdict.failed_hosts:
+        text += "; failed: %s" % ", ".join(verdict.failed_hosts)
+    if verdict.unverified_hosts:
+        text += "; unverified: %s" % ", ".join(verdict.unverified_hosts)
+    if verdict.stopped:
+        text += "; stopped: %s" % verdict.stopped
+    return text + "; verdict %s" % verdict.path
+
+
+def finding_lines(verdict):
+    lines = []
+    for item in verdict.findings:
+        lines.append("  %s %s [%s]: %s" % (item.host, item.check, item.status, item.found))
+        if item.fix:
+            lines.append("    fix: %s" % item.fix)
+    gate = verdict.raw.get("allreduce") or {}
+    if gate.get("status") == "skipped":
+        lines.append("  all-reduce not run: %s" % gate.get("reason"))
+    return lines
+
+
+def _out(text, stream=None):
+    print(text, file=stream or sys.stdout, flush=True)
+
+
+def cmd_verdict(args):
+    try:
+        verdict = load_verdict(args.path)
+    except VerdictError as exc:
+        _out("UNKNOWN: %s" % exc, sys.stderr)
+        return EXIT_UNKNOWN
+    if args.drain_list:
+        for host in verdict.failed_hosts:
+            _out(host)
+    elif args.nhc:
+        for item in verdict.findings:
+            if item.status == "fail":
+                _out("%s ERROR: nhc: Health check failed: preflight %s: %s" % (item.host, item.check, item.found))
+    else:
+        _out(headline(verdict))
+        for line in finding_lines(verdict):
+            _out(line)
+    return exit_code(verdict, warnings=True)
+
+
+def cmd_run(args, passthrough):
+    tty = sys.stderr.isatty()
+    progress = None
+    if not args.quiet:
+        progress = Progress(sys.stderr, tty=tty, width=shutil.get_terminal_size((100, 20)).columns).start()
+    interrupted = threading.Event()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def _on_sigint(signum, frame):  # pylint: disable=unused-argument
+            # The first Ctrl-C stops the run cleanly (runner ends ansible-playbook and its tree);
+            # a second one is Python's default.
+            interrupted.set()
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    kwargs = dict(inventory=args.inventory, limit=args.limit, extravars=args.extravars, results_dir=args.results_dir,
+                  cmdline=passthrough, progress=progress, cancel=interrupted.is_set, timeout=args.timeout,
+                  color=sys.stdout.isatty() and not args.quiet)
+    try:
+        if args.command == "diagnose":
+            result = playbooks.diagnose(**kwargs)
+        else:
+            result = playbooks.run_playbook(playbooks.PLAYBOOKS[args.command], **kwargs)
+    except playbooks.UsageError as exc:
+        _out("%s: %s" % (args.command, exc), sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if progress is not None:
+            progress.close()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if not args.quiet:
+        for line in result.summary:
+            _out(line)
+        if result.verdict is not None:
+            for line in finding_lines(result.verdict):
+                _out(line)
+    if result.verdict is not None:
+        _out(headline(result.verdict))
+    if result.error:
+        word = {EXIT_INTERRUPTED: "INTERRUPTED", EXIT_USAGE: "USAGE"}.get(result.exit_code, "UNKNOWN")
+        _out("%s: %s" % (word, result.error), sys.stderr)
+    if not args.quiet:
+        _out("exit %d (%s)" % (result.exit_code, EXIT_MEANING.get(result.exit_code, "")), sys.stderr)
+    return result.exit_code
+
+
+def main(argv=None):
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    try:
+        args, passthrough = parse_args(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        _out(str(exc), sys.stderr)
+        _out("usage: python -m cluster_preflight {gate,bringup,healthcheck,diagnose,verdict} ... (--help)",
+             sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    if args.command == "verdict":
+        return cmd_verdict(args)
+    return cmd_run(args, passthrough)

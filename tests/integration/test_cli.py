@@ -1,0 +1,81 @@
+"""cluster_preflight on localhost: the API returns the verdict the playbook wrote, the command line's exit
+codes follow it (0 for the embedded default, 2 for a node whose training Python has no torch), and
+``verdict`` refuses a missing file with 3. Three real runs (~20 s each)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import cluster_preflight
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NO_TORCH = "/usr/bin/python3"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        return sock.getsockname()[1]
+
+
+def cli(*args, timeout=540):
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run([sys.executable, "-m", "cluster_preflight"] + list(args), cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_api_gate_returns_the_verdict_the_playbook_wrote(tmp_path):
+    seen = []
+    result = cluster_preflight.gate(inventory=os.path.join(ROOT, "inventory"), results_dir=str(tmp_path / "results"),
+                                    extravars={"preflight_master_port": free_port()}, progress=seen.append)
+    assert result.exit_code == 0 and result.rc == 0, (result.error, result.summary)
+    verdict = result.verdict
+    assert verdict.path == str(tmp_path / "results" / os.path.basename(verdict.run_dir) / "verdict.json")
+    with open(verdict.path, encoding="utf-8") as handle:
+        assert verdict.raw == json.load(handle)
+    assert os.path.realpath(str(tmp_path / "results" / "latest")) == os.path.realpath(verdict.run_dir)
+    assert verdict.status == "pass" and verdict.healthy_hosts == ("localhost",) and verdict.failed_hosts == ()
+    assert all(item.status in ("warn", "unverified") for item in verdict.findings)
+    assert {item.check for item in verdict.findings} == {
+        name for name, check in verdict.raw["nodes"]["localhost"]["checks"].items() if check["status"] == "warn"}
+    assert sorted(verdict.outputs) == ["hostfile", "hosts.csv", "hosts.txt", "junit.xml", "preflight.prom"]
+    assert all(os.path.isfile(path) for path in verdict.outputs.values())
+    # The summary callback ran under ansible-runner; progress saw the plays and every task.
+    assert result.summary[0] == "PREFLIGHT SUMMARY: PASS, 1/1 nodes healthy"
+    assert result.summary[-1] == "verdict: %s" % verdict.path
+    assert any(event.get("event") == "playbook_on_play_start" for event in seen)
+
+
+def test_cli_exit_codes_follow_the_verdict(tmp_path):
+    results = str(tmp_path / "results")
+    done = cli("gate", "--results-dir", results, "-e", "preflight_master_port=%d" % free_port())
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("PREFLIGHT PASS: 1/1 nodes healthy; verdict %s/" % results), last
+    assert "nodes done in" in done.stderr and "Traceback" not in done.stderr
+    passed = last.rsplit(" ", 1)[1]
+    # A pass with warnings: 0 for the run, 1 from `verdict` (as scripts/verdict).
+    assert cli("verdict", passed).returncode == (1 if json.load(open(passed))["warn_hosts"] else 0)
+
+    failing = cli("gate", "--quiet", "--results-dir", results, "-e", "preflight_training_python=%s" % NO_TORCH,
+                  "-e", "preflight_master_port=%d" % free_port())
+    assert failing.returncode == cluster_preflight.EXIT_FAIL, failing.stdout[-3000:] + failing.stderr[-3000:]
+    assert failing.stdout.startswith("PREFLIGHT FAIL: 0/1 nodes healthy; failed: localhost; verdict ")
+    assert failing.stderr == ""
+    path = failing.stdout.strip().rsplit(" ", 1)[1]
+    verdict = cluster_preflight.load_verdict(path)
+    assert verdict.raw["nodes"]["localhost"]["checks"]["allreduce.torch"]["status"] == "fail"
+    drain = cli("verdict", "--drain-list", path)
+    assert drain.returncode == 2 and drain.stdout.split() == ["localhost"]
+
+
+def test_cli_verdict_refuses_a_missing_file(tmp_path):
+    done = cli("verdict", str(tmp_path / "no-such-run"), timeout=60)
+    assert done.returncode == 3 and done.stdout == ""
+    assert done.stderr.startswith("UNKNOWN: no verdict at ") and "Traceback" not in done.stderr
