@@ -24,7 +24,8 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 
 # pylint: disable=wrong-import-position
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
-from ansible.module_utils.preflight_allreduce import candidates, launch_plan, readiness, summarize  # noqa: E402
+from ansible.module_utils.preflight_allreduce import (  # noqa: E402
+    candidates, launch_plan, readiness, summarize, version_checks)
 from ansible.module_utils.preflight_checks import CheckError, decision, error, put  # noqa: E402
 from ansible.module_utils.preflight_cluster import ClusterView, without_gc  # noqa: E402
 from ansible.module_utils.preflight_pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host  # noqa: E402
@@ -229,9 +230,17 @@ def stage_final(view):
             results[host] = job
         elif isinstance(job, dict) and (job.get("checks") or {}).get("no_result"):
             gate_lost[host] = job["checks"]["no_result"]["found"]
-    summary, gate_checks = summarize(gate, results, gate_lost)
+    summary, gate_checks = summarize(gate, results, gate_lost,
+                                     nic_facts=view.capability_facts("nic_discovery", gate.get("hosts") or []))
     for host, checks in gate_checks.items():
         _put(checks_by_host, host, "allreduce", checks)
+    # Versions across every node that was read (reader facts, then what the ranks ran): needs all nodes.
+    torch_hosts = [host for host in view.read_hosts() if view.facts(host)[0].get("allreduce") is not None]
+    versions = _guarded(checks_by_host, torch_hosts, "allreduce", version_checks, torch_hosts,
+                        view.capability_facts("allreduce", torch_hosts), results,
+                        view.capability_settings("allreduce", torch_hosts)) or {}
+    for host, check in versions.items():
+        _put(checks_by_host, host, "allreduce", {"versions": check})
     return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost,
                     logs={host: {"log": (results.get(host) or {}).get("log"),
                                  "ranks": (results.get(host) or {}).get("ranks") or [],

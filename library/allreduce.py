@@ -113,6 +113,8 @@ options:
     description:
       - Extra environment for torchrun and the ranks.
       - C(TMPDIR) is set to the scratch directory unless given here.
+      - With O(backend=nccl), C(NCCL_DEBUG=INFO) unless given here or in the node's environment, so the rank logs
+        show the transport NCCL chose and its warnings.
     type: dict
     default: {}
   py_spy:
@@ -334,6 +336,10 @@ def build_env(params, scratch, account=None):
     if params["socket_ifname"]:
         env["GLOO_SOCKET_IFNAME"] = params["socket_ifname"]
         env["NCCL_SOCKET_IFNAME"] = "=" + params["socket_ifname"]
+    if params.get("backend") == "nccl":
+        # The transport NCCL chose and its warnings land in the rank logs, where the controller's
+        # signatures read them; an operator's NCCL_DEBUG (node environment or env) wins.
+        env.setdefault("NCCL_DEBUG", "INFO")
     env.update({str(key): str(value) for key, value in params["env"].items()})
     return env
 
@@ -509,8 +515,8 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
         if minimum and slowest["busbw_gbps"] < minimum:
             checks["bandwidth"] = failed(
                 found, "busbw >= %.3f GB/s" % minimum,
-                "check the chosen interface (NCCL_SOCKET_IFNAME), link speed and MTU on %s; run with "
-                "allreduce_env NCCL_DEBUG=INFO to see which transport NCCL picked" % host)
+                "check the chosen interface (NCCL_SOCKET_IFNAME), link speed and MTU on %s; with nccl, "
+                "allreduce.signatures and the rank logs (NCCL_DEBUG=INFO) say which transport NCCL picked" % host)
         else:
             checks["bandwidth"] = passed(
                 found, ("busbw >= %.3f GB/s" % minimum) if minimum else "reported (no minimum set)")

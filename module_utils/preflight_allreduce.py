@@ -9,8 +9,11 @@
   still reachable and ready, the master, the world size, each node's arguments
   for the ``allreduce`` module.
 * ``summarize`` (controller): every node's rank results → the gate's outcome,
-  the suspect ranks and nodes, collateral failures of healthy peers, and the
-  world size compared with the plan.
+  the suspect ranks and nodes, collateral failures of healthy peers, the
+  world size compared with the plan, and the known failure signatures found in
+  each node's logs (``signatures``, see ``preflight_signatures``).
+* ``version_checks`` (controller): torch / NCCL / CUDA / HIP / Python of every
+  node compared across the cluster (``versions``): the odd node is named.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import os
 import re
 import socket
 
-from ansible.module_utils.preflight_checks import blocked, failed, passed, warned
+from ansible.module_utils.preflight_checks import blocked, check, failed, not_applicable, passed, skipped, warned, worst
 from ansible.module_utils.preflight_net import find_port_holder
+from ansible.module_utils.preflight_nic import usable_fabrics
+from ansible.module_utils.preflight_signatures import match as match_signatures, transport as signature_transport
 
 CAPABILITY = "allreduce"
 
@@ -469,15 +474,74 @@ def _missing_rows(host, plan):
              "host": host, "error": None} for local in range(args["nproc_per_node"])]
 
 
-def summarize(plan, results_by_host, lost=None):
+def node_fabrics(nic_facts):
+    """The fabric kinds a node can use, from its ``nic_discovery`` facts (None: not read)."""
+    if not isinstance(nic_facts, dict):
+        return None
+    return sorted(usable_fabrics(nic_facts.get("nics") or {}, nic_facts.get("rdma_devices") or {}))
+
+
+def _log_texts(result):
+    logs = result.get("rank_logs") or []
+    if isinstance(logs, dict):
+        logs = list(logs.values())
+    return [result.get("log") or ""] + [entry.get("text") or "" for entry in logs if isinstance(entry, dict)]
+
+
+def signature_check(host, result, fabric, backend, full):
+    """``signatures``: the known failure signatures in ``host``'s torchrun log and rank logs.
+
+    ``full``: the all-reduce failed or a rank of ``host`` did not finish: every
+    signature is looked for; otherwise only the NCCL transport (``nccl``).  The
+    status is the worst of the matched signatures.  Nothing matched: None on a
+    healthy gloo run (nothing to report), ``not_applicable`` saying so otherwise.
+    """
+    texts = _log_texts(result)
+    findings = match_signatures(texts, fabric=bool(fabric), categories=None if full else ("transport",))
+    if fabric:
+        fabric_text = "fabric %s" % ", ".join(fabric)
+    else:
+        fabric_text = "no fabric" if fabric is not None else "fabric not read"
+    expected = "no known failure signature in %s's torchrun and rank logs%s" % (
+        host, "; NCCL on the fabric where the node has one" if backend == "nccl" else "")
+    if not findings:
+        lines = sum(len(text.splitlines()) for text in texts)
+        if full:
+            return not_applicable("no known failure signature in the %d log lines of %s (%s); read %s.log and its "
+                                  "rank logs in the run directory" % (lines, host, fabric_text, host), expected)
+        if backend != "nccl":
+            return None
+        return not_applicable("NCCL printed no transport line in the %d log lines of %s (NCCL_DEBUG is not INFO, "
+                              "or the line fell out of the log tail)" % (lines, host), expected)
+    used = signature_transport(findings)
+    status = worst(finding["status"] for finding in findings)
+    found = "%s (%s)%s: %s" % (host, fabric_text, ", NCCL transport %s" % used if used else "", "; ".join(
+        "%s: %s [%s%s]" % (finding["id"], finding["cause"], finding["line"],
+                           " and %d more line(s)" % (finding["count"] - 1) if finding["count"] > 1 else "")
+        for finding in findings))
+    fixes = []
+    for finding in findings:
+        if finding["status"] in ("warn", "fail") and finding["fix"] not in fixes:
+            fixes.append(finding["fix"])
+    return check(status, found, expected, " | ".join(fixes), findings=findings, transport=used, fabric=fabric)
+
+
+def summarize(plan, results_by_host, lost=None, nic_facts=None):
     """The gate's outcome from every launched node's result.
 
     ``results_by_host``: host -> the ``allreduce`` module's result (``ranks``,
-    ``checks``, ``log``); a launched node missing from it gave no result.
-    ``lost``: ``{host: reason}`` of nodes that stopped answering after the
-    launch.  Returns ``(summary, checks_by_host)``.
+    ``checks``, ``log``, ``rank_logs``); a launched node missing from it gave no
+    result.  ``lost``: ``{host: reason}`` of nodes that stopped answering after
+    the launch.  ``nic_facts``: host -> its ``nic_discovery`` facts (whether it
+    has a fabric, for the NCCL transport).  Returns ``(summary, checks_by_host)``.
+
+    ``signatures`` (see :func:`signature_check`): on a failed all-reduce on
+    every node with a result; on a passed one only the NCCL transport, so it is
+    absent on a healthy gloo run.  A healthy peer's failed signatures in a
+    failed run are collateral (``warn``, blocked) like its other checks.
     """
     lost = dict(lost or {})
+    fabrics = {host: node_fabrics((nic_facts or {}).get(host)) for host in plan.get("hosts") or []}
     summary = {
         "launched": bool(plan.get("launch")), "world_size": plan.get("world_size"),
         "planned_world_size": plan.get("world_size"), "backend": plan.get("backend"),
@@ -526,7 +590,17 @@ def summarize(plan, results_by_host, lost=None):
              if host in lost else
              warned(world, expected_world, "ranks of another node never reported (see the suspects); "
                                            "re-run the gate once it is fixed", blocked=True)))
-    if summary["status"] == "pass":
+    healthy = summary["status"] == "pass"
+    signatures = {}
+    for host in plan["hosts"]:
+        result = results_by_host.get(host)
+        if host in lost or not isinstance(result, dict):
+            continue
+        full = not healthy or any(row.get("status") != "ok" for row in rows if row["host"] == host)
+        found = signature_check(host, result, fabrics.get(host), plan.get("backend"), full)
+        if found is not None:
+            signatures[host] = checks_by_host[host]["signatures"] = found
+    if healthy:
         return summary, checks_by_host
     suspects = find_suspects(rows, lost)
     summary["suspects"] = suspects
@@ -544,6 +618,12 @@ def summarize(plan, results_by_host, lost=None):
                     own[name]["expected"],
                     "fix the suspect node(s) and re-run; to confirm %s, run the gate with the suspect node(s) "
                     "taken out of the inventory group" % host, blocked=True)
+        mine = signatures.get(host)
+        if mine and mine["status"] == "fail":
+            own["signatures"] = warned(
+                "%s (collateral: %s)" % (mine["found"], names or "a peer failed"), mine["expected"],
+                "%s; fix the suspect node(s) first: these lines are likely a consequence" % mine["fix"],
+                blocked=True, **mine.get("details", {}))
     for item in suspects:
         host = item["host"]
         checks_by_host.setdefault(host, {})["suspect_rank_%d" % item["rank"]] = failed(
@@ -553,3 +633,145 @@ def summarize(plan, results_by_host, lost=None):
             "re-run the gate with it taken out of the inventory group to confirm the rest" % (host, host, host))
     return summary, checks_by_host
 
+
+
+# --------------------------------------------------------------------------
+# Versions across nodes (controller)
+
+VERSION_KEYS = ("torch", "nccl", "cuda", "hip", "python")
+VERSIONS_EXPECTED = "the same torch, NCCL, CUDA, HIP and Python on every node of the job"
+# NCCL 2.14.3 (pinned by pip torch 1.13-2.0.x) hangs with CUDA_LAUNCH_BLOCKING=1; fixed in 2.17.
+NCCL_HANG_FIXED = (2, 17)
+
+
+def node_versions(facts, ranks=()):
+    """``{key: text}`` of one node: what its ranks ran (``versions``), else what its reader found.
+
+    A key is absent when unknown (NCCL before a run, a node whose Python could
+    not be asked); ``none`` when known to be absent (cuda of a CPU build).
+    """
+    known = {}
+    facts = facts or {}
+    if facts.get("python"):
+        known["python"] = facts["python"].get("version")
+    torch = facts.get("torch")
+    if torch:
+        for key, field in (("torch", "version"), ("cuda", "cuda"), ("hip", "hip")):
+            known[key] = torch.get(field)
+    seen = {}
+    for row in ranks or ():
+        versions = row.get("versions")
+        if not isinstance(versions, dict):
+            continue
+        for key in VERSION_KEYS:
+            if key in versions:
+                seen.setdefault(key, set()).add("none" if versions[key] is None else str(versions[key]))
+    for key, values in seen.items():
+        # A node whose ranks disagree with each other shows both values and so differs from every peer.
+        known[key] = "/".join(sorted(values))
+    return {key: "none" if value is None else str(value) for key, value in known.items()}
+
+
+def _release(text):
+    match = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def known_hang(versions):
+    """Why ``versions`` hang with CUDA_LAUNCH_BLOCKING=1 (NVIDIA/nccl issue 750), or None."""
+    nccl = _release(versions.get("nccl"))
+    if nccl and nccl < NCCL_HANG_FIXED:
+        return "NCCL %s" % versions["nccl"]
+    gpu = versions.get("cuda", "none") != "none" or versions.get("hip", "none") != "none"
+    if gpu and "nccl" not in versions and torch_lt_2_1(versions.get("torch")):
+        return "torch %s (pins NCCL 2.14.3)" % versions["torch"]
+    return None
+
+
+def _odd_hosts(values_by_host):
+    """``(majority value or None, hosts that differ from it)``; no single majority: every host is odd."""
+    counts = {}
+    for value in values_by_host.values():
+        counts[value] = counts.get(value, 0) + 1
+    if len(counts) < 2:
+        return next(iter(counts), None), []
+    top = max(counts.values())
+    leaders = [value for value, count in counts.items() if count == top]
+    if len(leaders) > 1:
+        return None, sorted(values_by_host)
+    return leaders[0], sorted(host for host, value in values_by_host.items() if value != leaders[0])
+
+
+def version_checks(hosts, facts_by_host, results_by_host=None, settings_by_host=None):
+    """``{host: versions check}``: each node's versions against the other nodes'.
+
+    ``hosts``: the nodes that were read; ``facts_by_host``: their allreduce
+    reader facts (torch before any launch); ``results_by_host``: the launched
+    nodes' ``allreduce`` results, whose ranks' ``versions`` win (what ran, and
+    NCCL).  A value that differs from the majority fails on the odd node(s),
+    naming the majority; without a single majority (two nodes that differ) every
+    node fails.  A node matching the majority passes and names the odd ones.  A
+    version that hangs with CUDA_LAUNCH_BLOCKING=1 warns (that it is set is the
+    ``cuda_launch_blocking`` check's fail).
+    """
+    results_by_host = results_by_host or {}
+    settings_by_host = settings_by_host or {}
+    versions = {host: node_versions(facts_by_host.get(host), (results_by_host.get(host) or {}).get("ranks"))
+                for host in hosts}
+    drift = {}  # key -> (majority, odd hosts, values_by_host)
+    for key in VERSION_KEYS:
+        values = {host: known[key] for host, known in versions.items() if key in known}
+        majority, odd = _odd_hosts(values)
+        if odd:
+            drift[key] = (majority, odd, values)
+    checks = {}
+    for host in hosts:
+        mine = versions[host]
+        if not mine:
+            checks[host] = skipped("the versions on %s are unknown: its training Python could not be asked (see "
+                                   "allreduce.python)" % host, VERSIONS_EXPECTED)
+            continue
+        have = ", ".join("%s %s" % (key, mine[key]) for key in VERSION_KEYS if key in mine)
+        odd_keys = [key for key, (_m, odd, _v) in drift.items() if host in odd]
+        if odd_keys:
+            parts, wanted = [], []
+            for key in odd_keys:
+                majority, odd, values = drift[key]
+                others = sorted(h for h in values if h != host)
+                if majority is None:
+                    parts.append("%s %s on %s, but %s (no majority)" % (key, mine[key], host, ", ".join(
+                        "%s on %s" % (values[h], h) for h in others)))
+                else:
+                    agree = [h for h in values if values[h] == majority]
+                    parts.append("%s %s on %s, but %s on %d other node(s) (%s)" % (
+                        key, mine[key], host, majority, len(agree), ", ".join(sorted(agree))))
+                    wanted.append("%s %s" % (key, majority))
+            python = (facts_by_host.get(host) or {}).get("python_path") or "the training Python"
+            if wanted:
+                fix = ("bring %s in line with the other nodes (%s) in %s, e.g. pip install torch==<the others' "
+                       "version>, or point preflight_training_python at the environment the other nodes use; "
+                       "drain %s until then: mixed versions hang or fail collectives" % (
+                           host, ", ".join(wanted), python, host))
+            else:
+                fix = ("choose one version and install it on every node (%s on %s): there is no majority to "
+                       "tell which node is odd; mixed versions hang or fail collectives" % (python, host))
+            checks[host] = failed("; ".join(parts), VERSIONS_EXPECTED, fix, odd=odd_keys, versions=mine)
+            continue
+        others = sorted({h for _m, odd, _v in drift.values() for h in odd})
+        found = "%s on %s" % (have, host)
+        found += ("; the same on all %d node(s)" % len(hosts) if not others else
+                  "; as the majority; differs on %s (see their allreduce.versions)" % ", ".join(others))
+        hang = known_hang(mine)
+        if hang:
+            blocking = (settings_by_host.get(host) or {}).get("allreduce_env") or {}
+            checks[host] = warned(
+                "%s; %s hangs with CUDA_LAUNCH_BLOCKING=1 (NVIDIA/nccl issue 750)%s" % (
+                    found, hang, "; it is set: see allreduce.cuda_launch_blocking" if str(
+                        blocking.get("CUDA_LAUNCH_BLOCKING", "")) == "1" or (facts_by_host.get(host) or {}).get(
+                        "cuda_launch_blocking") == "1" else ""),
+                "%s; NCCL >= 2.17 (torch >= 2.1)" % VERSIONS_EXPECTED,
+                "upgrade torch to 2.1 or later on every node (NCCL >= 2.17), or never debug with "
+                "CUDA_LAUNCH_BLOCKING=1 on these nodes", versions=mine)
+        else:
+            checks[host] = passed(found, VERSIONS_EXPECTED, versions=mine)
+    return checks

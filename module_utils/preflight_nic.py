@@ -719,7 +719,7 @@ def rank_candidates(nics_by_host, reach=None, mgmt_addr_by_host=None):
     return eligible + rest
 
 
-def _usable_fabrics(nics, rdma):
+def usable_fabrics(nics, rdma):
     """Fabric kinds a node can use: UP fabric netdevs and ACTIVE RDMA ports."""
     kinds = {}
     for name, nic in (nics or {}).items():
@@ -841,7 +841,7 @@ def _link_checks(ifname, nics_by_host):
 
 
 def _fabric_checks(nics_by_host, rdma_by_host, chosen_class, mismatch_status):
-    per_host = {h: _usable_fabrics(nics_by_host[h], (rdma_by_host or {}).get(h)) for h in nics_by_host}
+    per_host = {h: usable_fabrics(nics_by_host[h], (rdma_by_host or {}).get(h)) for h in nics_by_host}
     all_kinds = sorted({k for kinds in per_host.values() for k in kinds})
     checks = {}
     expected = "the same fabrics (InfiniBand/RoCE/EFA/Omni-Path/Slingshot) usable on every node"

@@ -3,10 +3,12 @@
 Every node gets the account ``pfjob`` (in its own ``/etc``) and runs the gate with
 ``preflight_job_user: pfjob``.  While the playbook runs, a watcher on the controller lists each
 node's processes: every job-side process (torchrun, the ranks, py-spy of them, the ptrace and core
-probes' children) must belong to pfjob, never to root.  One run passes; one run hangs a rank, and
-its stack is taken by py-spy running as pfjob, for real.  One bed serves the module.
+probes' children) must belong to pfjob, never to root.  One run passes; one run (through the
+Python API, whose typed verdict must be the file the run wrote) hangs a rank, and its stack is taken by
+py-spy running as pfjob, for real.  One bed serves the module.
 """
 
+import json
 import os
 import pwd
 import threading
@@ -106,6 +108,18 @@ def run(bed, tmp_path, **extravars):
     return result, watcher.seen
 
 
+def run_api(bed, tmp_path, **extravars):
+    """The same run through the Python API (cluster_preflight.gate), as a scheduler would call it."""
+    import cluster_preflight
+
+    inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"),
+                                    group_vars={"preflight_job_user": JOB_USER})
+    with Watcher(bed) as watcher:
+        result = cluster_preflight.gate(inventory=inventory, results_dir=str(tmp_path / "results"), timeout=600,
+                                        extravars=dict({"ssh_trust_mesh": False}, **extravars))
+    return result, watcher.seen
+
+
 def test_the_gate_passes_as_the_job_user_and_no_job_side_process_runs_as_root(bed, tmp_path):
     result, seen = run(bed, tmp_path)
     verdict = result.verdict
@@ -136,16 +150,23 @@ def test_the_gate_passes_as_the_job_user_and_no_job_side_process_runs_as_root(be
 
 
 def test_a_hung_ranks_stack_is_taken_by_py_spy_running_as_the_job_user(bed, tmp_path):
-    result, seen = run(bed, tmp_path, allreduce_selftest_fault="hang", allreduce_selftest_rank=1,
-                       allreduce_timeout=25)
-    verdict = result.verdict
-    assert verdict is not None and verdict["status"] == "fail", result.stdout[-3000:]
+    result, seen = run_api(bed, tmp_path, allreduce_selftest_fault="hang", allreduce_selftest_rank=1,
+                           allreduce_timeout=25)
+    # The API's typed verdict is the verdict file this run wrote.
+    assert result.verdict is not None and result.exit_code == 2, (result.error, result.summary)
+    with open(os.path.join(result.verdict.run_dir, "verdict.json")) as handle:
+        verdict = json.load(handle)
+    assert result.verdict.raw == verdict and result.verdict.status == "fail"
+    assert sorted(result.verdict.failed_hosts + result.verdict.unverified_hosts) == sorted(
+        node.name for node in bed.nodes)
     hung = [rank for rank in verdict["allreduce"]["ranks"] if rank["rank"] == 1][0]
     host = [node.name for node in bed.nodes if hung.get("host") in (node.name, node.hostname)][0]
     uid = _uid_on(bed, bed.node(host))
     assert hung["status"] == "hung" and hung["uid"] == uid, hung
-    with open(os.path.join(result.results_dir, "latest", "%s.stacks.txt" % host)) as handle:
+    with open(os.path.join(result.verdict.run_dir, "%s.stacks.txt" % host)) as handle:
         stacks = handle.read()
     assert "== rank 1 " in stacks and "main (allreduce_worker.py" in stacks.split("== rank 1 ")[1], stacks
-    assert seen.get((host, "py-spy")) == {uid}, "py-spy ran as the job user: %s" % seen
+    # py-spy lives for a moment: the sampler catches it on some node, and only ever as the job user.
+    spies = {key: found for key, found in seen.items() if key[1] == "py-spy"}
+    assert spies and all(found == {uid} for found in spies.values()), "py-spy ran as the job user: %s" % seen
     assert not [key for key, found in seen.items() if 0 in found], "job-side code ran as root: %s" % seen

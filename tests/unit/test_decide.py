@@ -104,6 +104,20 @@ def test_a_healthy_pair_is_planned_launched_and_summarised(tmp_path):
     final = run.decide("final", "preflight_final")
     assert final["allreduce"]["status"] == "pass" and final["allreduce"]["world_size"] == 4
     assert final["checks_by_host"]["n2"]["allreduce"]["world_size"]["status"] == "pass"
+    # Versions are compared across every node that was read; a healthy gloo run has no signatures check.
+    for host in HOSTS:
+        versions = final["checks_by_host"][host]["allreduce"]["versions"]
+        assert versions["status"] == "pass" and "the same on all 2 node(s)" in versions["found"]
+        assert "signatures" not in final["checks_by_host"][host]["allreduce"]
+
+
+def test_the_final_stage_names_the_node_whose_torch_differs(tmp_path):
+    run = Run(tmp_path)
+    run.hostvars["n2"]["preflight_facts"]["facts"]["allreduce"]["torch"]["version"] = "2.12.0"
+    final = run.decide("final", "preflight_final")
+    checks = {host: final["checks_by_host"][host]["allreduce"]["versions"] for host in HOSTS}
+    assert checks["n1"]["status"] == checks["n2"]["status"] == "fail", "two nodes that differ: both named"
+    assert "torch 2.12.0 on n2, but 2.13.0 on n1 (no majority)" in checks["n2"]["found"]
 
 
 def test_fewer_forks_than_nodes_probe_the_mesh_in_the_background(tmp_path):
