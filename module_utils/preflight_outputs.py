@@ -70,9 +70,9 @@ from __future__ import annotations
 
 import calendar
 import os
-import tempfile
 import time
 
+from ansible.module_utils.preflight_verdict import atomic_write
 from junit_xml import TestCase, TestSuite, to_xml_report_string
 from prometheus_client import CollectorRegistry, Gauge, Info, generate_latest
 
@@ -233,27 +233,6 @@ def host_lists(verdict):
     }
 
 
-def _write(path, data, mode):
-    """``data`` (bytes) to ``path`` through a temp file in the same directory.
-
-    Bytes rather than text, so the XML and the metrics are UTF-8 whatever the
-    controller's locale; the mode is set before the rename, so the file is never
-    visible with wider permissions, nor half-written (node_exporter may read it
-    at any moment)."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-%s." % os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_outputs(verdict, run_dir, kind="preflight", mode=MODE):
     """Write ``junit.xml``, ``preflight.prom``, ``hostfile``, ``hosts.txt`` and ``hosts.csv`` into
     ``run_dir``, each atomically with ``mode``; returns ``{file name: absolute path}``.
@@ -268,5 +247,5 @@ def write_outputs(verdict, run_dir, kind="preflight", mode=MODE):
     paths = {}
     for name, data in rendered.items():
         paths[name] = os.path.abspath(os.path.join(run_dir, name))
-        _write(paths[name], data, mode)
+        atomic_write(paths[name], data, mode)
     return paths

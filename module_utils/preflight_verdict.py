@@ -270,12 +270,14 @@ def summary_line(verdict, path, label="PREFLIGHT"):
 
 
 def atomic_write(path, text, mode=FILE_MODE):
-    """``text`` to ``path`` through a temp file in the same directory: never half a file, and never
-    visible with more than ``mode`` (mkstemp creates it 0600, the mode is set before the rename)."""
+    """``text`` (str, written as UTF-8 whatever the controller's locale, or bytes) to ``path`` through a
+    temp file in the same directory: never half a file, and never visible with more than ``mode``
+    (mkstemp creates it 0600, the mode is set before the rename)."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
