@@ -155,7 +155,10 @@ def test_diagnose_names_the_stopped_rank_and_the_collective_its_peers_wait_in(be
         assert report["suspects"][0]["reasons"][0].startswith("stopped (state T"), text
         # The three others wait in the collective (all_reduce, or the work's wait).
         assert report["majority"].split(" ")[0] in ("all_reduce", "wait"), text
-        assert report["groups"][0]["count"] == NODES * RANKS_PER_NODE - 1, text
+        # The stopped rank may itself have been stopped inside the collective: the others are in the group,
+        # it may be too, and it is named by its state either way.
+        others = NODES * RANKS_PER_NODE - 1
+        assert report["groups"][0]["count"] in (others, others + 1), text
         assert len(report["ranks"]) == NODES * RANKS_PER_NODE and len(report["launchers"]) == NODES, text
         # py-spy ran as the job's account, never as root, and read every rank.
         assert {rank["dump_user"] for rank in report["ranks"]} == {JOB_USER}, text
