@@ -22,13 +22,14 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 # pylint: disable=wrong-import-position
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
 from ansible.module_utils.preflight_cluster import ClusterView, without_gc  # noqa: E402
+from ansible.module_utils.preflight_localize import MAX_ROUNDS  # noqa: E402  pylint: disable=wrong-import-position
 from ansible.module_utils.preflight_outputs import write_outputs  # noqa: E402  pylint: disable=wrong-import-position
 from ansible.module_utils.preflight_verdict import (build_verdict, failure_lines, summary_line,  # noqa: E402
                                                     write_run_dir)
 
 KINDS = {
     # kind: (decisions in order, node stages, capabilities that apply, verdict file)
-    "preflight": (("preflight_inputs", "preflight_plan", "preflight_launch", "preflight_final"),
+    "preflight": (("preflight_inputs", "preflight_plan", "preflight_launch", "allreduce_localize", "preflight_final"),
                   ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes"),
                   registry.NAMES, "verdict.json"),
     "bringup": (("preflight_inputs", "preflight_final"), ("settings", "facts", "apply"),
@@ -40,14 +41,17 @@ KINDS = {
 CONNECT_BOUND = 25
 
 
-def bound_seconds(view, plan, launch):
-    """The longest this run could have taken: the sum of its stages' bounds."""
+def bound_seconds(view, plan, launch, localize=None):
+    """The longest this run could have taken: the sum of its stages' bounds (with the localisation rounds
+    when they ran: at most MAX_ROUNDS rounds of two steps, each bounded like the all-node run)."""
     first = view.hosts[0] if view.hosts else None
     settings = (view.result(first, "preflight_settings") or {}) if first else {}
     gate_args = list(((launch or {}).get("gate") or {}).get("args_by_host", {}).values())
     mesh = (plan or {}).get("port_mesh") or {}
     parts = [settings.get("facts_timeout") or 0, mesh.get("wait_timeout") or 0, CONNECT_BOUND,
              settings.get("probes_timeout") or 0, gate_args[0]["wait_timeout"] if gate_args else 0]
+    if (localize or {}).get("needed") and gate_args:
+        parts.append(MAX_ROUNDS * 2 * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
     return int(sum(parts) + CONNECT_BOUND * 6)
 
 
@@ -96,7 +100,8 @@ class ActionModule(ActionBase):
                       "limit": int(loaded_settings.get("healthcheck_budget") or 30)}
         verdict = build_verdict(view.hosts, records, decisions, capabilities, stages, run_id, run_dir,
                                 bound_seconds=bound_seconds(view, by_name.get("preflight_plan"),
-                                                            by_name.get("preflight_launch")),
+                                                            by_name.get("preflight_launch"),
+                                                            by_name.get("allreduce_localize")),
                                 gate=kind == "preflight", budget=budget)
         logs = (by_name.get("preflight_final") or {}).get("logs") or {}
         path = os.path.join(run_dir, filename)

@@ -69,6 +69,15 @@ def validate(settings):
     def bad(name, found, expected, fix):
         problems.append({"name": name, "found": found, "expected": expected, "fix": fix})
 
+    for name in ("allreduce_floor_busbw_gbps_gloo", "allreduce_floor_busbw_gbps_nccl"):
+        value = settings.get(name, 0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            bad(name, value, "0 (off) or a busbw in GB/s", "set %s to 0 or a floor such as 0.01 (gloo) / 1.0 (nccl)"
+                % name)
+    relative = settings.get("allreduce_floor_relative", 0.7)
+    if not isinstance(relative, (int, float)) or isinstance(relative, bool) or not 0 <= relative <= 1:
+        bad("allreduce_floor_relative", relative, "a fraction of the median pair's busbw, 0 (off) to 1",
+            "leave allreduce_floor_relative at 0.7, or set 0 to switch the relative floor off")
     port = settings.get("allreduce_master_port")
     if not isinstance(port, int) or not 1 <= port <= 65535:
         bad("allreduce_master_port", port, "a TCP port 1-65535",

@@ -243,6 +243,9 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
     if gate:
         verdict["allreduce"] = gate_summary or {"status": "skipped", "reason": "the all-reduce was not planned",
                                                 "launched": False, "ranks": [], "suspects": []}
+    localize = next((item["localize"] for item in decisions if item.get("localize")), None)
+    if gate and localize:
+        verdict["localize"] = localize
     if stopped:
         verdict["stopped"] = "invalid settings on %s" % ", ".join(stopped["invalid_hosts"])
     return verdict

@@ -433,15 +433,16 @@ SMALL_GATE = {"allreduce_sizes": [1048576], "allreduce_iters": 3, "allreduce_war
               "allreduce_min_busbw_gbps": 0.02}
 
 
-def test_throttled_link_fails_the_bandwidth_check_on_every_node(bed, tmp_path):
+def test_throttled_link_fails_the_bandwidth_check_and_the_pair_rounds_name_the_node(bed, tmp_path):
     """One node's fabric egress is throttled to 20 Mbit/s.
 
-    The gate measures one all-reduce over the whole ring, so every rank sees
-    the same slow collective: the bandwidth check fails on every node and
-    the verdict cannot say which node's link is slow (no pairwise test)."""
+    The all-node all-reduce is one ring, so every rank sees the same slow collective and the bandwidth
+    check fails on every node; the pair rounds that follow (allreduce.localize) then name the node whose
+    link is slow, and only that one."""
     control = gate(bed, tmp_path / "control", extravars=SMALL_GATE)
     assert control.verdict["status"] == "pass", explain(control)
     assert control.verdict["allreduce"]["sizes"][-1]["busbw_gbps"] >= 0.02
+    assert "localize" not in control.verdict, "a healthy run pays no rounds"
 
     node = bed.nodes[1]
     bed.tc(node, ["qdisc", "add", "dev", "fab0"] + THROTTLE)
@@ -459,9 +460,13 @@ def test_throttled_link_fails_the_bandwidth_check_on_every_node(bed, tmp_path):
     assert ar["suspects"] == []
     assert ar["sizes"][-1]["busbw_gbps"] < 0.02
     for name in names:
-        assert failing(result, name).keys() == {"allreduce.bandwidth"}, explain(result)
+        expected = {"allreduce.bandwidth", "allreduce.localize"} if name == node.name else {"allreduce.bandwidth"}
+        assert failing(result, name).keys() == expected, explain(result)
         check = v["nodes"][name]["checks"]["allreduce.bandwidth"]
         assert name in check["found"] and "1048576 bytes" in check["found"]
         assert check["expected"] == "busbw >= 0.020 GB/s"
         busbw = float(re.search(r"busbw ([\d.]+) GB/s", check["found"]).group(1))
         assert busbw < 0.02
+    named = v["nodes"][node.name]["checks"]["allreduce.localize"]
+    assert node.name in named["found"] and named["fix"], named
+    assert 1 <= len(v["localize"]["rounds"]) <= 3, v["localize"]

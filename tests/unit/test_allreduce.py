@@ -53,6 +53,8 @@ def read(tmp_path, python=VENV_PYTHON, port=None, **overrides):
     ({"allreduce_python": ""}, "allreduce_python"),
     ({"allreduce_env": {"NCCL DEBUG": "INFO"}}, "allreduce_env"),
     ({"allreduce_stack_budget": 0.0}, "allreduce_stack_budget"),
+    ({"allreduce_floor_busbw_gbps_gloo": -1.0}, "allreduce_floor_busbw_gbps_gloo"),
+    ({"allreduce_floor_relative": 1.5}, "allreduce_floor_relative"),
 ])
 def test_validate_names_the_bad_setting_with_a_fix(overrides, name):
     problems = ar.validate(settings(**overrides))

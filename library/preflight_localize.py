@@ -1,0 +1,78 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Documentation of the preflight_localize action (action_plugins/preflight_localize.py)."""
+
+DOCUMENTATION = r"""
+---
+module: preflight_localize
+short_description: Name the node that breaks or slows the all-reduce, in at most three rounds of pair runs
+description:
+  - Runs once on the controller (C(run_once)) in C(roles/allreduce/tasks/localize.yml), after the all-node all-reduce
+    was collected. With O(start), decides whether localisation is needed (the all-node run failed, or its busbw is
+    below C(allreduce_floor_busbw_gbps_<backend>)) and plans round 1; a healthy run returns C(needed=false) and the
+    rounds are skipped.
+  - Without O(start), folds the round's results (registered as C(allreduce_localize_first) and
+    C(allreduce_localize_second)) into the rounds so far and plans the next round, or concludes with the
+    C(allreduce.localize) check of every node and the rounds for the verdict.
+  - Round 1 runs disjoint node pairs at once (a node left over runs alone over C(lo)); round 2 tests every suspect
+    and every unproven node against a node already proven good, and runs each suspect alone over C(lo) to tell a
+    node fault from a network fault; round 3 runs only if still ambiguous. Each launch is the C(allreduce) module
+    with its own hard timeout and its own master port (above the run's C(allreduce_master_port)).
+  - The logic is in C(module_utils/preflight_localize.py).
+version_added: "1.0.0"
+options:
+  start:
+    description: Decide whether to localise and plan round 1 (true), or fold the last round in and go on (false).
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    details: Plans only; it contacts no node.
+  diff_mode:
+    support: none
+author:
+  - Cluster preflight maintainers
+"""
+
+EXAMPLES = r"""
+- name: Decide whether the all-reduce needs localising and plan round 1.
+  preflight_localize:
+    start: true
+  register: allreduce_localize
+  run_once: true
+"""
+
+RETURN = r"""
+needed:
+  description: Whether the all-node run failed or was below the floor, so rounds run.
+  returned: always
+  type: bool
+done:
+  description: Whether localisation has concluded (or was not needed).
+  returned: always
+  type: bool
+round:
+  description: The round planned (or, once done, the number of rounds run).
+  returned: when needed
+  type: int
+first_args_by_host:
+  description: Node to C(allreduce) arguments of the round's first step (pairs, and loopback runs of idle nodes).
+  returned: when needed
+  type: dict
+second_args_by_host:
+  description: Node to C(allreduce) arguments of the round's second step (loopback runs of paired suspects).
+  returned: when needed
+  type: dict
+checks_by_host:
+  description: "Node to C({allreduce: {localize: check}}) once done."
+  returned: when done and needed
+  type: dict
+localize:
+  description:
+    - The summary for the verdict, once done - trigger, floors, the median pair busbw, rounds_run, bad (with kinds,
+      node or network), good, lost, unproven, excluded, rounds (each launch with kind, hosts, master_port,
+      verdict, busbw_gbps, why) and elapsed_seconds.
+  returned: when done and needed
+  type: dict
+"""

@@ -1,0 +1,389 @@
+# -*- coding: utf-8 -*-
+"""Localisation of a failed or slow all-reduce: which node is bad, and why.
+
+Controller-side and pure (used by ``action_plugins/preflight_localize.py``).
+When the all-node all-reduce fails, or its bus bandwidth is below the
+backend's floor, the gate runs up to three rounds of small all-reduces, each
+launch the ``allreduce`` module with its own hard timeout:
+
+* **round 1**: disjoint node pairs at once (inventory order); with an odd
+  count the node left over runs alone over ``lo`` (a loopback run).
+* **round 2**: every suspect (a node in a failed or slow pair) and every node
+  not yet proven good is paired with a node already proven good; a node left
+  without a partner runs its loopback instead, and every suspect without a
+  loopback run yet runs one after its pair (a second step of the round).
+* **round 3**: only if still ambiguous, the same rule again.
+
+A pair that fails or is slow makes both nodes suspects until one is proven
+good elsewhere (a pair of its that passed).  A node is named bad only when it
+fails or is slow again with a node proven good in an earlier round, or with
+two different nodes proven good (retested against a good node), or when its
+own loopback run fails: the loopback tells a **node**
+fault (it fails alone too) from a **network** fault (it passes alone).  A node
+that gives no result in a round is **lost** and named as such; its partner is
+not blamed for it.  Nodes that end neither good nor bad are **unproven**
+(blocked, never silently dropped).
+
+Floors, both per backend run: an absolute minimum busbw
+(``allreduce_floor_busbw_gbps_<backend>``, 0 disables) applied to the
+all-node run, every pair and every loopback run; a relative floor
+(``allreduce_floor_relative`` × the median busbw of the pairs that completed)
+applied to pairs.  Either turns a working but slow link into a named node.
+"""
+
+from __future__ import annotations
+
+from ansible.module_utils.preflight_checks import blocked, failed, passed
+
+MAX_ROUNDS = 3
+LOOPBACK_ADDR = "127.0.0.1"
+LOOPBACK_IFNAME = "lo"
+EXPECTED = ("every node completes an all-reduce with a node proven good, and alone over lo, with busbw above the "
+            "floors (absolute per backend, and relative to the median pair)")
+
+
+# --------------------------------------------------------------------------
+# Floors and run outcomes
+
+
+def floors(settings, backend):
+    """``{absolute, relative}`` for ``backend`` from the allreduce settings (0 disables either)."""
+    absolute = settings.get("allreduce_floor_busbw_gbps_%s" % (backend or "gloo"), 0) or 0
+    return {"absolute": float(absolute), "relative": float(settings.get("allreduce_floor_relative", 0) or 0)}
+
+
+def run_outcome(hosts, results_by_host):
+    """One launch's outcome from its hosts' ``allreduce`` results.
+
+    ``results_by_host``: host -> the module result (a dict with ``ranks``), or
+    a string saying why there is none.  Returns ``{status, busbw_gbps, reason,
+    lost}``: ``lost`` (a host gave no result), ``fail`` (a rank did not finish
+    with exact data) or ``done`` (the floors are applied later, by :func:`judge`).
+    """
+    lost = {}
+    rows = []
+    for host in hosts:
+        result = results_by_host.get(host)
+        if not isinstance(result, dict) or not isinstance(result.get("ranks"), list):
+            lost[host] = result if isinstance(result, str) and result else "no result came back from %s" % host
+            continue
+        rows.extend(dict(row, host=host) for row in result["ranks"])
+    if lost:
+        return {"status": "lost", "busbw_gbps": None, "lost": lost,
+                "reason": "; ".join("%s: %s" % item for item in sorted(lost.items()))}
+    bad = [row for row in rows if row.get("status") != "ok" or not row.get("correct", True)]
+    if bad or not rows:
+        first = bad[0] if bad else {}
+        return {"status": "fail", "busbw_gbps": None, "lost": {},
+                "reason": "rank %s on %s %s at stage %s: %s" % (
+                    first.get("rank"), first.get("host"), first.get("status", "gave no rank"), first.get("stage"),
+                    str(first.get("error") or "no error recorded")[:200]) if bad else "no rank reported"}
+    last = [row["bandwidth"][-1]["busbw_gbps"] for row in rows
+            if row.get("bandwidth") and isinstance(row["bandwidth"][-1], dict)
+            and row["bandwidth"][-1].get("busbw_gbps") is not None]
+    return {"status": "done", "busbw_gbps": min(last) if last else None, "lost": {}, "reason": ""}
+
+
+def all_node_trigger(outcome, floor):
+    """Whether the all-node run needs localising: ``(needed, why)``."""
+    if outcome["status"] in ("fail", "lost"):
+        return True, "the all-node all-reduce failed: %s" % outcome["reason"]
+    busbw = outcome.get("busbw_gbps")
+    if floor["absolute"] and busbw is not None and busbw < floor["absolute"]:
+        return True, "the all-node all-reduce ran at busbw %.4f GB/s, below the floor %.4f GB/s" % (
+            busbw, floor["absolute"])
+    return False, "the all-node all-reduce passed%s" % ("" if busbw is None else " at busbw %.4f GB/s" % busbw)
+
+
+def _median(values):
+    values = sorted(values)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2.0
+
+
+def graded(rounds, floor):
+    """Every launch of ``rounds`` with its final ``verdict``: pass, slow, fail or lost (floors applied).
+
+    The relative floor compares a pair with the median of every pair that
+    completed so far, so it needs two pairs or more to mean anything."""
+    launches = [dict(launch, round=item["round"]) for item in rounds for launch in item["launches"]]
+    pair_bw = [launch["busbw_gbps"] for launch in launches
+               if launch["kind"] == "pair" and launch["status"] == "done" and launch.get("busbw_gbps") is not None]
+    median = _median(pair_bw) if len(pair_bw) >= 2 else None
+    relative = floor["relative"] * median if median and floor["relative"] else 0
+    for launch in launches:
+        verdict, why = launch["status"], launch.get("reason") or ""
+        busbw = launch.get("busbw_gbps")
+        if verdict == "done":
+            verdict = "pass"
+            if busbw is not None and floor["absolute"] and busbw < floor["absolute"]:
+                verdict, why = "slow", "busbw %.4f GB/s below the floor %.4f GB/s" % (busbw, floor["absolute"])
+            elif busbw is not None and launch["kind"] == "pair" and relative and busbw < relative:
+                verdict, why = "slow", "busbw %.4f GB/s below %.2f x the median pair %.4f GB/s = %.4f GB/s" % (
+                    busbw, floor["relative"], median, relative)
+        launch["verdict"], launch["why"] = verdict, why
+    return launches, median
+
+
+def judge(hosts, rounds, floor):
+    """Each host's state after ``rounds``: ``good``, ``bad``, ``lost``, ``suspect`` or ``untested``.
+
+    Returns ``(states, evidence, kinds, launches)``: ``evidence`` host -> the
+    graded launches it took part in; ``kinds`` host -> node, network or unknown
+    for the bad ones."""
+    launches, _median_bw = graded(rounds, floor)
+    evidence = {host: [launch for launch in launches if host in launch["hosts"]] for host in hosts}
+    states = {}
+    for host in hosts:
+        mine = evidence[host]
+        if any(host in (launch.get("lost") or {}) for launch in mine):
+            states[host] = "lost"
+        elif any(launch["kind"] == "pair" and launch["verdict"] == "pass" for launch in mine):
+            states[host] = "good"
+        else:
+            states[host] = None
+    # The round each good node was first proven in: a pair only names its other node when it ran after that.
+    proven = {host: min(launch["round"] for launch in evidence[host]
+                        if launch["kind"] == "pair" and launch["verdict"] == "pass")
+              for host in hosts if states[host] == "good"}
+    kinds = {}
+    for host in hosts:
+        if states[host] is not None:
+            continue
+        loops = [launch for launch in evidence[host] if launch["kind"] == "loopback"]
+        pairs = [launch for launch in evidence[host] if launch["kind"] == "pair"]
+        loop_bad = any(launch["verdict"] in ("fail", "slow") for launch in loops)
+        failing = [launch for launch in pairs if launch["verdict"] in ("fail", "slow")]
+        # Retested: it failed again after its partner was proven good, or with two different good nodes.
+        retested = any(launch["round"] > proven.get(_partner(launch, host), MAX_ROUNDS + 1) for launch in failing) \
+            or len({_partner(launch, host) for launch in failing} & set(proven)) >= 2
+        if loop_bad or retested:
+            states[host] = "bad"
+            kinds[host] = "node" if loop_bad else ("network" if loops else "unknown")
+        elif any(launch["verdict"] in ("fail", "slow") for launch in pairs):
+            states[host] = "suspect"
+        else:
+            states[host] = "untested"
+    # A suspect whose every failed pair had a bad or lost partner is explained by it: still to prove.
+    for host in hosts:
+        if states[host] == "suspect":
+            failing = [launch for launch in evidence[host] if launch["kind"] == "pair"
+                       and launch["verdict"] in ("fail", "slow", "lost")]
+            if failing and all(states.get(_partner(launch, host)) in ("bad", "lost") for launch in failing):
+                states[host] = "untested"
+    return states, evidence, kinds, launches
+
+
+def _partner(launch, host):
+    return next((other for other in launch["hosts"] if other != host), None)
+
+
+# --------------------------------------------------------------------------
+# Planning
+
+
+def _args(base, **changes):
+    args = dict(base)
+    args.update(changes)
+    return args
+
+
+def pair_args(base_args_by_host, pair, master_addr, port):
+    """The two hosts' ``allreduce`` arguments for a pair launch (the all-node plan's shape)."""
+    out = {}
+    for rank, host in enumerate(pair):
+        base = base_args_by_host[host]
+        out[host] = _args(base, nnodes=2, node_rank=rank, master_addr=master_addr, master_port=port,
+                          min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1)
+    return out
+
+
+def loopback_args(base, port):
+    """One host's ``allreduce`` arguments for its run alone over ``lo``."""
+    env = dict(base.get("env") or {}, GLOO_SOCKET_IFNAME=LOOPBACK_IFNAME, NCCL_SOCKET_IFNAME=LOOPBACK_IFNAME)
+    return _args(base, nnodes=1, node_rank=0, master_addr=LOOPBACK_ADDR, master_port=port,
+                 socket_ifname=LOOPBACK_IFNAME, env=env, min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1)
+
+
+def _port(master_port, serial):
+    """Distinct master ports derived from the run's: above it, wrapping below it past 65535."""
+    port = master_port + 1 + serial
+    return port if port <= 65535 else master_port - 1 - serial
+
+
+def plan_round(round_no, hosts, results_so_far, base_args_by_host, addr_by_host, master_port, floor):
+    """The launches of round ``round_no`` (1-3) over ``hosts`` given the earlier ``results_so_far``.
+
+    ``results_so_far``: the rounds already run (``[{round, launches}]``, each
+    launch ``{kind, hosts, step, master_port, status, busbw_gbps, reason,
+    lost}``).  Returns ``{round, launches, steps}``: ``launches`` without
+    outcomes; ``steps`` is a list (step 0, step 1) of host -> ``allreduce``
+    arguments, a host at most once per step.  No launch: nothing is ambiguous
+    (or nothing can be tested), the caller concludes.
+    """
+    serial = sum(len(item["launches"]) for item in results_so_far)
+    launches = []
+
+    def add_pair(pair):
+        nonlocal serial
+        port = _port(master_port, serial)
+        serial += 1
+        launches.append({"kind": "pair", "hosts": list(pair), "step": 0, "master_port": port,
+                         "master_addr": addr_by_host[pair[0]]})
+
+    def add_loop(host, step):
+        nonlocal serial
+        port = _port(master_port, serial)
+        serial += 1
+        launches.append({"kind": "loopback", "hosts": [host], "step": step, "master_port": port,
+                         "master_addr": LOOPBACK_ADDR})
+
+    if round_no > MAX_ROUNDS:
+        return {"round": round_no, "launches": [], "steps": [{}, {}]}
+    if round_no == 1:
+        for index in range(0, len(hosts) - 1, 2):
+            add_pair(hosts[index:index + 2])
+        if len(hosts) % 2:
+            add_loop(hosts[-1], 0)
+    else:
+        states, evidence, _kinds, _launches = judge(hosts, results_so_far, floor)
+        good = [host for host in hosts if states[host] == "good"]
+        prove = [host for host in hosts if states[host] in ("suspect", "untested")]
+        tried = {frozenset(launch["hosts"]) for item in results_so_far for launch in item["launches"]
+                 if launch["kind"] == "pair"}
+        looped = {host for host in hosts if any(launch["kind"] == "loopback" for launch in evidence[host])}
+        busy, partners = set(), list(good)
+        for host in prove:
+            partner = next((other for other in partners if frozenset((host, other)) not in tried), None)
+            if partner is not None:
+                partners.remove(partner)
+                busy.update((host, partner))
+                add_pair([partner, host])
+        left = [host for host in prove if host not in busy]
+        # Nodes still to prove and without a good partner: pair them with each other (a new pair), else alone.
+        while left:
+            host = left.pop(0)
+            other = next((peer for peer in left if frozenset((host, peer)) not in tried), None)
+            if other is not None:
+                left.remove(other)
+                busy.update((host, other))
+                add_pair([host, other])
+            elif host not in looped:
+                busy.add(host)
+                add_loop(host, 0)
+                looped.add(host)
+        for host in prove:
+            if states[host] == "suspect" and host not in looped:
+                add_loop(host, 1 if host in busy else 0)
+                looped.add(host)
+    steps = [{}, {}]
+    for launch in launches:
+        if launch["kind"] == "pair":
+            steps[launch["step"]].update(pair_args(base_args_by_host, launch["hosts"], launch["master_addr"],
+                                                   launch["master_port"]))
+        else:
+            host = launch["hosts"][0]
+            steps[launch["step"]][host] = loopback_args(base_args_by_host[host], launch["master_port"])
+    return {"round": round_no, "launches": launches, "steps": steps}
+
+
+def record(planned, results_by_step):
+    """A planned round with each launch's outcome; ``results_by_step[step]``: host -> result or reason."""
+    launches = []
+    for launch in planned["launches"]:
+        outcome = run_outcome(launch["hosts"], results_by_step[launch["step"]])
+        launches.append(dict(launch, **outcome))
+    return {"round": planned["round"], "launches": launches}
+
+
+def ambiguous(hosts, rounds, floor):
+    """Whether another round could still prove or name a node."""
+    states = judge(hosts, rounds, floor)[0]
+    return any(state in ("suspect", "untested") for state in states.values())
+
+
+# --------------------------------------------------------------------------
+# Conclusion
+
+
+def _describe(launch, host):
+    what = ("pair %s in round %d" % ("+".join(launch["hosts"]), launch["round"]) if launch["kind"] == "pair"
+            else "loopback of %s over lo in round %d" % (host, launch["round"]))
+    if launch["verdict"] == "pass":
+        return "%s passed at busbw %s" % (what, _bw(launch.get("busbw_gbps")))
+    if launch["verdict"] == "slow":
+        return "%s was slow: %s" % (what, launch["why"])
+    if launch["verdict"] == "lost":
+        return "%s lost a node: %s" % (what, launch["why"])
+    return "%s failed: %s" % (what, launch["why"])
+
+
+def _bw(value):
+    return "unmeasured" if value is None else "%.4f GB/s" % value
+
+
+def conclude(hosts, rounds, floor, trigger, excluded=None, elapsed=None):
+    """Per-host ``allreduce.localize`` checks and the localisation summary for the verdict.
+
+    ``hosts``: the nodes the rounds were over; ``excluded``: ``{host: reason}``
+    of nodes of the all-node run left out of the rounds (lost before them);
+    ``trigger``: why the rounds ran.  Returns ``(summary, checks_by_host)``.
+    """
+    states, evidence, kinds, launches = judge(hosts, rounds, floor)
+    _launches, median = graded(rounds, floor)
+    checks = {}
+    for host in hosts:
+        mine = [launch for launch in evidence[host]]
+        seen = "; ".join(_describe(launch, host) for launch in mine) or "no launch included it"
+        state = states[host]
+        if state == "bad":
+            why = {"node": "a node fault: its own all-reduce over lo failed or was slow",
+                   "network": "a network fault: it fails or is slow with a node proven good, but passes alone "
+                              "over lo",
+                   "unknown": "it fails or is slow with a node proven good (node or network: no loopback run)"}
+            fix = ("drain %s; %s" % (host, {
+                "node": "check its accelerators, driver and training environment (run the all-reduce on it alone)",
+                "network": "check its interface (link speed, errors, MTU, qdisc/shaping, cabling, switch port) on the "
+                           "path the collectives use",
+                "unknown": "check its interface and its accelerators"}[kinds[host]]))
+            checks[host] = failed("%s is the bad node, %s. Measured: %s" % (host, why[kinds[host]], seen), EXPECTED,
+                                  fix, kind=kinds[host], launches=_plain(mine))
+        elif state == "lost":
+            reason = next(launch["lost"][host] for launch in mine if host in (launch.get("lost") or {}))
+            checks[host] = failed("%s stopped answering during localisation round %d: %s" % (
+                host, next(launch["round"] for launch in mine if host in (launch.get("lost") or {})), reason),
+                EXPECTED, "check that %s is up and reachable (uptime, dmesg, sshd), then re-run the preflight"
+                % host, launches=_plain(mine))
+        elif state == "good":
+            checks[host] = passed("%s proven good: %s" % (host, seen), EXPECTED)
+        else:
+            found = ("%s not proven: %s (no node proven good was left to test it against within %d rounds)" % (
+                host, seen, MAX_ROUNDS))
+            result = blocked(found, EXPECTED)
+            result["details"]["launches"] = _plain(mine)
+            checks[host] = result
+    for host, reason in (excluded or {}).items():
+        checks[host] = blocked("%s was not localised: %s" % (host, reason), EXPECTED)
+    summary = {
+        "trigger": trigger, "floor_busbw_gbps": floor["absolute"], "floor_relative": floor["relative"],
+        "median_pair_busbw_gbps": median, "rounds_run": len(rounds),
+        "bad": sorted(host for host in hosts if states[host] == "bad"),
+        "kinds": kinds,
+        "good": sorted(host for host in hosts if states[host] == "good"),
+        "lost": sorted(host for host in hosts if states[host] == "lost"),
+        "unproven": sorted(host for host in hosts if states[host] in ("suspect", "untested")),
+        "excluded": dict(excluded or {}),
+        "rounds": [{"round": item["round"], "launches": [
+            {key: launch.get(key) for key in ("kind", "hosts", "step", "master_addr", "master_port", "verdict",
+                                              "busbw_gbps", "why")}
+            for launch in launches if launch["round"] == item["round"]]} for item in rounds],
+        "elapsed_seconds": elapsed,
+    }
+    return summary, {host: {"allreduce": {"localize": check}} for host, check in checks.items()}
+
+
+def _plain(launches):
+    return [{key: launch.get(key) for key in ("round", "kind", "hosts", "verdict", "busbw_gbps", "why")}
+            for launch in launches]

@@ -1,0 +1,324 @@
+"""Localisation of a failed or slow all-reduce in pair rounds (module_utils/preflight_localize.py).
+
+A fake cluster answers every planned launch from a fault model (a node fault fails every run of the node,
+a network fault fails its pairs but not its run alone over lo, a slow link completes at a low busbw, a lost
+node gives no result); the rounds are driven the way action_plugins/preflight_localize.py drives them."""
+
+import pytest
+
+from ansible.module_utils import preflight_localize as loc
+from ansible.module_utils.preflight_checks import node_status
+
+GOOD_BW, SLOW_BW, LOOP_BW = 0.1, 0.002, 0.5
+PORT = 6000
+
+
+def hosts(count):
+    return ["n%d" % index for index in range(count)]
+
+
+def base_args(names):
+    return {host: {"python": "/usr/bin/python3", "nnodes": len(names), "node_rank": index, "nproc_per_node": 2,
+                   "master_addr": "10.0.0.0", "master_port": PORT, "backend": "gloo", "timeout": 30,
+                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1,
+                   "min_busbw_gbps": 0, "socket_ifname": "eth0", "role": host, "run_as": "", "env": {"A": "1"},
+                   "keep_scratch": False, "selftest_fault": "none", "selftest_rank": -1, "wait_timeout": 200}
+            for index, host in enumerate(names)}
+
+
+def ranks(ok=True, busbw=GOOD_BW):
+    if not ok:
+        return [{"rank": 0, "status": "error", "stage": "init", "error": "Connection reset by peer", "correct": False}]
+    return [{"rank": rank, "status": "ok", "stage": "done", "correct": True,
+             "bandwidth": [{"size_bytes": 1048576, "busbw_gbps": busbw, "algbw_gbps": busbw}]} for rank in (0, 1)]
+
+
+def answer(launch, round_no, fault):
+    """Each host's module result for one launch under ``fault`` {host, kind, lost_round}."""
+    bad, kind = fault.get("host"), fault.get("kind")
+    out = {}
+    for host in launch["hosts"]:
+        if fault.get("lost") == host and round_no >= fault.get("lost_round", 1):
+            out[host] = "unreachable while running the all-reduce: ssh timed out"
+            continue
+        involved = bad in launch["hosts"]
+        if launch["kind"] == "loopback":
+            out[host] = {"ranks": ranks(ok=not (involved and kind == "node"), busbw=LOOP_BW)}
+        elif involved and kind in ("node", "network"):
+            out[host] = {"ranks": ranks(ok=False)}
+        elif involved and kind == "slow":
+            out[host] = {"ranks": ranks(busbw=SLOW_BW)}
+        else:
+            out[host] = {"ranks": ranks()}
+    return out
+
+
+def localise(names, fault, floor=None):
+    """Drive up to three rounds; ``(summary, checks_by_host, planned rounds)``."""
+    floor = floor or {"absolute": 0.01, "relative": 0.7}
+    addr = {host: "10.0.0.%d" % index for index, host in enumerate(names)}
+    base = base_args(names)
+    rounds, plans = [], []
+    for round_no in range(1, loc.MAX_ROUNDS + 1):
+        if round_no > 1 and not loc.ambiguous(names, rounds, floor):
+            break
+        planned = loc.plan_round(round_no, names, rounds, base, addr, PORT, floor)
+        if not planned["launches"]:
+            break
+        plans.append(planned)
+        results = [{}, {}]
+        for launch in planned["launches"]:
+            results[launch["step"]].update(answer(launch, round_no, fault))
+        rounds.append(loc.record(planned, results))
+    summary, checks = loc.conclude(names, rounds, floor, "test", elapsed=0)
+    return summary, checks, plans
+
+
+def status(checks, host):
+    return node_status({"allreduce.localize": checks[host]["allreduce"]["localize"]})
+
+
+# --------------------------------------------------------------------------
+# One bad node among 2, 3, 4 and 8, named in at most three rounds.
+
+
+CASES = [(count, bad, kind) for count in (3, 4, 8) for bad in sorted({0, 1, count - 1})
+         for kind in ("node", "network")] + [(2, 0, "node"), (2, 1, "node")]
+
+
+@pytest.mark.parametrize("count,bad,kind", CASES)
+def test_one_bad_node_is_named_in_at_most_three_rounds(count, bad, kind):
+    names = hosts(count)
+    summary, checks, plans = localise(names, {"host": names[bad], "kind": kind})
+    assert summary["bad"] == [names[bad]]
+    assert summary["kinds"][names[bad]] == kind
+    assert len(plans) <= 3 and summary["rounds_run"] == len(plans)
+    check = checks[names[bad]]["allreduce"]["localize"]
+    assert check["status"] == "fail" and names[bad] in check["found"] and check["fix"]
+    # What each pair measured is in the finding.
+    assert "pair" in check["found"] or "loopback" in check["found"]
+    others = [host for host in names if host != names[bad]]
+    if count > 2:
+        assert summary["good"] == others
+        assert all(status(checks, host) == "pass" for host in others)
+    else:
+        # Two nodes: the healthy one has no third node to be proven good against, so it stays blocked.
+        assert status(checks, others[0]) == "unverified"
+    assert set(checks) == set(names)
+
+
+@pytest.mark.parametrize("count", [4, 8])
+def test_one_bad_node_among_four_or_eight_takes_two_rounds(count):
+    names = hosts(count)
+    summary, _checks, plans = localise(names, {"host": names[1], "kind": "network"})
+    assert summary["rounds_run"] == 2
+    # Round 2 retests each suspect against a node proven good, then runs each suspect alone over lo.
+    pairs = [launch["hosts"] for launch in plans[1]["launches"] if launch["kind"] == "pair"]
+    assert sorted(pair[1] for pair in pairs) == ["n0", "n1"]
+    assert all(pair[0] in summary["good"] for pair in pairs)
+
+
+def test_a_suspect_is_retested_against_a_good_node_before_it_is_named():
+    # n1's slow pair with n0 (round 1) names nobody; n0 is proven only in round 2, so n1 is retested in round 3.
+    summary, checks, plans = localise(hosts(3), {"host": "n1", "kind": "slow"}, floor={"absolute": 0.01,
+                                                                                        "relative": 0.7})
+    assert summary["bad"] == ["n1"] and summary["rounds_run"] == 3
+    assert [launch["hosts"] for launch in plans[2]["launches"]] == [["n2", "n1"]]
+    assert "pair n2+n1 in round 3 was slow" in checks["n1"]["allreduce"]["localize"]["found"]
+
+
+def test_two_nodes_with_a_network_fault_name_nobody():
+    summary, checks, plans = localise(hosts(2), {"host": "n1", "kind": "network"})
+    # Both pass alone over lo and there is no third node: neither can be named, neither is proven.
+    assert summary["bad"] == [] and summary["unproven"] == ["n0", "n1"]
+    assert all(status(checks, host) == "unverified" for host in ("n0", "n1"))
+    assert len(plans) <= 3
+
+
+def test_healthy_pairs_end_after_round_one():
+    summary, checks, plans = localise(hosts(4), {})
+    assert len(plans) == 1 and summary["good"] == hosts(4) and summary["bad"] == []
+    assert all(status(checks, host) == "pass" for host in hosts(4))
+
+
+# --------------------------------------------------------------------------
+# Floors
+
+
+@pytest.mark.parametrize("count,bad", [(4, 0), (4, 3), (8, 2), (8, 7)])
+def test_slow_link_is_named_by_the_relative_floor(count, bad):
+    names = hosts(count)
+    summary, checks, plans = localise(names, {"host": names[bad], "kind": "slow"},
+                                      floor={"absolute": 0, "relative": 0.7})
+    assert summary["bad"] == [names[bad]] and summary["kinds"][names[bad]] == "network"
+    assert len(plans) <= 3
+    found = checks[names[bad]]["allreduce"]["localize"]["found"]
+    assert "median pair" in found and "0.0020 GB/s" in found
+
+
+def test_slow_link_is_named_by_the_absolute_floor():
+    names = hosts(4)
+    summary, checks, _plans = localise(names, {"host": "n2", "kind": "slow"}, floor={"absolute": 0.01, "relative": 0})
+    assert summary["bad"] == ["n2"]
+    assert "below the floor 0.0100 GB/s" in checks["n2"]["allreduce"]["localize"]["found"]
+
+
+def test_floors_disabled_pass_a_slow_link():
+    summary, _checks, _plans = localise(hosts(4), {"host": "n2", "kind": "slow"},
+                                        floor={"absolute": 0, "relative": 0})
+    assert summary["bad"] == [] and summary["good"] == hosts(4)
+
+
+@pytest.mark.parametrize("outcome,floor,needed", [
+    ({"status": "fail", "busbw_gbps": None, "reason": "rank 1 died"}, 0, True),
+    ({"status": "lost", "busbw_gbps": None, "reason": "n1: unreachable"}, 0, True),
+    ({"status": "done", "busbw_gbps": 0.002, "reason": ""}, 0.01, True),
+    ({"status": "done", "busbw_gbps": 0.002, "reason": ""}, 0, False),
+    ({"status": "done", "busbw_gbps": 0.1, "reason": ""}, 0.01, False),
+])
+def test_all_node_trigger(outcome, floor, needed):
+    assert loc.all_node_trigger(outcome, {"absolute": floor, "relative": 0.7})[0] is needed
+
+
+def test_floors_per_backend():
+    settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_busbw_gbps_nccl": 1.0,
+                "allreduce_floor_relative": 0.7}
+    assert loc.floors(settings, "nccl") == {"absolute": 1.0, "relative": 0.7}
+    assert loc.floors(settings, "gloo")["absolute"] == 0.01
+
+
+# --------------------------------------------------------------------------
+# Loopback: node fault or network fault
+
+
+@pytest.mark.parametrize("kind,why", [("node", "node fault"), ("network", "network fault")])
+def test_loopback_tells_a_node_fault_from_a_network_fault(kind, why):
+    summary, checks, _plans = localise(hosts(4), {"host": "n3", "kind": kind})
+    assert summary["kinds"] == {"n3": kind}
+    found = checks["n3"]["allreduce"]["localize"]["found"]
+    assert why in found and "loopback of n3 over lo" in found
+
+
+def test_loopback_runs_alone_over_lo():
+    names = hosts(3)
+    planned = loc.plan_round(1, names, [], base_args(names), {h: h for h in names}, PORT,
+                             {"absolute": 0, "relative": 0})
+    args = planned["steps"][0]["n2"]
+    assert args["nnodes"] == 1 and args["node_rank"] == 0 and args["master_addr"] == "127.0.0.1"
+    assert args["socket_ifname"] == "lo"
+    assert args["env"] == {"A": "1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+
+
+# --------------------------------------------------------------------------
+# Plans: disjoint, bounded, distinct ports, the all-node arguments' shape
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 8, 9])
+def test_rounds_are_disjoint_with_distinct_ports(count):
+    names = hosts(count)
+    _summary, _checks, plans = localise(names, {"host": names[-1], "kind": "network"})
+    ports = []
+    for planned in plans:
+        for step in (0, 1):
+            seen = [host for launch in planned["launches"] if launch["step"] == step for host in launch["hosts"]]
+            assert len(seen) == len(set(seen)), "a host twice in one step"
+        ports.extend(launch["master_port"] for launch in planned["launches"])
+    assert len(ports) == len(set(ports)) and all(port > PORT for port in ports)
+
+
+def test_pair_args_keep_the_all_node_shape():
+    names = hosts(4)
+    base = base_args(names)
+    planned = loc.plan_round(1, names, [], base, {h: "10.0.0.%s" % h[1:] for h in names}, PORT,
+                             {"absolute": 0, "relative": 0})
+    first, second = planned["steps"][0]["n2"], planned["steps"][0]["n3"]
+    assert set(first) == set(base["n2"])
+    assert (first["nnodes"], first["node_rank"], second["node_rank"]) == (2, 0, 1)
+    assert first["master_addr"] == second["master_addr"] == "10.0.0.2"
+    assert first["master_port"] == second["master_port"] != PORT
+    assert first["socket_ifname"] == "eth0" and first["env"] == {"A": "1"}
+
+
+# --------------------------------------------------------------------------
+# A node lost in a round is accounted, its partner not blamed
+
+
+@pytest.mark.parametrize("lost_round", [1, 2])
+def test_node_lost_in_a_round_is_named_and_its_partner_not_blamed(lost_round):
+    names = hosts(4)
+    # n1 breaks its pair (round 1), then stops answering in lost_round.
+    summary, checks, plans = localise(names, {"host": "n1", "kind": "network", "lost": "n1",
+                                              "lost_round": lost_round})
+    assert summary["lost"] == ["n1"]
+    check = checks["n1"]["allreduce"]["localize"]
+    assert check["status"] == "fail" and "stopped answering during localisation round %d" % lost_round in check["found"]
+    assert "n0" in summary["good"] and status(checks, "n0") == "pass"
+    assert set(checks) == set(names) and len(plans) <= 3
+
+
+def test_nodes_excluded_before_the_rounds_are_accounted():
+    summary, checks = loc.conclude(["n0", "n1"], [], {"absolute": 0, "relative": 0}, "test",
+                                   excluded={"n2": "lost before the rounds"})
+    assert status(checks, "n2") == "unverified" and summary["excluded"] == {"n2": "lost before the rounds"}
+
+
+def test_run_outcome():
+    assert loc.run_outcome(["a", "b"], {"a": {"ranks": ranks()}, "b": "unreachable"})["status"] == "lost"
+    assert loc.run_outcome(["a"], {"a": {"ranks": ranks(ok=False)}})["status"] == "fail"
+    done = loc.run_outcome(["a", "b"], {"a": {"ranks": ranks(busbw=0.3)}, "b": {"ranks": ranks(busbw=0.2)}})
+    assert done == {"status": "done", "busbw_gbps": 0.2, "lost": {}, "reason": ""}
+
+
+# --------------------------------------------------------------------------
+# The action's glue: registered results in, rounds planned, a healthy run skipped
+
+
+def _action():
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    import os  # pylint: disable=import-outside-toplevel
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_localize.py")
+    spec = importlib.util.spec_from_file_location("preflight_localize_action", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _task_vars(names, jobs):
+    settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
+                "allreduce_master_port": PORT, "allreduce_localize": True}
+    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
+    hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings},
+                                              "node": {"name": host, "node_addr": "10.0.0.%d" % index}},
+                       "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},
+                       "preflight_probes": {"job": jobs[host]}}
+                for index, host in enumerate(names)}
+    return {"ansible_play_hosts_all": names, "hostvars": hostvars}
+
+
+def test_action_skips_a_healthy_run_and_plans_a_slow_one():
+    action = _action()
+    names = hosts(4)
+    from ansible.module_utils.preflight_cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    healthy = action.start(ClusterView(_task_vars(names, {host: {"ranks": ranks()} for host in names})))
+    assert healthy["needed"] is False and "checks_by_host" not in healthy
+    task_vars = _task_vars(names, {host: {"ranks": ranks(busbw=SLOW_BW)} for host in names})
+    planned = action.start(ClusterView(task_vars))
+    assert planned["needed"] and planned["round"] == 1 and set(planned["first_args_by_host"]) == set(names)
+    assert planned["first_args_by_host"]["n1"]["master_addr"] == "10.0.0.0"
+    # Round 1 answers: n2's pair is slow; the action folds it in and plans round 2.
+    for host in names:
+        task_vars["hostvars"][host]["allreduce_localize"] = planned
+        task_vars["hostvars"][host]["allreduce_localize_first"] = {
+            "ranks": ranks(busbw=SLOW_BW if host in ("n2", "n3") else GOOD_BW)}
+        task_vars["hostvars"][host]["allreduce_localize_second"] = {"skipped": True}
+    second = action.advance(ClusterView(task_vars), planned)
+    assert second["round"] == 2 and not second["done"]
+    assert set(second["second_args_by_host"]) == {"n2", "n3"}
+    for host in names:
+        task_vars["hostvars"][host]["allreduce_localize_first"] = {
+            "ranks": ranks(busbw=SLOW_BW if host in ("n2", "n0") else GOOD_BW)}
+        task_vars["hostvars"][host]["allreduce_localize_second"] = (
+            {"ranks": ranks(busbw=LOOP_BW)} if host in ("n2", "n3") else {"skipped": True})
+    done = action.advance(ClusterView(task_vars), second)
+    assert done["done"] and done["localize"]["bad"] == ["n2"] and done["localize"]["rounds_run"] == 2
+    assert done["checks_by_host"]["n2"]["allreduce"]["localize"]["status"] == "fail"
