@@ -317,8 +317,8 @@ def test_a_lost_node_explains_peers_whose_rendezvous_failed():
 
 # -- failure signatures in the outcome -----------------------------------------
 
-NCCL_SOCKET = "n2:41:41 [0] NCCL INFO NET/Socket : Using [0]eth0:192.168.1.12<0>"
-NCCL_IB = "n1:40:40 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.1<0>"
+NCCL_SOCKET = "n2:41:41 [0] NCCL INFO NET/Socket : Using [0]eth0:198.18.201.12<0>"
+NCCL_IB = "n1:40:40 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:198.18.200.1<0>"
 GLOO_CLOSED = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                "[127.0.0.1]:37574. This is typically caused by a remote worker crashing.")
 REFUSED = "[c10d] The client socket has failed to connect to [n1]:6000 (errno: 111 - Connection refused)."

@@ -19,7 +19,7 @@ def hosts(count):
 
 def base_args(names):
     return {host: {"python": "/usr/bin/python3", "nnodes": len(names), "node_rank": index, "nproc_per_node": 2,
-                   "master_addr": "10.0.0.0", "master_port": PORT, "backend": "gloo", "timeout": 30,
+                   "master_addr": "198.18.200.0", "master_port": PORT, "backend": "gloo", "timeout": 30,
                    "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1,
                    "min_busbw_gbps": 0, "socket_ifname": "eth0", "role": host, "run_as": "", "env": {"A": "1"},
                    "keep_scratch": False, "selftest_fault": "none", "selftest_rank": -1, "wait_timeout": 200}
@@ -56,7 +56,7 @@ def answer(launch, round_no, fault):
 def localise(names, fault, floor=None):
     """Drive up to three rounds; ``(summary, checks_by_host, planned rounds)``."""
     floor = floor or {"absolute": 0.01, "relative": 0.7}
-    addr = {host: "10.0.0.%d" % index for index, host in enumerate(names)}
+    addr = {host: "198.18.200.%d" % index for index, host in enumerate(names)}
     base = base_args(names)
     rounds, plans = [], []
     for round_no in range(1, loc.MAX_ROUNDS + 1):
@@ -229,12 +229,12 @@ def test_rounds_are_disjoint_with_distinct_ports(count):
 def test_pair_args_keep_the_all_node_shape():
     names = hosts(4)
     base = base_args(names)
-    planned = loc.plan_round(1, names, [], base, {h: "10.0.0.%s" % h[1:] for h in names}, PORT,
+    planned = loc.plan_round(1, names, [], base, {h: "198.18.200.%s" % h[1:] for h in names}, PORT,
                              {"absolute": 0, "relative": 0})
     first, second = planned["steps"][0]["n2"], planned["steps"][0]["n3"]
     assert set(first) == set(base["n2"])
     assert (first["nnodes"], first["node_rank"], second["node_rank"]) == (2, 0, 1)
-    assert first["master_addr"] == second["master_addr"] == "10.0.0.2"
+    assert first["master_addr"] == second["master_addr"] == "198.18.200.2"
     assert first["master_port"] == second["master_port"] != PORT
     assert first["socket_ifname"] == "eth0" and first["env"] == {"A": "1"}
 
@@ -288,7 +288,7 @@ def _task_vars(names, jobs):
                 "allreduce_master_port": PORT, "allreduce_localize": True}
     gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
     hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings},
-                                              "node": {"name": host, "node_addr": "10.0.0.%d" % index}},
+                                              "node": {"name": host, "node_addr": "198.18.200.%d" % index}},
                        "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},
                        "preflight_probes": {"job": jobs[host]}}
                 for index, host in enumerate(names)}
@@ -304,7 +304,7 @@ def test_action_skips_a_healthy_run_and_plans_a_slow_one():
     task_vars = _task_vars(names, {host: {"ranks": ranks(busbw=SLOW_BW)} for host in names})
     planned = action.start(ClusterView(task_vars))
     assert planned["needed"] and planned["round"] == 1 and set(planned["first_args_by_host"]) == set(names)
-    assert planned["first_args_by_host"]["n1"]["master_addr"] == "10.0.0.0"
+    assert planned["first_args_by_host"]["n1"]["master_addr"] == "198.18.200.0"
     # Round 1 answers: n2's pair is slow; the action folds it in and plans round 2.
     for host in names:
         task_vars["hostvars"][host]["allreduce_localize"] = planned

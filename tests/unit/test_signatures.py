@@ -29,14 +29,14 @@ RECORDED = {
     "connection_refused": "[W1123 15:44:20.594030575 socket.cpp:764] [c10d] The client socket has failed to connect "
                           "to [node1]:29500 (errno: 111 - Connection refused).",
     "connection_timed_out": "node2:2211:2260 [0] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
-                            "10.0.0.1<43261> failed : Connection timed out",
+                            "198.18.200.1<43261> failed : Connection timed out",
     # NCCL formats.
-    "nccl_net_ib": "node1:4015:4015 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>",
-    "nccl_net_socket": "node2:4120:4120 [0] NCCL INFO NET/Socket : Using [0]eth0:192.168.1.12<0>",
+    "nccl_net_ib": "node1:4015:4015 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:198.18.200.1<0>",
+    "nccl_net_socket": "node2:4120:4120 [0] NCCL INFO NET/Socket : Using [0]eth0:198.18.201.12<0>",
     "nccl_ib_no_device": "node2:4120:4120 [0] NCCL INFO NET/IB : No device found.",
     "nccl_ib_error_12": "node2:4120:4190 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
-                        "10.0.0.1<42133> with error 12, opcode 32753, len 0, vendor err 129 (Recv) localGid "
-                        "::ffff:10.0.0.2 remoteGid ::ffff:10.0.0.1",
+                        "198.18.200.1<42133> with error 12, opcode 32753, len 0, vendor err 129 (Recv) localGid "
+                        "::ffff:198.18.200.2 remoteGid ::ffff:198.18.200.1",
     "nccl_system_error": "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
                          "ProcessGroupNCCL.cpp:1275, unhandled system error (run with NCCL_DEBUG=INFO for details), "
                          "NCCL version 2.18.1",

@@ -254,8 +254,8 @@ def test_plan_authorized_keys_keeps_foreign_lines_and_unreached_nodes():
     assert fake_key("old-shared") not in plan["text"] and "node9" not in plan["text"]
     assert ps.plan_authorized_keys(plan["text"], COMMENT, wanted, ["node1", "node2", "node3"])["text"] == plan["text"]
     assert ps.plan_authorized_keys(None, COMMENT, {}, [])["text"] == ""
-    assert ps.authorized_line(fake_key("a"), "node1", COMMENT, 'from="10.0.0.1"') == \
-        'from="10.0.0.1" %s node=node1 %s' % (fake_key("a"), COMMENT)
+    assert ps.authorized_line(fake_key("a"), "node1", COMMENT, 'from="198.18.200.1"') == \
+        'from="198.18.200.1" %s node=node1 %s' % (fake_key("a"), COMMENT)
 
 
 def state_of(home_mode=0o750, ssh=("dir", 0o700), uid=1000, owner=1000, keys_kind="file"):
