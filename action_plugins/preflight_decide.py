@@ -230,8 +230,11 @@ def stage_final(view):
             results[host] = job
         elif isinstance(job, dict) and (job.get("checks") or {}).get("no_result"):
             gate_lost[host] = job["checks"]["no_result"]["found"]
+    mesh_reached = {host for host, checks in ((launch.get("port_mesh") or {}).get("checks_by_host") or {}).items()
+                    if (checks.get("reach") or {}).get("status") == "pass"}
     summary, gate_checks = summarize(gate, results, gate_lost,
-                                     nic_facts=view.capability_facts("nic_discovery", gate.get("hosts") or []))
+                                     nic_facts=view.capability_facts("nic_discovery", gate.get("hosts") or []),
+                                     mesh_reached=mesh_reached)
     for host, checks in gate_checks.items():
         _put(checks_by_host, host, "allreduce", checks)
     # Versions across every node that was read (reader facts, then what the ranks ran): needs all nodes.

@@ -26,12 +26,14 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
 
 # pylint: disable=wrong-import-position
+from ansible.module_utils import preflight_gpu_pairs as gpu_pairs  # noqa: E402
 from ansible.module_utils import preflight_localize as localize  # noqa: E402
 from ansible.module_utils.preflight_checks import error  # noqa: E402
-from ansible.module_utils.preflight_cluster import ClusterView, without_gc  # noqa: E402
+from ansible.module_utils.preflight_cluster import ClusterView, outcome as localize_outcome, without_gc  # noqa: E402
 
 REGISTER = "allreduce_localize"
 STEP_REGISTERS = ("allreduce_localize_first", "allreduce_localize_second")
+GPU_REGISTER = "allreduce_localize_gpu"
 
 
 def _node_result(view, host, register, pick=None):
@@ -73,6 +75,9 @@ def start(view):
     state = {"hosts": hosts, "excluded": excluded, "floor": floor, "trigger": why, "rounds": [],
              "base_args_by_host": {host: gate["args_by_host"][host] for host in hosts}, "addr_by_host": addr,
              "master_port": int(gate.get("master_port") or settings.get("allreduce_master_port") or 6000),
+             "backend": gate.get("backend"), "gpu_pairs": bool(settings.get("allreduce_gpu_pairs", True)),
+             "gpus_by_host": {host: (view.capability_facts("allreduce", [host]).get(host) or {}).get("gpus") or []
+                              for host in hosts},
              "started": time.time()}
     return plan_next(state, 1)
 
@@ -85,18 +90,93 @@ def plan_next(state, round_no):
         return finish(state)
     state = dict(state, planned={"round": planned["round"], "launches": planned["launches"]})
     return {"needed": True, "done": False, "round": round_no, "first_args_by_host": planned["steps"][0],
-            "second_args_by_host": planned["steps"][1], "state": state}
+            "second_args_by_host": planned["steps"][1], "gpu_slots_by_host": {}, "state": state}
 
 
 def finish(state):
     summary, checks_by_host = localize.conclude(state["hosts"], state["rounds"], state["floor"], state["trigger"],
                                                 state["excluded"], round(time.time() - state["started"], 1))
+    # A node named for a node fault (it fails alone over lo too) with two GPUs or more: which GPU?
+    nodes = [host for host in summary["bad"] if summary["kinds"].get(host) == "node"] if state.get("gpu_pairs") else []
+    gpu = {host: {"gpus": state["gpus_by_host"].get(host) or [], "rounds": []} for host in nodes
+           if gpu_pairs.applies(state.get("backend"), state["gpus_by_host"].get(host) or [])[0]}
+    if gpu:
+        serial = sum(len(item["launches"]) for item in state["rounds"])
+        state = dict(state, phase="gpus", gpu=gpu, node_conclusion=[summary, checks_by_host],
+                     gpu_master_port=localize._port(state["master_port"], serial))  # pylint: disable=protected-access
+        return plan_gpus(state, 1)
+    return _done(state, summary, checks_by_host)
+
+
+def _done(state, summary, checks_by_host):
     return {"needed": True, "done": True, "round": len(state["rounds"]), "first_args_by_host": {},
-            "second_args_by_host": {}, "checks_by_host": checks_by_host, "localize": summary}
+            "second_args_by_host": {}, "gpu_slots_by_host": {}, "checks_by_host": checks_by_host,
+            "localize": summary}
+
+
+def plan_gpus(state, round_no):
+    """GPU pair round ``round_no`` on every node in the GPU phase: its launches, one after another (slots)."""
+    gpu, slots = dict(state["gpu"]), {}
+    for host, item in gpu.items():
+        if round_no > 1 and not gpu_pairs.ambiguous(item["gpus"], item["rounds"], state["floor"]):
+            continue
+        planned = gpu_pairs.plan_round(round_no, item["gpus"], item["rounds"], state["base_args_by_host"][host],
+                                       state["gpu_master_port"], state["floor"])
+        if planned["launches"]:
+            gpu[host] = dict(item, planned={"round": round_no, "launches": planned["launches"]})
+            slots[host] = planned["slots"]
+    if not slots:
+        return finish_gpus(dict(state, gpu=gpu))
+    return {"needed": True, "done": False, "round": round_no, "first_args_by_host": {}, "second_args_by_host": {},
+            "gpu_slots_by_host": slots, "state": dict(state, gpu=gpu, gpu_round=round_no)}
+
+
+def finish_gpus(state):
+    summary, checks_by_host = state["node_conclusion"]
+    summary = dict(summary, gpus={})
+    for host, item in state["gpu"].items():
+        found, check = gpu_pairs.conclude(host, item["gpus"], item["rounds"], state["floor"],
+                                          "%s is a node fault: its own all-reduce over lo failed or was slow" % host)
+        summary["gpus"][host] = found
+        checks_by_host.setdefault(host, {}).setdefault("allreduce", {})[gpu_pairs.CHECK_NAME] = check
+    summary["elapsed_seconds"] = round(time.time() - state["started"], 1)
+    return _done(state, summary, checks_by_host)
+
+
+def advance_gpus(view, state):
+    gpu = {}
+    for host, item in state["gpu"].items():
+        planned = item.get("planned")
+        if not planned:
+            gpu[host] = item
+            continue
+        state_, message = view.outcome(host, GPU_REGISTER)
+        entries = (view.result(host, GPU_REGISTER) or {}).get("results") or []
+        if state_ in ("unreachable", "missing", "skipped") or not entries:
+            # The node itself stopped answering: every launch of the round is lost.
+            entries = ["%s while running the GPU pairs: %s" % (state_, message[:300])] * len(planned["launches"])
+        results = [_slot_result(entry) for entry in entries]
+        gpu[host] = {"gpus": item["gpus"], "rounds": item["rounds"] + [gpu_pairs.record(planned, results)]}
+    state = dict(state, gpu=gpu)
+    if state["gpu_round"] >= localize.MAX_ROUNDS:
+        return finish_gpus(state)
+    return plan_gpus(state, state["gpu_round"] + 1)
+
+
+def _slot_result(entry):
+    """One GPU pair launch's ``allreduce`` result (a loop item), or why there is none."""
+    if isinstance(entry, str):
+        return entry
+    state_, message = localize_outcome(entry)
+    if state_ != "ok":
+        return "%s while running a GPU pair: %s" % (state_, message[:300])
+    return entry if isinstance(entry.get("ranks"), list) else "no rank results from the GPU pair"
 
 
 def advance(view, previous):
     state = previous["state"]
+    if state.get("phase") == "gpus":
+        return advance_gpus(view, state)
     planned = state["planned"]
     results_by_step = [{}, {}]
     for launch in planned["launches"]:

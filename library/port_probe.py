@@ -16,7 +16,12 @@ description:
     so a connection that lands on the wrong node is told apart from an open port.
   - Each outgoing connection is classified as C(open), C(refused) (RST, nothing listening or a
     REJECT rule), C(timeout) (packets dropped, a firewall DROP), C(no_route)
-    (EHOSTUNREACH/ENETUNREACH), C(wrong_host) or C(error).
+    (EHOSTUNREACH/ENETUNREACH), C(unreachable), C(wrong_host) or C(error).
+  - A timeout or missing route is C(unreachable) when the next hop towards the peer (the peer, or the
+    gateway, from C(/proc/net/route)) does not answer a broadcast ARP request sent once within the window
+    (as arping does; without the privilege for that, when the kernel's C(/proc/net/arp) entry for it is
+    incomplete): the peer's link is down or isolated, it is on another segment, or the wrong interface was
+    chosen. Firewalls do not filter ARP, so a DROP rule stays a C(timeout).
   - When the port cannot be bound because it is in use, the holder is found from
     C(/proc/net/tcp), C(/proc/net/tcp6) and C(/proc/<pid>/fd) and reported by pid and name.
   - Findings are returned as check results in RV(checks); the task never fails for a finding, only
@@ -86,7 +91,8 @@ options:
     elements: str
   proc_root:
     description:
-      - Root of the proc filesystem read to find the process holding the port (for tests).
+      - Root of the proc filesystem read to find the process holding the port and the route and ARP
+        entry towards an unreachable peer (for tests).
     type: path
     default: /proc
 attributes:
@@ -160,10 +166,14 @@ results:
     result:
       description: Outcome of the last attempt.
       type: str
-      choices: [open, refused, timeout, no_route, wrong_host, error]
+      choices: [open, refused, timeout, no_route, unreachable, wrong_host, error]
     errno:
       description: Errno name of the failure (for example V(ECONNREFUSED)), or null.
       type: str
+    next_hop:
+      description: With C(unreachable), the address that never answered ARP (the peer or the gateway towards it).
+      type: str
+      returned: when result is unreachable
     answered_by:
       description: Node name the listener answered with, or null.
       type: str
@@ -232,6 +242,7 @@ from ansible.module_utils.preflight_net import (
     errno_name,
     find_port_holder,
     listen_check,
+    link_layer_silent,
     reach_check,
 )
 
@@ -240,6 +251,9 @@ _GRACE = 0.5
 _RETRY_PAUSE = 0.2
 _ACCEPT_POLL = 0.1
 _LINE_MAX = 256
+# Seconds one ARP question to an unanswering peer's next hop may take (once per peer, inside the window).
+_ARP_TIMEOUT = 1.0
+_UNASKED = object()
 
 
 def _read_line(conn, deadline):
@@ -379,10 +393,24 @@ def _connect_once(node_name, peer, port, timeout, deadline):
         sock.close()
 
 
-def _connector(node_name, peer, port, connect_timeout, deadline, out, lock):
+def _unreachable(outcome, addr, port, silent):
+    """A timeout or missing route whose next hop does not answer ARP becomes ``unreachable``: the link,
+    segment or interface is at fault, not a firewall (the ARP reply would have come through one)."""
+    if silent is None or outcome["connected"] or outcome["result"] not in ("timeout", "no_route"):
+        return outcome, None
+    hop = silent["next_hop"]
+    detail = ("%s:%d is unreachable: %s%s never answered ARP on %s (%s): link down or isolated, another segment or "
+              "VLAN, or the wrong interface; not a firewall" % (
+                  addr, port, hop, "" if hop == addr else " (the gateway towards it)", silent["device"],
+                  silent.get("how", "")))
+    return dict(outcome, result="unreachable", detail=detail), hop
+
+
+def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc_root="/proc"):
     """Connect to one peer, retrying until a final outcome or the deadline."""
     started = time.monotonic()
     attempts = 0
+    silent = _UNASKED
     outcome = _attempt("timeout", detail="no attempt fitted in the window")
     while True:
         remaining = deadline - time.monotonic()
@@ -393,11 +421,16 @@ def _connector(node_name, peer, port, connect_timeout, deadline, out, lock):
         outcome = _connect_once(node_name, peer, port, min(connect_timeout, remaining), deadline)
         if outcome["final"]:
             break
+        if silent is _UNASKED and outcome["result"] in ("timeout", "no_route"):
+            # Once, inside the window: does the next hop answer ARP at all?
+            silent = link_layer_silent(peer["addr"], proc_root,
+                                       timeout=max(0.05, min(_ARP_TIMEOUT, deadline - time.monotonic() - 0.05)))
         # Refused usually means the peer's listener is not up yet; the
         # others may be transient too.  Do not spin on instant failures.
         pause = _RETRY_PAUSE - (time.monotonic() - attempt_started)
         if pause > 0:
             time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+    outcome, hop = _unreachable(outcome, peer["addr"], port, None if silent is _UNASKED else silent)
     row = {
         "source": node_name,
         "destination": peer["name"],
@@ -411,6 +444,8 @@ def _connector(node_name, peer, port, connect_timeout, deadline, out, lock):
         "detail": outcome["detail"],
         "elapsed": round(time.monotonic() - started, 3),
     }
+    if hop is not None:
+        row["next_hop"] = hop
     with lock:
         out.append(row)
 
@@ -469,7 +504,7 @@ def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.
             listener_thread.start()
         for peer in peers:
             threads.append(threading.Thread(
-                target=_connector, args=(node_name, peer, port, connect_timeout, deadline, results, lock),
+                target=_connector, args=(node_name, peer, port, connect_timeout, deadline, results, lock, proc_root),
                 daemon=True))
         for thread in threads:
             thread.start()

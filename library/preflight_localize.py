@@ -18,6 +18,9 @@ description:
     and every unproven node against a node already proven good, and runs each suspect alone over C(lo) to tell a
     node fault from a network fault; round 3 runs only if still ambiguous. Each launch is the C(allreduce) module
     with its own hard timeout and its own master port (above the run's C(allreduce_master_port)).
+  - A node named for a node fault on backend nccl with two GPUs or more (C(nvidia-smi) in its facts) then gets up to
+    three rounds over its GPUs (2-GPU runs alone over C(lo)), which name the bad GPU by index and PCI bus id
+    (C(allreduce.gpu_pairs)); C(allreduce_gpu_pairs=false) turns that off.
   - The logic is in C(module_utils/preflight_localize.py).
 version_added: "1.0.0"
 options:
@@ -64,15 +67,24 @@ second_args_by_host:
   description: Node to C(allreduce) arguments of the round's second step (loopback runs of paired suspects).
   returned: when needed
   type: dict
+gpu_slots_by_host:
+  description:
+    - Node to the list of C(allreduce) arguments of its GPU pair launches in this round, run one after another
+      (C(CUDA_VISIBLE_DEVICES) of two GPUs, alone over C(lo)). Only for a node named for a node fault with two
+      GPUs or more on backend nccl (C(module_utils/preflight_gpu_pairs.py)); empty otherwise.
+  returned: when needed
+  type: dict
 checks_by_host:
-  description: "Node to C({allreduce: {localize: check}}) once done."
+  description: "Node to C({allreduce: {localize: check}}) once done, and C(gpu_pairs) on a node whose GPUs were
+    localised."
   returned: when done and needed
   type: dict
 localize:
   description:
     - The summary for the verdict, once done - trigger, floors, the median pair busbw, rounds_run, bad (with kinds,
       node or network), good, lost, unproven, excluded, rounds (each launch with kind, hosts, master_port,
-      verdict, busbw_gbps, why) and elapsed_seconds.
+      verdict, busbw_gbps, why) and elapsed_seconds; with GPU pair rounds, C(gpus) (node to the GPU summary: bad
+      GPUs by index and PCI bus id, good, unproven, rounds).
   returned: when done and needed
   type: dict
 """

@@ -22,9 +22,11 @@ import errno
 import json
 import os
 import re
+import shutil
 import socket
 
 from ansible.module_utils.preflight_checks import blocked, check, failed, not_applicable, passed, skipped, warned, worst
+from ansible.module_utils.preflight_gpu_pairs import QUERY_ARGV as GPU_QUERY_ARGV, parse_query_gpu
 from ansible.module_utils.preflight_net import find_port_holder
 from ansible.module_utils.preflight_nic import usable_fabrics
 from ansible.module_utils.preflight_signatures import match as match_signatures, transport as signature_transport
@@ -177,6 +179,22 @@ def port_state(port, proc_root, addr="0.0.0.0"):
         sock.close()
 
 
+def read_gpus(accelerators, ops):
+    """``(gpus, error)``: index, PCI bus id, UUID and name of each NVIDIA GPU from ``nvidia-smi`` (for the GPU
+    pair rounds); ``([], None)`` on a node without two NVIDIA GPUs, where nothing is run."""
+    if accelerators.get("nvidia", 0) < 2:
+        return [], None
+    if not shutil.which(GPU_QUERY_ARGV[0]):
+        return [], "nvidia-smi is not on PATH"
+    rc, out, err = ops.run(list(GPU_QUERY_ARGV), timeout=PROBE_TIMEOUT)
+    if rc != 0:
+        return [], "nvidia-smi exited %d: %s" % (rc, (err or out or "").strip()[-300:])
+    try:
+        return parse_query_gpu(out), None
+    except ValueError as exc:
+        return [], "unreadable nvidia-smi output: %s" % exc
+
+
 def read(args, ops):
     """The training environment as the gate will find it."""
     python = args["python"]
@@ -198,6 +216,7 @@ def read(args, ops):
     else:
         facts["probe_error"] = "timed out after %d s" % PROBE_TIMEOUT if rc == 124 else (
             (err or "").strip()[-300:] or "exit code %d" % rc)
+    facts["gpus"], facts["gpus_error"] = read_gpus(facts["accelerators"], ops)
     backend = args["backend"]
     accel = facts["accelerators"]["nvidia"] + facts["accelerators"]["amd"]
     torch = facts["torch"] or {}
@@ -535,7 +554,59 @@ def signature_check(host, result, fabric, backend, full):
     return check(status, found, expected, " | ".join(fixes), findings=findings, transport=used, fabric=fabric)
 
 
-def summarize(plan, results_by_host, lost=None, nic_facts=None):
+# Signatures of a node that could not reach the rendezvous store (module_utils/preflight_signatures.py).
+STORE_UNREACHED = ("store_connect_timeout", "connection_timed_out", "connection_refused", "no_route_to_host",
+                   "network_unreachable")
+RENDEZVOUS_EXPECTED = "every node's torchrun reaches the rendezvous store on the master and starts its ranks"
+
+
+def rendezvous_fault(plan, rows, signatures, lost, mesh_reached=None):
+    """When no rank started anywhere and the logs say the rendezvous store was out of reach: whose fault.
+
+    ``signatures``: host -> its ``signatures`` check (``details.findings``).  Every node, the master
+    included, failed to reach the store: the master's port is at fault (closed after the port mesh,
+    taken by another program, or never served).  Only some nodes, not the master: those nodes (outbound
+    firewall or routing).  Returns ``None`` when this is not a rendezvous fault or cannot be told, else
+    ``{hosts, checks}`` with a ``rendezvous`` check per blamed host."""
+    if lost or not rows or any(row.get("status") != "missing" or row.get("stage") != "not started" for row in rows):
+        return None
+    hosts, master = list(plan.get("hosts") or []), plan.get("master")
+    addr, port = plan.get("master_addr"), plan.get("master_port")
+    unreached = [host for host in hosts if any(
+        finding.get("id") in STORE_UNREACHED
+        for finding in ((signatures.get(host) or {}).get("details") or {}).get("findings") or [])]
+    if not unreached or master not in hosts:
+        return None
+    endpoint = "%s:%s" % (addr, port)
+    checks = {}
+    if set(unreached) == set(hosts):
+        mesh = ("; the port mesh reached %s on port %s before the launch, so the port was closed after that check "
+                "(a firewall rule added during the run), another program took it, or %s's torchrun did not serve "
+                "it" % (master, port, master)) if master in (mesh_reached or ()) else (
+                    "; a firewall on %s drops the port, another program holds it, or %s's torchrun did not serve it"
+                    % (master, master))
+        found = ("%s hosts the rendezvous store at %s and no node reached it: %s timed out or failed connecting to "
+                 "it, %s itself included, and no rank started%s" % (
+                     master, endpoint, ", ".join(hosts), master, mesh))
+        fix = ("on %s: look for a DROP or REJECT of TCP %s (iptables -S INPUT; nft list ruleset) and remove it, check "
+               "that nothing else holds the port (ss -ltnp 'sport = :%s'), and read %s.log in the run directory for "
+               "its torchrun's own error; then re-run the preflight" % (master, port, port, master))
+        checks[master] = failed(found, RENDEZVOUS_EXPECTED, fix, endpoint=endpoint, unreached=unreached)
+        return {"hosts": [master], "checks": checks}
+    if master in unreached:
+        return None
+    reached = [host for host in hosts if host not in unreached]
+    for host in unreached:
+        checks[host] = failed(
+            "%s could not reach the rendezvous store on %s at %s while %s did, and no rank started" % (
+                host, master, endpoint, ", ".join(reached)), RENDEZVOUS_EXPECTED,
+            "on %s: check outbound firewall rules and the route to %s (iptables -S OUTPUT; ip route get %s; "
+            "nc -vz %s %s), then re-run the preflight" % (host, addr, addr, addr, port),
+            endpoint=endpoint)
+    return {"hosts": unreached, "checks": checks}
+
+
+def summarize(plan, results_by_host, lost=None, nic_facts=None, mesh_reached=None):
     """The gate's outcome from every launched node's result.
 
     ``results_by_host``: host -> the ``allreduce`` module's result (``ranks``,
@@ -611,7 +682,17 @@ def summarize(plan, results_by_host, lost=None, nic_facts=None):
             signatures[host] = checks_by_host[host]["signatures"] = found
     if healthy:
         return summary, checks_by_host
-    suspects = find_suspects(rows, lost)
+    rendezvous = rendezvous_fault(plan, rows, signatures, lost, mesh_reached)
+    if rendezvous:
+        summary["rendezvous"] = {"blamed": rendezvous["hosts"], "endpoint": "%s:%s" % (
+            plan.get("master_addr"), plan.get("master_port"))}
+        for host, found in rendezvous["checks"].items():
+            checks_by_host.setdefault(host, {})["rendezvous"] = found
+        suspects = [{"host": row["host"], "rank": row["rank"],
+                     "reason": "never started: its node could not bring up the rendezvous (see allreduce.rendezvous)"}
+                    for row in rows if row["host"] in rendezvous["hosts"]]
+    else:
+        suspects = find_suspects(rows, lost)
     summary["suspects"] = suspects
     blamed = {item["host"] for item in suspects}
     names = ", ".join("rank %d on %s (%s)" % (s["rank"], s["host"], s["reason"]) for s in suspects)

@@ -10,8 +10,13 @@ Result names used for one TCP connect from one node to another
 * ``refused``    - RST: nothing listens there, or a REJECT rule.
 * ``timeout``    - no answer at all: packets dropped (firewall DROP,
                    security group, node down behind a router).
-* ``no_route``   - EHOSTUNREACH / ENETUNREACH: no route, the host does not
-                   answer ARP, or an ICMP host-prohibited reject.
+* ``no_route``   - EHOSTUNREACH / ENETUNREACH: no route, or an ICMP
+                   host-prohibited reject.
+* ``unreachable`` - the connect timed out or found no route, and the next hop
+                   towards the peer never answered ARP: the peer's link is
+                   down or isolated, it is on another segment or VLAN, or the
+                   wrong interface was chosen.  A firewall does not block ARP,
+                   so this is told apart from ``timeout`` (a DROP rule).
 * ``wrong_host`` - something answered, but not the node that was meant.
 * ``error``      - anything else; the errno name is kept alongside.
 """
@@ -26,7 +31,7 @@ import time
 
 from ansible.module_utils.preflight_checks import failed, passed, skipped
 
-RESULTS = ("open", "refused", "timeout", "no_route", "wrong_host", "error")
+RESULTS = ("open", "refused", "timeout", "no_route", "unreachable", "wrong_host", "error")
 
 _NO_ROUTE = {_errno.EHOSTUNREACH, _errno.ENETUNREACH, getattr(_errno, "EHOSTDOWN", -1),
              getattr(_errno, "ENETDOWN", -1)}
@@ -66,6 +71,150 @@ def classify_errno(exc):
     if isinstance(exc, TimeoutError):
         return "timeout", errno_name(number)
     return "error", errno_name(number)
+
+
+# ---------------------------------------------------------------- neighbours
+
+def _hex_ipv4(text):
+    """``0102A8C0`` (host order, as /proc/net/route prints it) -> IPv4Address('192.168.2.1')."""
+    return ipaddress.IPv4Address(bytes.fromhex(text)[::-1])
+
+
+def next_hop(addr, proc_root="/proc"):
+    """``(next_hop, device)`` towards IPv4 ``addr`` from ``<proc_root>/net/route`` (longest prefix,
+    then lowest metric), or ``None`` when there is no route or it cannot be read."""
+    try:
+        target = ipaddress.IPv4Address(addr)
+        if target.is_loopback:
+            return None
+        with open(os.path.join(proc_root, "net", "route")) as handle:
+            lines = handle.read().splitlines()[1:]
+    except (OSError, ValueError):
+        return None
+    best = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        try:
+            dest, gateway, mask = _hex_ipv4(fields[1]), _hex_ipv4(fields[2]), _hex_ipv4(fields[7])
+            flags, metric = int(fields[3], 16), int(fields[6])
+        except ValueError:
+            continue
+        if not flags & 0x1:  # RTF_UP
+            continue
+        prefix = bin(int(mask)).count("1")
+        if int(target) & int(mask) != int(dest):
+            continue
+        key = (prefix, -metric)
+        if best is None or key > best[0]:
+            hop = gateway if flags & 0x2 else target  # RTF_GATEWAY
+            best = (key, str(hop), fields[0])
+    return None if best is None else (best[1], best[2])
+
+
+def neighbour(addr, proc_root="/proc"):
+    """The ARP entry of ``addr`` in ``<proc_root>/net/arp``: ``{answered, device, hwaddr}``, or ``None``.
+
+    ``answered`` is the ATF_COM flag: false while the kernel still asks (INCOMPLETE) and after
+    nobody answered (FAILED)."""
+    try:
+        with open(os.path.join(proc_root, "net", "arp")) as handle:
+            lines = handle.read().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[0] == addr:
+            try:
+                flags = int(fields[2], 16)
+            except ValueError:
+                continue
+            return {"answered": bool(flags & 0x2), "device": fields[5], "hwaddr": fields[3]}
+    return None
+
+
+def _source_addr(target):
+    """The local address the kernel would use towards ``target`` (a UDP connect sends nothing)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.connect((target, 9))
+        return sock.getsockname()[0]
+    finally:
+        sock.close()
+
+
+def arp_answers(target, device, timeout=1.0, sys_root="/sys"):
+    """Ask ``target`` for its MAC on ``device`` with a broadcast ARP request, as arping does.
+
+    True: it answered; False: no answer within ``timeout``; None: could not ask (not root, no such
+    device, not Ethernet).  Firewalls (iptables, nftables' ip/inet tables) do not filter ARP, so an
+    answer means the link works and only the layers above can drop the connection."""
+    try:
+        with open(os.path.join(sys_root, "class", "net", device, "address")) as handle:
+            mac = bytes.fromhex(handle.read().strip().replace(":", ""))
+        if len(mac) != 6 or mac == b"\0" * 6:
+            return None
+        source = socket.inet_aton(_source_addr(target))
+        wanted = socket.inet_aton(target)
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0806))
+    except (OSError, ValueError, AttributeError):
+        return None
+    request = (b"\xff" * 6 + mac + b"\x08\x06" + b"\x00\x01\x08\x00\x06\x04\x00\x01" + mac + source
+               + b"\0" * 6 + wanted)
+    deadline = time.monotonic() + timeout
+    try:
+        sock.bind((device, 0x0806))
+        sends = [deadline - timeout, deadline - timeout / 2.0]
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if sends and now >= sends[0]:
+                sends.pop(0)
+                sock.send(request)
+            sock.settimeout(max(0.01, min(deadline, sends[0] if sends else deadline) - now))
+            try:
+                frame = sock.recv(128)
+            except socket.timeout:
+                continue
+            # Ethernet type ARP, operation reply, sender protocol address = the target.
+            if len(frame) >= 42 and frame[12:14] == b"\x08\x06" and frame[20:22] == b"\x00\x02" \
+                    and frame[28:32] == wanted:
+                return True
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+def link_layer_silent(addr, proc_root="/proc", timeout=1.0, sys_root="/sys"):
+    """``{next_hop, device, how}`` when the next hop towards ``addr`` does not answer ARP; else ``None``.
+
+    Asks the next hop itself (``arp_answers``); where that is not possible, falls back to the kernel's
+    ARP table (an entry the kernel asked for and never got an answer to)."""
+    hop = next_hop(addr, proc_root)
+    if hop is None:
+        return None
+    answers = arp_answers(hop[0], hop[1], timeout, sys_root)
+    if answers is True:
+        return None
+    if answers is False:
+        return {"next_hop": hop[0], "device": hop[1], "how": "asked with ARP for %.1f s" % timeout}
+    silent = unanswered_neighbour(addr, proc_root)
+    return dict(silent, how="the kernel's ARP entry is incomplete") if silent else None
+
+
+def unanswered_neighbour(addr, proc_root="/proc"):
+    """``{next_hop, device}`` when the next hop towards ``addr`` has not answered ARP; else ``None``
+    (it answered, it was never asked, or this is not IPv4)."""
+    hop = next_hop(addr, proc_root)
+    if hop is None:
+        return None
+    entry = neighbour(hop[0], proc_root)
+    if entry is None or entry["answered"]:
+        return None
+    return {"next_hop": hop[0], "device": entry["device"] or hop[1]}
 
 
 # ---------------------------------------------------------------- port holder
@@ -258,6 +407,13 @@ def reach_check(result):
         fix = ("make %s reachable from %s: ip route get %s on %s, check that %s is up with %s on its "
                "inter-node interface; if a firewall on %s rejects with icmp-host-prohibited, %s"
                % (addr, src, addr, src, dst, addr, dst, open_it))
+    elif outcome == "unreachable":
+        fix = ("%s never answered ARP: check that %s's inter-node interface is up and cabled to the same "
+               "segment/VLAN as %s (ip -br link and ip -br addr on %s; ip neigh show %s and arping %s on %s); if %s "
+               "is on another network, the wrong interface was chosen: set preflight_socket_ifname to the interface "
+               "both nodes share (see nic_discovery.common_interface). Not a firewall: firewalls do not block ARP"
+               % (result.get("next_hop") or addr, dst, src, dst, result.get("next_hop") or addr,
+                  result.get("next_hop") or addr, src, addr))
     elif outcome == "wrong_host":
         fix = ("fix the inter-node address of %s in the inventory: %s does not belong to %s (two nodes share "
                "it, or another program holds port %d on %s)" % (dst, addr, dst, port, dst))
@@ -335,6 +491,10 @@ def mesh_summary(results_by_host):
         elif kinds == {"refused"}:
             what = "%s refuses %s from every peer (%s): nothing listens there or a REJECT rule on %s" % (
                 node, port_text, listing, node)
+        elif kinds == {"unreachable"}:
+            what = ("%s is unreachable on %s from every peer (%s): its address gets no ARP answer, so its link is "
+                    "down or isolated, it is on another segment or VLAN, or the wrong interface was chosen (not a "
+                    "firewall: firewalls do not block ARP)" % (node, port_text, listing))
         elif kinds == {"wrong_host"}:
             what = "%s's address answers as another node for every peer (%s): wrong address in the inventory" % (
                 node, listing)
@@ -353,9 +513,11 @@ def mesh_summary(results_by_host):
         if all(dst in inbound_bad for dst in peers):
             continue
         listing = ", ".join("%s: %s" % (peer, peers[peer]) for peer in sorted(peers))
+        cause = ("no peer answers its ARP: its link is down or isolated, or it uses the wrong interface"
+                 if set(peers.values()) == {"unreachable"} else "outbound firewall or routing on %s" % node)
         suspects.append({"node": node, "direction": "outbound", "peers": dict(peers),
-                         "message": "%s cannot reach any peer on %s (%s) although other nodes reach them: "
-                                    "outbound firewall or routing on %s" % (node, port_text, listing, node)})
+                         "message": "%s cannot reach any peer on %s (%s) although other nodes reach them: %s" % (
+                             node, port_text, listing, cause)})
 
     silent = sorted(set(incoming) - set(results_by_host) - set(matrix))
     messages = [item["message"] for item in suspects]

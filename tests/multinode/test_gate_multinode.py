@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gate_helpers import (REPLACE_FILE, RESOLV_CONF, send_signal, explain, gate_processes, node_pid,
+from gate_helpers import (REPLACE_FILE, RESOLV_CONF, cmdline, send_signal, explain, gate_processes, node_pid,
                           proc_state, rank_processes, rank_stage)
 from playbook import run_playbook
 from testbed import testbed_fixture
@@ -233,6 +233,69 @@ def test_dropped_rendezvous_port_names_the_node_before_launch(bed, tmp_path):
     assert f"{node.name} / port_mesh.reach" in result.stdout
 
 
+class DropWhenLaunched(threading.Thread):
+    """Inserts an INPUT DROP for ``port`` in ``node`` once torchrun shows up there: after the port mesh
+    proved the port open, before the rendezvous store listens (torchrun still imports torch)."""
+
+    def __init__(self, bed, node, port):
+        super().__init__(daemon=True)
+        self.bed, self.node, self.rule = bed, node, ["INPUT", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+        self.stop, self.inserted, self.error = threading.Event(), False, None
+
+    def run(self):
+        deadline = time.monotonic() + APPEAR_TIMEOUT
+        try:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                if any("torch.distributed.run" in " ".join(cmdline(pid))
+                       for pid in gate_processes(self.bed, self.node)):
+                    self.bed.iptables(self.node, ["-I"] + self.rule)
+                    self.inserted = True
+                    return
+                time.sleep(0.05)
+        except Exception as exc:  # pylint: disable=broad-except
+            self.error = exc
+
+    def finish(self):
+        self.stop.set()
+        self.join(timeout=30)
+        if self.inserted:
+            self.bed.iptables(self.node, ["-D"] + self.rule)
+        assert self.error is None, self.error
+        assert self.inserted, f"torchrun never started on {self.node.name}"
+
+
+def test_rendezvous_port_dropped_after_the_mesh_check_names_the_master(bed, tmp_path):
+    """The mesh passes, then the master's firewall starts dropping the rendezvous port: every rank times
+    out reaching the store.  The verdict names the master and its port, and blames no other node."""
+    master = bed.nodes[0]
+    port = 29533
+    injector = DropWhenLaunched(bed, master, port)
+    injector.start()
+    try:
+        result = gate(bed, tmp_path, extravars={"preflight_master_port": port, "allreduce_timeout": 20})
+    finally:
+        injector.finish()
+    v = result.verdict
+    others = [n.name for n in bed.nodes if n is not master]
+    assert result.rc != 0 and v["status"] == "fail", explain(result)
+    assert v["allreduce"]["master_addr"] in (master.node_addr, *master.fabric_addresses), explain(result)
+    for node in bed.nodes:
+        assert v["nodes"][node.name]["checks"]["port_mesh.reach"]["status"] == "pass", explain(result)
+    assert v["failed_hosts"] == [master.name], explain(result)
+    # The others are not blamed: their all-node ranks never ran (unverified), and the pair rounds, on ports
+    # of their own, prove them good.
+    assert sorted(v["unverified_hosts"]) == sorted(others), explain(result)
+    assert set(others) <= set((v.get("localize") or {}).get("good") or ()), v.get("localize")
+    rendezvous = v["nodes"][master.name]["checks"]["allreduce.rendezvous"]
+    assert rendezvous["status"] == "fail", rendezvous
+    assert master.name in rendezvous["found"] and str(port) in rendezvous["found"], rendezvous
+    assert "port mesh" in rendezvous["found"], rendezvous
+    assert str(port) in rendezvous["fix"] and "iptables" in rendezvous["fix"], rendezvous
+    for name in others:
+        assert not failing(result, name), explain(result)
+    assert v["bound_seconds"] and "Traceback" not in result.stdout
+
+
 # --------------------------------------------------------------------------
 # 3. A node stops answering over SSH
 
@@ -342,6 +405,10 @@ def test_isolated_first_fabric_link_fails_the_mesh_naming_the_node(bed, tmp_path
     assert v["failed_hosts"] == [node.name], explain(result)
     mesh = v["nodes"][node.name]["checks"]["port_mesh.reach"]
     assert mesh["status"] == "fail" and mesh["found"].startswith(node.name)
+    # Told apart from a firewall: nobody's ARP gets an answer from an isolated link, and firewalls pass ARP.
+    assert "unreachable" in mesh["found"] and "wrong interface" in mesh["found"], mesh
+    assert "firewall DROP" not in mesh["found"] and "not a firewall" in mesh["found"], mesh
+    assert "preflight_socket_ifname" in mesh["fix"] and "iptables" not in mesh["fix"], mesh
     for other in bed.nodes:
         if other is not node:
             assert v["nodes"][other.name]["checks"]["port_mesh.reach"]["status"] != "fail"

@@ -498,3 +498,58 @@ def test_known_bad_versions_warn_and_point_at_the_cuda_launch_blocking_check(fac
     assert checks["n1"]["status"] == status and words in checks["n1"]["found"]
     if status == "warn":
         assert "torch to 2.1" in checks["n1"]["fix"]
+
+
+# -- a rendezvous nobody reaches ------------------------------------------------
+
+STORE_TIMEOUT = ("[E1123 18:01:30.308141457 socket.cpp:1028] [c10d] The client socket has timed out after 20000ms "
+                 "while trying to connect to (198.19.0.1, 6000).")
+
+
+def never_started(host, first, log):
+    return logged([rank(host, first, "missing", "not started", correct=False, bandwidth=[]),
+                   rank(host, first + 1, "missing", "not started", correct=False, bandwidth=[])], ok=False, log=log)
+
+
+def three_node_plan():
+    return plan_for(["n1", "n2", "n3"])
+
+
+def test_a_store_no_node_reaches_names_the_master_and_its_port_not_the_peers():
+    plan = three_node_plan()
+    results = {host: never_started(host, 2 * index, STORE_TIMEOUT) for index, host in enumerate(("n1", "n2", "n3"))}
+    summary, checks = ar.summarize(plan, results, mesh_reached={"n1", "n2", "n3"})
+    assert summary["status"] == "fail"
+    assert summary["rendezvous"] == {"blamed": ["n1"], "endpoint": "198.19.0.1:%d" % plan["master_port"]}
+    assert {s["host"] for s in summary["suspects"]} == {"n1"}
+    found = checks["n1"]["rendezvous"]
+    assert found["status"] == "fail" and "n1 hosts the rendezvous store at 198.19.0.1" in found["found"]
+    assert "port mesh reached n1" in found["found"] and "iptables -S INPUT" in found["fix"]
+    for host in ("n2", "n3"):
+        assert "rendezvous" not in checks[host]
+        assert not [name for name, check in checks[host].items() if check["status"] == "fail"], checks[host]
+    # Without the mesh having reached the master, the text does not claim it did.
+    _summary, checks = ar.summarize(plan, results, mesh_reached=set())
+    assert "port mesh" not in checks["n1"]["rendezvous"]["found"]
+
+
+def test_a_node_that_alone_cannot_reach_the_store_is_named_not_the_master():
+    plan = three_node_plan()
+    quiet = "torchrun: waiting for the other nodes\n"
+    results = {"n1": never_started("n1", 0, quiet), "n2": never_started("n2", 2, quiet),
+               "n3": never_started("n3", 4, STORE_TIMEOUT)}
+    summary, checks = ar.summarize(plan, results)
+    assert summary["rendezvous"]["blamed"] == ["n3"]
+    assert "n3 could not reach the rendezvous store on n1" in checks["n3"]["rendezvous"]["found"]
+    assert "iptables -S OUTPUT" in checks["n3"]["rendezvous"]["fix"]
+    assert "rendezvous" not in checks["n1"] and "rendezvous" not in checks["n2"]
+
+
+def test_ranks_that_started_are_not_a_rendezvous_fault():
+    plan = two_node_plan()
+    n1 = [rank("n1", 0, "error", "init", error=STORE_TIMEOUT), rank("n1", 1, "error", "init", error=STORE_TIMEOUT)]
+    n2 = [rank("n2", 2, "died", "correctness", exitcode=-9), rank("n2", 3, "ok")]
+    summary, checks = ar.summarize(plan, {"n1": logged(n1, ok=False, log=STORE_TIMEOUT),
+                                          "n2": logged(n2, ok=False)})
+    assert "rendezvous" not in summary and "rendezvous" not in checks["n1"]
+    assert [(s["host"], s["rank"]) for s in summary["suspects"]] == [("n2", 2)]

@@ -322,3 +322,81 @@ def test_action_skips_a_healthy_run_and_plans_a_slow_one():
     done = action.advance(ClusterView(task_vars), second)
     assert done["done"] and done["localize"]["bad"] == ["n2"] and done["localize"]["rounds_run"] == 2
     assert done["checks_by_host"]["n2"]["allreduce"]["localize"]["status"] == "fail"
+
+
+# --------------------------------------------------------------------------
+# The action's GPU phase: a node named for a node fault on a multi-GPU nccl cluster gets GPU pair rounds
+
+
+def _gpus():
+    import os  # pylint: disable=import-outside-toplevel
+    from ansible.module_utils.preflight_gpu_pairs import parse_query_gpu  # pylint: disable=import-outside-toplevel
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "nvidia_smi", "query_gpu_8.csv")
+    with open(path, encoding="utf-8") as handle:
+        return parse_query_gpu(handle.read())
+
+
+def _drive(task_vars, names, node_fault, bad_gpu):
+    """Answer every planned launch from the registers the tasks would fill, until the action is done."""
+    action = _action()
+    from ansible.module_utils.preflight_cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    outcome, gpu_rounds = action.start(ClusterView(task_vars)), 0
+    while not outcome["done"]:
+        for host in names:
+            task_vars["hostvars"][host]["allreduce_localize"] = outcome
+            for step in ("first", "second"):
+                by_host = outcome["%s_args_by_host" % step]
+                args = by_host.get(host)
+                if args is None:
+                    task_vars["hostvars"][host]["allreduce_localize_%s" % step] = {"skipped": True}
+                    continue
+                # A node fault fails every launch the node takes part in (the same master port), alone or not.
+                launch = [other for other, other_args in by_host.items()
+                          if other_args["master_port"] == args["master_port"]]
+                task_vars["hostvars"][host]["allreduce_localize_%s" % step] = {
+                    "ranks": ranks(ok=node_fault not in launch)}
+            slots = outcome["gpu_slots_by_host"].get(host)
+            if slots is None:
+                task_vars["hostvars"][host]["allreduce_localize_gpu"] = {"skipped": True}
+            else:
+                results = []
+                for args in slots:
+                    pair = [int(index) for index in args["env"]["CUDA_VISIBLE_DEVICES"].split(",")]
+                    assert args["nnodes"] == 1 and args["nproc_per_node"] == 2 and args["backend"] == "nccl"
+                    results.append({"ranks": ranks(ok=bad_gpu not in pair)})
+                task_vars["hostvars"][host]["allreduce_localize_gpu"] = {"results": results, "changed": False}
+        gpu_rounds += bool(outcome["gpu_slots_by_host"])
+        outcome = action.advance(ClusterView(task_vars), outcome)
+    return outcome, gpu_rounds
+
+
+def _gpu_task_vars(names, backend, gpus):
+    task_vars = _task_vars(names, {host: {"ranks": ranks(ok=host != "n2")} for host in names})
+    for host in names:
+        hostvars = task_vars["hostvars"][host]
+        hostvars["preflight_launch"]["gate"]["backend"] = backend
+        hostvars["preflight_settings"]["settings"]["allreduce"]["allreduce_floor_busbw_gbps_nccl"] = 0.01
+        hostvars["preflight_facts"] = {"facts": {"allreduce": {"gpus": gpus if host == "n2" else []}}}
+    return task_vars
+
+
+def test_action_names_the_bad_gpu_of_a_node_named_for_a_node_fault():
+    names = hosts(4)
+    done, gpu_rounds = _drive(_gpu_task_vars(names, "nccl", _gpus()), names, "n2", bad_gpu=5)
+    assert done["localize"]["bad"] == ["n2"] and done["localize"]["kinds"] == {"n2": "node"}
+    assert 1 <= gpu_rounds <= 3
+    check = done["checks_by_host"]["n2"]["allreduce"]["gpu_pairs"]
+    assert check["status"] == "fail" and "GPU 5 (PCI 00000000:AB:00.0" in check["found"], check
+    assert done["localize"]["gpus"]["n2"]["bad"] == [5]
+    for host in ("n0", "n1", "n3"):
+        assert "gpu_pairs" not in done["checks_by_host"][host]["allreduce"]
+
+
+@pytest.mark.parametrize("backend, gpus", [("gloo", "eight"), ("nccl", "none")])
+def test_action_runs_no_gpu_rounds_on_cpu_nodes_or_with_gloo(backend, gpus):
+    names = hosts(4)
+    done, gpu_rounds = _drive(_gpu_task_vars(names, backend, _gpus() if gpus == "eight" else []), names, "n2",
+                              bad_gpu=5)
+    assert done["localize"]["bad"] == ["n2"] and gpu_rounds == 0
+    assert "gpus" not in done["localize"]
+    assert "gpu_pairs" not in done["checks_by_host"]["n2"]["allreduce"]
