@@ -68,7 +68,11 @@ def template_facts(workdir, settings):
         "torch": {"version": "2.13.0", "cuda": None, "hip": None, "path": "/venv/torch"}, "probe_error": None,
         "accelerators": {"nvidia": 0, "amd": 0}, "cuda_launch_blocking": None,
         "port": {"free": True, "detail": "port 6000 can be bound on 0.0.0.0", "holder": None},
-        "hostname": "n0", "backend": "gloo", "nproc_per_node": 1}
+        "hostname": "n0", "backend": "gloo", "nproc_per_node": 1, "gpus": [], "gpus_error": None,
+        # Who the ranks run as (preflight_node.resolve_job_user): a named unprivileged job user, as the
+        # README's example inventory sets with preflight_job_user; readiness fails a node without it.
+        "job_user": {"name": "trainer", "uid": 1000, "run_as": "trainer", "how": "named", "note": "",
+                     "python": sys.executable}}
     return facts
 
 

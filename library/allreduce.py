@@ -20,6 +20,9 @@ description:
     or were re-parented to init (every member carries a marker in its environment). The module's own bound is
     therefore O(hard_timeout) + O(stack_budget) + at most 14 s to kill and reap the tree (3 s from
     SIGTERM to SIGKILL).
+  - Once a rank failed and the stacks are taken, a rank stopped by a signal (SIGSTOP, a tracer) is killed at once:
+    it would never act on torchrun's SIGTERM, which torchrun waits 30 s on before its own SIGKILL. Its state and
+    stage stay in the result.
   - The tree is also killed when the module is interrupted by an exception, SIGTERM or SIGHUP, and, through a
     small guard process in its own session, when the module is killed outright (SIGKILL, which is what Ansible's
     C(async) wrapper sends when the task's C(async) time runs out).
@@ -272,6 +275,7 @@ import os
 import re
 import pwd
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -568,13 +572,27 @@ def run_gate(params, host, role, scratch, marker):
             if entry["stack_finished"] or not stacks.get(rank, {}).get("stack_finished"):
                 stacks[rank] = entry
 
+    failed_seen = []
+
     def poll(pid):
         # A rank that failed lingers a moment (the worker's --linger) so the
         # stacks of its still-running peers can be taken before torchrun
         # tears them down: the peer stuck in a collective is the story.
-        if not stacks and any(data.get("status") in ("error", "wrong")
-                              for data in read_rank_files(out_dir).values()):
-            take_stacks(pid)
+        if failed_seen or not any(data.get("status") in ("error", "wrong")
+                                  for data in read_rank_files(out_dir).values()):
+            return
+        failed_seen.append(True)
+        take_stacks(pid)
+        # A stopped rank never acts on torchrun's SIGTERM, and torchrun waits 30 s before its SIGKILL:
+        # with its stack (or its state) recorded, kill it now so the verdict does not wait for nothing.
+        for rank_pid, (rank, state) in live_ranks(pid, worker_path, marker).items():
+            if state in ("T", "t"):
+                stacks.setdefault(rank, {"pid": rank_pid, "state": state, "stack_finished": False,
+                                         "stack": "no stack taken (stack_budget used up or 0)"})
+                try:
+                    os.kill(rank_pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
     rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, scratch, account),
                                          cwd=scratch, stdout_path=log_path, marker=marker, on_timeout=take_stacks,

@@ -200,6 +200,49 @@ def test_hung_rank_is_caught_by_collective_timeout_with_its_stack(run_module):
 
 
 @pytest.mark.timeout(180)
+def test_a_stopped_rank_is_killed_once_its_peer_failed_not_left_to_torchruns_30_s_grace(run_module, temp_dirs):
+    """SIGSTOP rank 1 in the bandwidth loop: rank 0 times out in its collective; the module takes the stacks and
+    kills the stopped rank at once (it never acts on torchrun's SIGTERM, which torchrun would wait 30 s on)."""
+    import threading  # pylint: disable=import-outside-toplevel
+    _system, scratch = temp_dirs
+    stopped = []
+
+    def stop_rank_one():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not stopped:
+            for pid in preflight_proc.all_pids():
+                argv = preflight_proc.cmdline_of(pid)
+                if "--out" not in argv or not argv[argv.index("--out") + 1].startswith(str(scratch)):
+                    continue
+                try:
+                    with open("/proc/%d/environ" % pid, "rb") as handle:
+                        env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+                    with open(os.path.join(argv[argv.index("--out") + 1], "rank1.json")) as handle:
+                        stage = json.load(handle).get("stage")
+                except (OSError, ValueError, IndexError):
+                    continue
+                if env.get(b"RANK") == b"1" and stage == "bandwidth":
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+                    return
+            time.sleep(0.05)
+
+    stopper = threading.Thread(target=stop_rank_one, daemon=True)
+    stopper.start()
+    result, failed = run_module(allreduce, module_args(timeout=4, hard_timeout=100, sizes=[4194304], iters=4000,
+                                                       scratch_dir=str(scratch)))
+    stopper.join(10)
+    assert stopped, "rank 1 was never seen in the bandwidth loop"
+    assert not failed and result["timed_out"] is False
+    by_rank = {r["rank"]: r for r in result["ranks"]}
+    assert by_rank[1]["status"] == "hung" and by_rank[1]["process_state"] == "stopped (SIGSTOP)", by_rank[1]
+    assert by_rank[1]["stage"] == "bandwidth" and by_rank[1]["exitcode"] == -9, by_rank[1]
+    # torchrun did not have to force it: the module had killed it already.
+    assert "forcefully exiting via" not in result["log"], result["log"][-2000:]
+    assert not leftovers(result)
+
+
+@pytest.mark.timeout(180)
 def test_ranks_and_py_spy_run_as_the_job_user_and_a_hung_ranks_stack_is_taken_without_root(run_module):
     import pwd
     if os.geteuid() != 0:

@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Localisation cost: rounds and wall time to name one throttled node among N, vs one all-node run.
+
+Brings up one namespace test bed of ``--nodes`` nodes (tests/testbed.py; default 8, one rank per
+node), brings up SSH trust with bringup.yml, then alternates, ``--runs`` times:
+
+* a healthy ``preflight.yml`` (the all-node all-reduce only), and
+* the same gate with one node's egress throttled with ``tc tbf`` (a different node each run),
+
+and prints per run: the rounds the pair rounds took, the seconds they took (the verdict's
+``localize.elapsed_seconds``, controller clock from the first plan to the conclusion), whether the
+throttled node was the one named, the all-node all-reduce's own seconds (the slowest node's
+``allreduce.ranks`` time in the healthy run) and both playbooks' wall times.  Targets: <= 3 rounds,
+localisation <= 3x the all-node run.  Needs root (namespaces).  Use the project's venv:
+    .venv/bin/python bench/localize.py --nodes 8 --runs 2
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+# pylint: disable=wrong-import-position
+from gate_helpers import REPLACE_FILE, RESOLV_CONF  # noqa: E402
+from multinode import BRINGUP_VARS  # noqa: E402
+from testbed import Testbed, unavailable_reason  # noqa: E402
+
+THROTTLE = ["root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
+# Small sizes: the all-node run and each pair run stay short on a 2-core machine (as the bed tests do).
+GATE_VARS = {"allreduce_sizes": [1048576], "allreduce_iters": 3, "allreduce_warmup": 1,
+             "allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
+             "preflight_nproc_per_node": 1}
+RANKS_SECONDS = re.compile(r"completed init, correctness, barrier and bandwidth in ([0-9.]+) s")
+
+
+def gate(bed, results_dir):
+    argv = [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "preflight.yml", "-i", bed.inventory_path,
+            "-e", json.dumps(GATE_VARS), "-e", "preflight_results_dir=%s" % results_dir]
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=ROOT, env=bed.ansible_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=1800, check=False)
+    elapsed = time.perf_counter() - start
+    with open(os.path.join(results_dir, "latest", "verdict.json"), encoding="utf-8") as handle:
+        return elapsed, json.load(handle)
+
+
+def all_node_seconds(verdict):
+    """The all-node all-reduce's own time: the slowest node's torchrun from launch to its last rank done."""
+    seconds = []
+    for node in verdict["nodes"].values():
+        match = RANKS_SECONDS.search((node["checks"].get("allreduce.ranks") or {}).get("found", ""))
+        if match:
+            seconds.append(float(match.group(1)))
+    return max(seconds) if seconds else None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit("test bed unavailable: %s" % reason)
+    workdir = tempfile.mkdtemp(prefix="preflight-bench-localize-")
+    try:
+        with Testbed(nodes=args.nodes) as bed:
+            run_bench(args, bed, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_bench(args, bed, workdir):
+    for node in bed.nodes:
+        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
+    done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "bringup.yml",
+                           "-i", bed.inventory_path, "-e", BRINGUP_VARS,
+                           "-e", "preflight_results_dir=%s" % os.path.join(workdir, "bringup")],
+                          cwd=ROOT, env=bed.ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=900, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout.decode(errors="replace")[-4000:])
+        raise SystemExit("ssh trust bring-up failed on the bed")
+    print("bed %s: %d nodes x 1 rank, %d logical CPUs on this machine" % (bed.runid, args.nodes, os.cpu_count()),
+          flush=True)
+    rows = []
+    for run in range(args.runs):
+        healthy_wall, healthy = gate(bed, os.path.join(workdir, "healthy-%d" % run))
+        if healthy["status"] != "pass":
+            raise SystemExit("the healthy gate did not pass: %s" % healthy["failed_hosts"])
+        all_node = all_node_seconds(healthy)
+        node = bed.nodes[(2 + 3 * run) % len(bed.nodes)]
+        bed.tc(node, ["qdisc", "add", "dev", "eth0"] + THROTTLE)
+        try:
+            throttled_wall, throttled = gate(bed, os.path.join(workdir, "throttled-%d" % run))
+        finally:
+            bed.tc(node, ["qdisc", "del", "dev", "eth0", "root"])
+        localize = throttled.get("localize") or {}
+        named = localize.get("bad") == [node.name]
+        rows.append({"rounds": localize.get("rounds_run"), "seconds": localize.get("elapsed_seconds"),
+                     "all_node": all_node, "named": named, "healthy_wall": healthy_wall,
+                     "throttled_wall": throttled_wall})
+        print("run %d: throttled %s -> named %s (%s), %s round(s) in %s s; all-node all-reduce %.1f s "
+              "(healthy gate %.1f s wall, throttled gate %.1f s wall); launches per round: %s" % (
+                  run + 1, node.name, localize.get("bad"), "right" if named else "WRONG", localize.get("rounds_run"),
+                  localize.get("elapsed_seconds"), all_node or float("nan"), healthy_wall, throttled_wall,
+                  [len(item["launches"]) for item in localize.get("rounds") or []]), flush=True)
+    seconds = [row["seconds"] for row in rows if row["seconds"] is not None]
+    all_node = [row["all_node"] for row in rows if row["all_node"]]
+    print("named the throttled node: %d of %d runs; rounds: %s (target <= 3)" % (
+        sum(row["named"] for row in rows), len(rows), [row["rounds"] for row in rows]))
+    if seconds and all_node:
+        print("median localisation %.1f s vs median all-node all-reduce %.1f s: %.2fx (target <= 3x); "
+              "vs the healthy gate's whole wall time %.2fx" % (
+                  statistics.median(seconds), statistics.median(all_node),
+                  statistics.median(seconds) / statistics.median(all_node),
+                  statistics.median(seconds) / statistics.median(row["healthy_wall"] for row in rows)))
+
+
+if __name__ == "__main__":
+    main()
