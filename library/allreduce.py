@@ -510,7 +510,8 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
     elif any(r.get("correct") for r in ranks):
         checks["correctness"] = passed("every element correct on every rank of %s" % host,
                                        "exact all-reduce result")
-    rows = [r["bandwidth"][-1] for r in ranks if r.get("bandwidth")]
+    # The largest size is the one gated (the sizes may be given in any order).
+    rows = [max(r["bandwidth"], key=lambda row: row.get("size_bytes") or 0) for r in ranks if r.get("bandwidth")]
     if rows:
         slowest = min(rows, key=lambda row: row["busbw_gbps"])
         found = "busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes on %s" % (

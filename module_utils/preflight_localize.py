@@ -78,9 +78,11 @@ def run_outcome(hosts, results_by_host):
                 "reason": "rank %s on %s %s at stage %s: %s" % (
                     first.get("rank"), first.get("host"), first.get("status", "gave no rank"), first.get("stage"),
                     str(first.get("error") or "no error recorded")[:200]) if bad else "no rank reported"}
-    last = [row["bandwidth"][-1]["busbw_gbps"] for row in rows
-            if row.get("bandwidth") and isinstance(row["bandwidth"][-1], dict)
-            and row["bandwidth"][-1].get("busbw_gbps") is not None]
+    # The largest size's busbw (the sizes may be given in any order).
+    largest = [max((size for size in row["bandwidth"] if isinstance(size, dict)),
+                   key=lambda size: size.get("size_bytes") or 0, default=None)
+               for row in rows if isinstance(row.get("bandwidth"), list)]
+    last = [size["busbw_gbps"] for size in largest if size and size.get("busbw_gbps") is not None]
     return {"status": "done", "busbw_gbps": min(last) if last else None, "lost": {}, "reason": ""}
 
 

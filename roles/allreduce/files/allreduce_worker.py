@@ -138,6 +138,8 @@ def measure(torch, dist, device, world_size, size_bytes, iters, warmup, sync):
     for _ in range(warmup):
         dist.all_reduce(tensor)
     sync()
+    # Every rank starts the timed loop together, as nccl-tests do.
+    dist.barrier()
     start = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(tensor)
