@@ -135,7 +135,8 @@ options:
     type: int
     default: 262144
   rank_log_max_bytes:
-    description: At most this many bytes of each rank's C(stdout.log) and C(stderr.log) are returned (the tail).
+    description: At most this many bytes of each rank's C(stdout.log) and C(stderr.log) are returned (a longer
+      file gives its first quarter, where NCCL names its transport at init, and its tail).
     type: int
     default: 32768
   selftest_fault:
@@ -233,7 +234,7 @@ log:
   type: str
 rank_logs:
   description:
-    - "The tail (O(rank_log_max_bytes)) of each rank's own log file as torchrun wrote it under C(--log-dir), so the
+    - "The head and tail (O(rank_log_max_bytes) in all) of each rank's own log file as torchrun wrote it under C(--log-dir), so the
       controller can keep them with the run: rank, local_rank, stream (C(stdout) or C(stderr)), attempt, name
       (a file name such as C(rank1.stderr.log)), bytes (the file's full size), truncated, text."
   returned: unless background is true
@@ -377,6 +378,23 @@ def read_tail(path, max_bytes):
         return handle.read().decode(errors="replace"), size
 
 
+def read_head_tail(path, max_bytes):
+    """(text, full size) of ``path``: all of it when it fits in ``max_bytes``, else its first quarter (where
+    NCCL says which transport it chose, at init) and its last three quarters, with the cut marked."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(0)
+        if size <= max_bytes:
+            return handle.read().decode(errors="replace"), size
+        head = handle.read(max_bytes // 4)
+        head = head[:head.rfind(b"\n") + 1] or head
+        handle.seek(size - (max_bytes - len(head)))
+        tail = handle.read()
+    return "%s[... %d bytes cut ...]\n%s" % (head.decode(errors="replace"), size - len(head) - len(tail),
+                                               tail.decode(errors="replace")), size
+
+
 def read_rank_logs(log_dir, first_rank, max_bytes):
     """Tails of the files torchrun writes per rank: ``<log_dir>/<run_id>_*/attempt_<n>/<local_rank>/std*.log``."""
     logs = []
@@ -387,7 +405,7 @@ def read_rank_logs(log_dir, first_rank, max_bytes):
         if not (local.isdigit() and attempt.isdigit() and stream in ("stdout", "stderr")):
             continue
         try:
-            text, size = read_tail(path, max_bytes)
+            text, size = read_head_tail(path, max_bytes)
         except OSError:
             continue
         rank = first_rank + int(local)

@@ -660,8 +660,11 @@ def summarize(plan, results_by_host, lost=None, nic_facts=None, mesh_reached=Non
     summary["status"] = "pass" if ok and summary["correct"] else "fail"
     expected_world = "world size %d: %d node(s) x %d rank(s), as planned" % (
         plan["world_size"], len(plan["hosts"]), plan["nproc_per_node"])
+    rows_by_host = {}
+    for row in rows:
+        rows_by_host.setdefault(row["host"], []).append(row)
     for host in plan["hosts"]:
-        mine = [row for row in rows if row["host"] == host]
+        mine = rows_by_host.get(host, [])
         seen = len([row for row in mine if row.get("status") != "no_result"])
         world = "%d of the %d planned ranks reported (%s from %s)" % (reported, plan["world_size"], seen, host)
         checks_by_host.setdefault(host, {})["world_size"] = (
@@ -676,7 +679,7 @@ def summarize(plan, results_by_host, lost=None, nic_facts=None, mesh_reached=Non
         result = results_by_host.get(host)
         if host in lost or not isinstance(result, dict):
             continue
-        full = not healthy or any(row.get("status") != "ok" for row in rows if row["host"] == host)
+        full = not healthy or any(row.get("status") != "ok" for row in rows_by_host.get(host, ()))
         found = signature_check(host, result, fabrics.get(host), plan.get("backend"), full)
         if found is not None:
             signatures[host] = checks_by_host[host]["signatures"] = found

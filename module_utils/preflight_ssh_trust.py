@@ -1452,7 +1452,7 @@ def decide(host, facts, settings, probe=None, cluster=None):  # pylint: disable=
     pdsh; or ``peers``
     (not applicable) when ``host`` has no targeted peer.  ``{}`` when ``host`` was not read."""
     hosts = list((cluster or {}).get("hosts") or [host])
-    if len([h for h in hosts if h != host]) == 0:
+    if not any(h != host for h in hosts):
         return {"peers": not_applicable(
             "%s is the only targeted node: there is no peer to trust over ssh, so no host key, known-hosts block or "
             "mesh is checked%s" % (host, "" if not facts or facts.get("keys") else

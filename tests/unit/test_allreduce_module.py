@@ -109,9 +109,19 @@ def test_rank_logs_are_tails_of_torchruns_per_rank_files(tmp_path):
     assert [(e["rank"], e["local_rank"], e["stream"]) for e in logs] == [
         (4, 0, "stderr"), (4, 0, "stdout"), (5, 1, "stderr"), (5, 1, "stdout")]
     first = logs[1]
-    assert first["name"] == "rank4.stdout.log" and first["text"] == "a" * 10
+    assert first["name"] == "rank4.stdout.log" and first["text"] == "aa[... 90 bytes cut ...]\n" + "a" * 8
     assert first["bytes"] == 100 and first["truncated"] is True
     assert logs[3]["text"] == "hello" and logs[3]["truncated"] is False
+
+
+def test_a_long_rank_log_keeps_nccls_transport_line_from_init_and_its_tail(tmp_path):
+    directory = tmp_path / "run_abc" / "attempt_0" / "0"
+    directory.mkdir(parents=True)
+    init = "n1:40:40 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:198.18.200.1<0>\n"
+    (directory / "stderr.log").write_text(init + "NCCL INFO channel chatter\n" * 5000 + "RuntimeError: the end\n")
+    text = allreduce.read_rank_logs(str(tmp_path), 0, 32768)[0]["text"]
+    assert text.startswith(init) and text.endswith("RuntimeError: the end\n")
+    assert "bytes cut ...]" in text and len(text.encode()) <= 32768 + 64
 
 
 def module_args(**overrides):
