@@ -20,9 +20,9 @@ description:
     or were re-parented to init (every member carries a marker in its environment). The module's own bound is
     therefore O(hard_timeout) + O(stack_budget) + at most 14 s to kill and reap the tree (3 s from
     SIGTERM to SIGKILL).
-  - Once a rank failed and the stacks are taken, a rank stopped by a signal (SIGSTOP, a tracer) is killed at once:
-    it would never act on torchrun's SIGTERM, which torchrun waits 30 s on before its own SIGKILL. Its state and
-    stage stay in the result.
+  - Once a rank failed and the stacks are taken, a rank stopped by a signal (SIGSTOP, a tracer) is killed at once,
+    because it would never act on torchrun's SIGTERM, which torchrun waits 30 s on before its own SIGKILL. Its
+    state and stage stay in the result.
   - The tree is also killed when the module is interrupted by an exception, SIGTERM or SIGHUP, and, through a
     small guard process in its own session, when the module is killed outright (SIGKILL, which is what Ansible's
     C(async) wrapper sends when the task's C(async) time runs out).

@@ -20,7 +20,7 @@ description:
   - A timeout or missing route is C(unreachable) when the next hop towards the peer (the peer, or the
     gateway, from C(/proc/net/route)) does not answer a broadcast ARP request sent once within the window
     (as arping does; without the privilege for that, when the kernel's C(/proc/net/arp) entry for it is
-    incomplete): the peer's link is down or isolated, it is on another segment, or the wrong interface was
+    incomplete). Then the peer's link is down or isolated, it is on another segment, or the wrong interface was
     chosen. Firewalls do not filter ARP, so a DROP rule stays a C(timeout).
   - When the port cannot be bound because it is in use, the holder is found from
     C(/proc/net/tcp), C(/proc/net/tcp6) and C(/proc/<pid>/fd) and reported by pid and name.

@@ -75,15 +75,15 @@ gpu_slots_by_host:
   returned: when needed
   type: dict
 checks_by_host:
-  description: "Node to C({allreduce: {localize: check}}) once done, and C(gpu_pairs) on a node whose GPUs were
-    localised."
+  description:
+    - "Node to C({allreduce: {localize: check}}) once done, and C(gpu_pairs) on a node whose GPUs were localised."
   returned: when done and needed
   type: dict
 localize:
   description:
     - The summary for the verdict, once done - trigger, floors, the median pair busbw, rounds_run, bad (with kinds,
       node or network), good, lost, unproven, excluded, rounds (each launch with kind, hosts, master_port,
-      verdict, busbw_gbps, why) and elapsed_seconds; with GPU pair rounds, C(gpus) (node to the GPU summary: bad
+      verdict, busbw_gbps, why) and elapsed_seconds; with GPU pair rounds, C(gpus) (node to the GPU summary with bad
       GPUs by index and PCI bus id, good, unproven, rounds).
   returned: when done and needed
   type: dict
