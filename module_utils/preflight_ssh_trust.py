@@ -813,7 +813,8 @@ def known_hosts_check(node, path, result, drift_policy, applied=False, held_back
     expected = "%s%s holds the current host keys of every node in its managed block" % (path, where)
     if changed is None:
         changed = result["block"] != result.get("old_block")
-    missing = [m for m in result["missing"] if m["node"] not in held_back]
+    held = set(held_back)
+    missing = [m for m in result["missing"] if m["node"] not in held]
     note = ""
     if held_back:
         note = "; old lines of %s kept: their host key changed and is not accepted" % ", ".join(held_back)
