@@ -22,7 +22,6 @@ import errno
 import json
 import os
 import re
-import shutil
 import socket
 
 from ansible.module_utils.preflight_checks import blocked, check, failed, not_applicable, passed, skipped, warned, worst
@@ -184,9 +183,10 @@ def read_gpus(accelerators, ops):
     pair rounds); ``([], None)`` on a node without two NVIDIA GPUs, where nothing is run."""
     if accelerators.get("nvidia", 0) < 2:
         return [], None
-    if not shutil.which(GPU_QUERY_ARGV[0]):
+    program = ops.which(GPU_QUERY_ARGV[0])
+    if not program:
         return [], "nvidia-smi is not on PATH"
-    rc, out, err = ops.run(list(GPU_QUERY_ARGV), timeout=PROBE_TIMEOUT)
+    rc, out, err = ops.run([program] + list(GPU_QUERY_ARGV[1:]), timeout=PROBE_TIMEOUT)
     if rc != 0:
         return [], "nvidia-smi exited %d: %s" % (rc, (err or out or "").strip()[-300:])
     try:

@@ -553,3 +553,27 @@ def test_ranks_that_started_are_not_a_rendezvous_fault():
                                           "n2": logged(n2, ok=False)})
     assert "rendezvous" not in summary and "rendezvous" not in checks["n1"]
     assert [(s["host"], s["rank"]) for s in summary["suspects"]] == [("n2", 2)]
+
+
+# -- the GPUs the reader lists for the GPU pair rounds ----------------------------
+
+def test_read_gpus_asks_nvidia_smi_only_on_a_node_with_two_nvidia_gpus():
+    import os  # pylint: disable=import-outside-toplevel
+    from fake_ops import FakeOps  # pylint: disable=import-outside-toplevel
+    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "nvidia_smi", "query_gpu_8.csv")
+    with open(fixture, encoding="utf-8") as handle:
+        listing = handle.read()
+    smi = "/usr/bin/nvidia-smi"
+    ops = FakeOps(programs={"nvidia-smi": smi}, commands={(smi,): (0, listing, "")})
+    gpus, problem = ar.read_gpus({"nvidia": 8, "amd": 0}, ops)
+    assert problem is None and len(gpus) == 8 and gpus[5]["bus_id"] == "00000000:AB:00.0"
+    assert ops.calls == [[smi, "--query-gpu=index,pci.bus_id,uuid,name", "--format=csv,noheader"]]
+    # A CPU node (or one GPU): nothing is run.
+    cpu = FakeOps(programs={"nvidia-smi": smi}, commands={(smi,): (0, listing, "")})
+    assert ar.read_gpus({"nvidia": 0, "amd": 0}, cpu) == ([], None) and cpu.calls == []
+    # What a node may lack is a fact, never an exception.
+    assert ar.read_gpus({"nvidia": 2, "amd": 0}, FakeOps()) == ([], "nvidia-smi is not on PATH")
+    broken = FakeOps(programs={"nvidia-smi": smi}, commands={(smi,): (9, "", "NVIDIA-SMI has failed")})
+    assert ar.read_gpus({"nvidia": 2, "amd": 0}, broken)[1] == "nvidia-smi exited 9: NVIDIA-SMI has failed"
+    garbled = FakeOps(programs={"nvidia-smi": smi}, commands={(smi,): (0, "not a listing\n", "")})
+    assert ar.read_gpus({"nvidia": 2, "amd": 0}, garbled)[1].startswith("unreadable nvidia-smi output")
