@@ -30,6 +30,7 @@ import socket
 import time
 
 from ansible.module_utils.preflight_checks import failed, passed, skipped
+from ansible.module_utils.preflight_proc import socket_owners
 
 RESULTS = ("open", "refused", "timeout", "no_route", "unreachable", "wrong_host", "error")
 
@@ -311,28 +312,11 @@ def find_port_holder(port, proc_root="/proc", addr=None, deadline=None):
     candidates = _port_sockets(port, proc_root, addr)
     if not candidates:
         return None
-    wanted = {"socket:[%d]" % sock["inode"]: sock for sock in candidates}
-    owners = {}
     try:
-        entries = os.listdir(proc_root)
+        entries = sorted((entry for entry in os.listdir(proc_root) if entry.isdigit()), key=int)
     except OSError:
         entries = []
-    for entry in sorted((e for e in entries if e.isdigit()), key=int):
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        fd_dir = os.path.join(proc_root, entry, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if target in wanted:
-                owners.setdefault(wanted[target]["inode"], []).append(int(entry))
-                break
+    owners = socket_owners(proc_root, entries, [sock["inode"] for sock in candidates], deadline)[0]
     for sock in candidates:
         pids = sorted(set(owners.get(sock["inode"], [])))
         if pids:

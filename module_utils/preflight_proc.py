@@ -102,6 +102,34 @@ def environ_of(pid, proc_root="/proc"):
     return env
 
 
+def socket_owners(proc_root, pids, inodes, deadline=None):
+    """``(owners, denied)``: ``{inode: [pid, ...]}`` of the processes among ``pids`` holding one of the socket
+    ``inodes`` (their ``<proc_root>/<pid>/fd`` links ``socket:[<inode>]``), and how many processes' descriptors
+    could not be read (not root).  Stops at ``deadline`` (a ``time.monotonic()`` value) when given."""
+    wanted = {"socket:[%s]" % inode: inode for inode in inodes}
+    owners, denied = {}, 0
+    for pid in pids:
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except PermissionError:
+            denied += 1
+            continue
+        except OSError:  # the process is gone
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target in wanted:
+                owners.setdefault(wanted[target], []).append(int(pid))
+                break
+    return owners, denied
+
+
 def cmdline_of(pid, proc_root="/proc"):
     raw = _read(os.path.join(proc_root, str(pid), "cmdline"), "rb") or b""
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]

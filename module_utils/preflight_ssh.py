@@ -29,6 +29,8 @@ import stat
 import struct
 import time
 
+from ansible.module_utils.preflight_proc import socket_owners
+
 
 ENCODING = "utf-8"
 ERRORS = "surrogateescape"
@@ -528,26 +530,8 @@ def socket_holders(root, inodes):
 
 
 def _holders(proc, entries, inodes):
-    wanted = {"socket:[%s]" % inode for inode in inodes}
-    pids, denied = [], 0
-    for entry in entries:
-        fd_dir = os.path.join(proc, entry, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except PermissionError:
-            denied += 1
-            continue
-        except OSError:  # the process is gone
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if target in wanted:
-                pids.append(int(entry))
-                break
-    return sorted(pids), denied
+    owners, denied = socket_owners(proc, entries, inodes)
+    return sorted({pid for pids in owners.values() for pid in pids}), denied
 
 
 def sshd_command_line(text):
