@@ -87,6 +87,8 @@ def main():
     parser.add_argument("--large", type=int, default=8, help="nodes in the large run (the bed's size)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per size first")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (verdicts, logs)")
+    parser.add_argument("--forks", type=int, default=0,
+                        help="ansible forks (0: ansible.cfg's 64); fewer forks than nodes runs the mesh in batches")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -104,7 +106,7 @@ def main():
 
 def run_bench(args, workdir):
     # One rank per node: the gate's fan-out, not 2 cores' share of 16 ranks, is measured.
-    extra = ["-e", "preflight_nproc_per_node=1"]
+    extra = ["-e", "preflight_nproc_per_node=1"] + (["--forks", str(args.forks)] if args.forks else [])
     with Testbed(nodes=args.large, fabric=True) as bed:
         for node in bed.nodes:
             bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF],
