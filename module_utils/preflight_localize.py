@@ -16,9 +16,10 @@ launch the ``allreduce`` module with its own hard timeout:
 
 A pair that fails or is slow makes both nodes suspects until one is proven
 good elsewhere (a pair of its that passed).  A node is named bad only when it
-fails or is slow again with a node proven good in an earlier round, or with
-two different nodes proven good (retested against a good node), or when its
-own loopback run fails: the loopback tells a **node**
+fails again with a node proven good in an earlier round, or fails or is slow
+with two different nodes proven good (retested against a good node; a single
+slow pair never names a node, since a loaded machine makes one pair slow now
+and then), or when its own loopback run fails: the loopback tells a **node**
 fault (it fails alone too) from a **network** fault (it passes alone).  A node
 that gives no result in a round is **lost** and named as such; its partner is
 not blamed for it.  Nodes that end neither good nor bad are **unproven**
@@ -158,8 +159,12 @@ def judge(hosts, rounds, floor):
         pairs = [launch for launch in evidence[host] if launch["kind"] == "pair"]
         loop_bad = any(launch["verdict"] in ("fail", "slow") for launch in loops)
         failing = [launch for launch in pairs if launch["verdict"] in ("fail", "slow")]
-        # Retested: it failed again after its partner was proven good, or with two different good nodes.
-        retested = any(launch["round"] > proven.get(_partner(launch, host), MAX_ROUNDS + 1) for launch in failing) \
+        # Retested: it failed outright with a node proven good in an earlier round, or it failed or was slow with
+        # two different nodes proven good.  Slow alone is never named on one pair: a loaded machine or a noisy
+        # link makes one pair slow now and then, and a healthy node must not be blamed for that.
+        retested = any(launch["verdict"] == "fail"
+                       and launch["round"] > proven.get(_partner(launch, host), MAX_ROUNDS + 1)
+                       for launch in failing) \
             or len({_partner(launch, host) for launch in failing} & set(proven)) >= 2
         if loop_bad or retested:
             states[host] = "bad"
