@@ -103,7 +103,7 @@ def finish(state):
     if gpu:
         serial = sum(len(item["launches"]) for item in state["rounds"])
         state = dict(state, phase="gpus", gpu=gpu, node_conclusion=[summary, checks_by_host],
-                     gpu_master_port=localize._port(state["master_port"], serial))  # pylint: disable=protected-access
+                     gpu_master_port=localize.derived_port(state["master_port"], serial))
         return plan_gpus(state, 1)
     return _done(state, summary, checks_by_host)
 

@@ -43,7 +43,8 @@ CONNECT_BOUND = 25
 
 def bound_seconds(view, plan, launch, localize=None):
     """The longest this run could have taken: the sum of its stages' bounds (with the localisation rounds
-    when they ran: at most MAX_ROUNDS rounds of two steps, each bounded like the all-node run)."""
+    when they ran: at most MAX_ROUNDS rounds of two steps, each bounded like the all-node run, and every
+    GPU pair launch of the node with the most, one after another)."""
     first = view.hosts[0] if view.hosts else None
     settings = (view.result(first, "preflight_settings") or {}) if first else {}
     gate_args = list(((launch or {}).get("gate") or {}).get("args_by_host", {}).values())
@@ -52,6 +53,11 @@ def bound_seconds(view, plan, launch, localize=None):
              settings.get("probes_timeout") or 0, gate_args[0]["wait_timeout"] if gate_args else 0]
     if (localize or {}).get("needed") and gate_args:
         parts.append(MAX_ROUNDS * 2 * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
+        # GPU pair rounds run their launches one after another on a node: each is bounded like a launch.
+        gpus = ((localize or {}).get("localize") or {}).get("gpus") or {}
+        launches = max([sum(len(item["launches"]) for item in summary.get("rounds") or [])
+                        for summary in gpus.values()] or [0])
+        parts.append(launches * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
     return int(sum(parts) + CONNECT_BOUND * 6)
 
 

@@ -71,7 +71,8 @@ from __future__ import annotations
 import re
 
 from ansible.module_utils.preflight_checks import blocked, failed, not_applicable, passed
-from ansible.module_utils.preflight_localize import LOOPBACK_ADDR, MAX_ROUNDS, graded, judge, loopback_args, run_outcome
+from ansible.module_utils.preflight_localize import (LOOPBACK_ADDR, MAX_ROUNDS, derived_port, graded, judge,
+                                                     loopback_args, run_outcome)
 
 QUERY_FIELDS = ("index", "pci.bus_id", "uuid", "name")
 QUERY_ARGV = ["nvidia-smi", "--query-gpu=%s" % ",".join(QUERY_FIELDS), "--format=csv,noheader"]
@@ -200,12 +201,6 @@ def _indices(gpus):
     return [int(gpu["index"]) if isinstance(gpu, dict) else int(gpu) for gpu in gpus]
 
 
-def _port(master_port, serial):
-    """Distinct master ports derived from the run's: above it, wrapping below it past 65535."""
-    port = master_port + 1 + serial
-    return port if port <= 65535 else master_port - 1 - serial
-
-
 def pair_args(base_args, pair, port):
     """The node's ``allreduce`` arguments for one 2-GPU launch alone over ``lo`` on GPUs ``pair`` (indices)."""
     args = loopback_args(base_args, port)
@@ -241,7 +236,7 @@ def plan_round(round_no, gpus, rounds_so_far, base_args, master_port, floor):
 
     def add(first, second):
         nonlocal serial
-        port = _port(master_port, serial)
+        port = derived_port(master_port, serial)
         serial += 1
         launches.append({"kind": "pair", "hosts": [first, second], "gpus": [by_label[first], by_label[second]],
                          "slot": len(launches), "master_addr": LOOPBACK_ADDR, "master_port": port})

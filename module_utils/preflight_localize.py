@@ -214,7 +214,7 @@ def loopback_args(base, port):
                  socket_ifname=LOOPBACK_IFNAME, env=env, min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1)
 
 
-def _port(master_port, serial):
+def derived_port(master_port, serial):
     """Distinct master ports derived from the run's: above it, wrapping below it past 65535."""
     port = master_port + 1 + serial
     return port if port <= 65535 else master_port - 1 - serial
@@ -235,14 +235,14 @@ def plan_round(round_no, hosts, results_so_far, base_args_by_host, addr_by_host,
 
     def add_pair(pair):
         nonlocal serial
-        port = _port(master_port, serial)
+        port = derived_port(master_port, serial)
         serial += 1
         launches.append({"kind": "pair", "hosts": list(pair), "step": 0, "master_port": port,
                          "master_addr": addr_by_host[pair[0]]})
 
     def add_loop(host, step):
         nonlocal serial
-        port = _port(master_port, serial)
+        port = derived_port(master_port, serial)
         serial += 1
         launches.append({"kind": "loopback", "hosts": [host], "step": step, "master_port": port,
                          "master_addr": LOOPBACK_ADDR})

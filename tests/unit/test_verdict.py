@@ -430,3 +430,21 @@ def test_cli_says_why_a_private_verdict_cannot_be_read(tmp_path, monkeypatch):
     monkeypatch.setattr(vf, "open", refuse, raising=False)
     with pytest.raises(vf.VerdictError, match="0640: read it as the user that ran the preflight"):
         vf.load(str(tmp_path / "r1"))
+
+
+def test_the_bound_counts_the_localisation_rounds_and_every_gpu_pair_launch():
+    import importlib.util
+    from ansible.module_utils.preflight_cluster import ClusterView
+    spec = importlib.util.spec_from_file_location("preflight_verdict_action_bound", ACTION)
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    view = ClusterView({"ansible_play_hosts_all": ["n1"], "hostvars": {"n1": {"preflight_settings": {
+        "facts_timeout": 60, "probes_timeout": 120}}}})
+    launch = {"gate": {"args_by_host": {"n1": {"wait_timeout": 200}}}}
+    plain = plugin.bound_seconds(view, {}, launch)
+    rounds = plugin.bound_seconds(view, {}, launch, {"needed": True, "localize": {}})
+    per_launch = 200 + plugin.CONNECT_BOUND
+    assert rounds - plain == plugin.MAX_ROUNDS * 2 * per_launch
+    gpus = {"needed": True, "localize": {"gpus": {"n1": {"rounds": [{"launches": [{}] * 4}, {"launches": [{}] * 3}]},
+                                                  "n2": {"rounds": [{"launches": [{}] * 2}]}}}}
+    assert plugin.bound_seconds(view, {}, launch, gpus) - rounds == 7 * per_launch
