@@ -176,5 +176,10 @@ def test_diagnose_names_the_stopped_rank_and_the_collective_its_peers_wait_in(be
         assert proc_state(victim) == "T"
     finally:
         kill_job(bed, launched)
+    # SIGKILLed processes take a moment to be reaped by their node's init: wait for that, bounded.
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(job_processes(bed, node) for node in bed.nodes):
+        kill_job(bed, [])
+        time.sleep(0.2)
     for node in bed.nodes:
         assert job_processes(bed, node) == []
