@@ -26,8 +26,10 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402  pylint: disable=wrong-import-position
 from ansible.module_utils.preflight_cluster import run_started  # noqa: E402  pylint: disable=wrong-import-position
+from ansible.module_utils.preflight_stages import EARLY_CAPABILITIES  # noqa: E402  pylint: disable=wrong-import-position
 
 ROLES = os.path.join(PROJECT, "roles")
+WORKER = os.path.join(ROLES, "allreduce", "files", "allreduce_worker.py")
 
 
 def _problem(role, name, found, expected, fix):
@@ -36,7 +38,7 @@ def _problem(role, name, found, expected, fix):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("capabilities", "local_probes"))
+    _VALID_ARGS = frozenset(("capabilities", "local_probes", "early_launch"))
     _requires_connection = False
 
     def _role_files(self, role):
@@ -110,7 +112,15 @@ class ActionModule(ActionBase):
                     if args is not None:
                         local_probes[name] = args
         run = settings.get(registry.RUN_ROLE) or {}
-        result.update(job=registry.job_user_wanted(run, node, (settings.get("allreduce") or {}).get("allreduce_python")),
+        early_launch = {}
+        if not errors and boolean(self._task.args.get("early_launch", False)) and run.get("preflight_early_launch") \
+                and len(task_vars.get("ansible_play_hosts_all") or []) == 1 and "allreduce" in read_args:
+            # The run's only node: its facts call starts the all-reduce (module_utils/preflight_stages.py).
+            with open(WORKER, encoding="utf-8") as handle:
+                worker_source = handle.read()
+            early_launch = {"host": node["name"], "node": node, "worker_source": worker_source,
+                            "settings": {name: settings[name] for name in EARLY_CAPABILITIES if name in settings}}
+        result.update(early_launch=early_launch, job=registry.job_user_wanted(run, node, (settings.get("allreduce") or {}).get("allreduce_python")),
                       changed=False, ok=not errors, errors=errors, settings=settings, node=node,
                       read_args=read_args, local_probes=local_probes, capabilities=wanted,
                       started=run_started(),

@@ -35,6 +35,19 @@ options:
         minimal environment; with none wanted and root, as C(nobody) when it can use the training Python.
     type: dict
     default: {}
+  early_launch:
+    description:
+      - "For a run whose only node is this one: C({host, settings, node, worker_source}) from C(preflight_settings).
+        Once every reader ran, the module runs the controller's own C(plan) and C(launch) stages
+        (C(module_utils/preflight_stages.py)) on these facts and, when they would launch, starts this node's
+        all-reduce in the background at once, as the C(allreduce) task would (RV(early))."
+      - "The controller recomputes the decision and adopts the run only when its arguments are identical;
+        otherwise the probes call cancels it and the node gets C(allreduce.early_launch)."
+      - Empty (the default, and in every run of more than one node, whose port mesh must pass first) starts
+        nothing.
+      - Like the C(allreduce) task, the run is a probe that acts in check mode too and leaves nothing behind.
+    type: dict
+    default: {}
   selftest_error:
     description:
       - Name of a capability whose reader raises on purpose, to prove that one failing reader leaves the others'
@@ -44,7 +57,9 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Reads only.
+    details:
+      - Reads only; the one-node early launch (O(early_launch)) is a probe that runs in check mode too, as the
+        C(allreduce) task does, and leaves nothing behind.
   diff_mode:
     support: none
 author:
@@ -77,6 +92,12 @@ elapsed:
   description: Capability name to the seconds its reader took.
   returned: always
   type: dict
+early:
+  description:
+    - With O(early_launch), C({launched, results_file, marker, args}) of the run started in the background, or
+      C({launched=false, reason}) when the stages would not launch it (the controller then decides as usual).
+  returned: when early_launch is given
+  type: dict
 probes:
   description: With O(probes), capability name to its probe's result (and C(probe_errors), C(probe_elapsed)).
   returned: when probes are given
@@ -84,11 +105,29 @@ probes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_capabilities import NODE_CALL_SPEC, node_call
+from ansible.module_utils.preflight_capabilities import FACTS_CALL_SPEC, node_call
+from ansible.module_utils.preflight_gate_run import start_planned
+from ansible.module_utils.preflight_stages import early_launch_args
+
+
+def launch_early(module, read):
+    """The one-node early launch (O(early_launch)) over what the readers found: C({early: ...})."""
+    early = module.params["early_launch"]
+    if not early:
+        return {}
+    try:
+        args, reason = early_launch_args(early["host"], early["settings"], early["node"], read)
+        if args is None:
+            return {"early": {"launched": False, "reason": reason}}
+        return {"early": dict(start_planned(args, early["worker_source"]), args=args)}
+    except Exception as exc:  # pylint: disable=broad-except
+        # Never worse than no early launch: the controller then plans and launches as usual.
+        return {"early": {"launched": False, "reason": "the early launch raised %s: %s" % (type(exc).__name__, exc)}}
 
 
 def main():
-    node_call(AnsibleModule(argument_spec=NODE_CALL_SPEC, supports_check_mode=True), "read", "facts")
+    node_call(AnsibleModule(argument_spec=FACTS_CALL_SPEC, supports_check_mode=True), "read", "facts",
+              then=launch_early)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ options:
       - Once the probes are done, wait (bounded) for a background job on this node and return its result as
         RV(job); C(results_file) (required), C(timeout) seconds (required), C(poll) seconds (0.1), C(what) (a name
         for messages). The all-reduce started with C(background) is collected this way, in the same call.
+      - With C(cancel_marker), the run with that marker (one the facts call of a one-node run started early and the
+        controller did not adopt) is killed first (SIGTERM, then SIGKILL), and what it left is collected.
     type: dict
 attributes:
   check_mode:

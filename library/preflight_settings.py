@@ -23,6 +23,16 @@ options:
     description: The capabilities to load; all of them by default.
     type: list
     elements: str
+  local_probes:
+    description: Also return the arguments of the node-local probes (RV(local_probes)), for C(healthcheck.yml).
+    type: bool
+    default: false
+  early_launch:
+    description:
+      - When the play targets one node and C(preflight_early_launch) is true, return what its facts call needs to
+        start the all-reduce itself (RV(early_launch)).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -59,6 +69,16 @@ node:
   type: dict
 read_args:
   description: Capability name to the arguments of its reader on this node (empty when a setting is invalid).
+  returned: always
+  type: dict
+local_probes:
+  description: With O(local_probes), capability name to the arguments of its node-local probe.
+  returned: always
+  type: dict
+early_launch:
+  description:
+    - With O(early_launch) and one node, C({host, node, settings, worker_source}) for the O(early_launch) option of
+      C(preflight_facts); empty otherwise.
   returned: always
   type: dict
 facts_timeout:

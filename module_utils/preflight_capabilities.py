@@ -47,6 +47,7 @@ from ansible.module_utils import preflight_kernel_debug
 from ansible.module_utils import preflight_nic_discovery
 from ansible.module_utils import preflight_port_mesh
 from ansible.module_utils import preflight_ssh_trust
+from ansible.module_utils.preflight_gate_run import cancel
 from ansible.module_utils.preflight_jobs import no_result, wait_for
 from ansible.module_utils.preflight_node import NodeOps, resolve_job_user
 
@@ -106,16 +107,20 @@ SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, s
 # preflight_probes (probes).
 NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""),
                       probes=dict(type="dict", default={}), job=dict(type="dict", default={}))
+# preflight_facts of a one-node run also starts the all-reduce once its facts are read.
+FACTS_CALL_SPEC = dict(NODE_CALL_SPEC, early_launch=dict(type="dict", default={}))
 
 
-# preflight_probes also collects the background all-reduce once its probes are done.
+# preflight_probes also collects the background all-reduce once its probes are done (or cancels a run the
+# facts call started early that the controller did not adopt: ``cancel_marker``).
 PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"))
 
 
-def node_call(module, function_name, result_key):
+def node_call(module, function_name, result_key, then=None):
     """The body of a node call: every capability's ``function_name`` through :func:`run_all`, returned
     under ``result_key`` with ``errors`` and ``elapsed``; then, with ``wait_for``
-    (``{results_file, timeout, poll, what}``), the background job's result as ``job``.
+    (``{results_file, timeout, poll, what, cancel_marker}``), the background job's result as ``job``.
+    ``then(module, result)``, given, adds to the result once every reader ran (the early launch).
 
     Job-side commands of the readers and probes run as the job user (``job``, see
     :func:`~ansible.module_utils.preflight_node.resolve_job_user`), returned as ``job_user``."""
@@ -130,8 +135,12 @@ def node_call(module, function_name, result_key):
         probes, probe_errors, probe_elapsed = run_all("probe", module.params["probes"], ops,
                                                       module.params["selftest_error"])
         extra.update(probes=probes, probe_errors=probe_errors, probe_elapsed=probe_elapsed)
+    if then is not None:
+        extra.update(then(module, {"facts": results, "errors": errors, "job_user": job_user}))
     job = module.params.get("wait_for")
     if job:
+        if job.get("cancel_marker"):
+            cancel(job["cancel_marker"])
         data, waited = wait_for(job["results_file"], float(job["timeout"]), float(job.get("poll") or 0.1))
         if data is None:
             what = job.get("what") or "the background job"

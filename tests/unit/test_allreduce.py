@@ -417,7 +417,7 @@ def test_a_lost_node_gets_no_signature_check():
 
 
 def test_nccl_debug_info_is_set_for_nccl_unless_the_operator_chose_a_level(monkeypatch):
-    import allreduce  # library/allreduce.py
+    from ansible.module_utils import preflight_gate_run as allreduce
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
     params = {"socket_ifname": "", "env": {}, "backend": "nccl"}
     assert allreduce.build_env(params, "/s")["NCCL_DEBUG"] == "INFO"

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import allreduce
+from ansible.module_utils import preflight_gate_run as gate_run
 from ansible.module_utils import preflight_proc
 
 WORKER = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "allreduce", "files", "allreduce_worker.py")
@@ -48,7 +49,7 @@ def free_port():
 
 
 def test_parse_exitcodes_reads_torchrun_summary():
-    assert allreduce.parse_exitcodes(TORCHRUN_FAILURE) == {0: -15, 1: 3}
+    assert gate_run.parse_exitcodes(TORCHRUN_FAILURE) == {0: -15, 1: 3}
 
 
 def base_params(**overrides):
@@ -62,16 +63,16 @@ def base_params(**overrides):
 def test_summarize_marks_unfinished_ranks_died_or_hung():
     params = base_params()
     files = {0: {"stage": "correctness", "status": "running"}, 1: {"stage": "done", "status": "ok", "correct": True}}
-    died = allreduce.summarize_ranks(params, files, {0: 3}, {}, timed_out=False)
+    died = gate_run.summarize_ranks(params, files, {0: 3}, {}, timed_out=False)
     assert died[0]["status"] == "died" and died[0]["exitcode"] == 3 and died[1]["status"] == "ok"
-    hung = allreduce.summarize_ranks(params, files, {}, {0: {"state": "T", "stack": "x"}}, timed_out=True)
+    hung = gate_run.summarize_ranks(params, files, {}, {0: {"state": "T", "stack": "x"}}, timed_out=True)
     assert hung[0]["status"] == "hung" and hung[0]["process_state"] == "stopped (SIGSTOP)"
 
 
 def test_node_checks_fail_names_rank_stage_and_exit_code():
     params = base_params()
-    ranks = allreduce.summarize_ranks(params, {0: {"stage": "init", "status": "running"}}, {0: -9}, {}, False)
-    checks = allreduce.node_checks(params, "node7", 1, False, 3.0, ranks)
+    ranks = gate_run.summarize_ranks(params, {0: {"stage": "init", "status": "running"}}, {0: -9}, {}, False)
+    checks = gate_run.node_checks(params, "node7", 1, False, 3.0, ranks)
     result = checks["ranks"]
     assert result["status"] == "fail"
     assert "rank 0" in result["found"] and "stage init" in result["found"] and "exit code -9" in result["found"]
@@ -82,19 +83,19 @@ def test_bandwidth_minimum_gates(tmp_path):
     params = base_params(min_busbw_gbps=100.0)
     ranks = [{"rank": 0, "local_rank": 0, "status": "ok", "correct": True, "correctness": {"wrong": 0},
               "bandwidth": [{"size_bytes": 4096, "busbw_gbps": 1.5, "algbw_gbps": 1.5}]}]
-    checks = allreduce.node_checks(params, "n1", 0, False, 1.0, ranks)
+    checks = gate_run.node_checks(params, "n1", 0, False, 1.0, ranks)
     assert checks["bandwidth"]["status"] == "fail"
     assert "1.500 GB/s" in checks["bandwidth"]["found"]
-    checks = allreduce.node_checks(base_params(min_busbw_gbps=1.0), "n1", 0, False, 1.0, ranks)
+    checks = gate_run.node_checks(base_params(min_busbw_gbps=1.0), "n1", 0, False, 1.0, ranks)
     assert checks["bandwidth"]["status"] == "pass"
 
 
 def test_argv_and_env_keep_every_file_in_scratch():
     params = base_params(socket_ifname="eth1", env={"NCCL_DEBUG": "INFO"})
-    argv = allreduce.build_argv(params, "/s/w.py", "/s/ranks", "n1", "/s/torchrun-logs")
+    argv = gate_run.build_argv(params, "/s/w.py", "/s/ranks", "n1", "/s/torchrun-logs")
     assert argv[argv.index("--log-dir") + 1] == "/s/torchrun-logs"
     assert argv.index("--log-dir") < argv.index("/s/w.py"), "a torchrun option, not the worker's"
-    env = allreduce.build_env(params, "/s")
+    env = gate_run.build_env(params, "/s")
     assert env["TMPDIR"] == "/s" and env["NCCL_SOCKET_IFNAME"] == "=eth1" and env["NCCL_DEBUG"] == "INFO"
 
 
@@ -105,7 +106,7 @@ def test_rank_logs_are_tails_of_torchruns_per_rank_files(tmp_path):
         (directory / "stdout.log").write_text(text)
         (directory / "stderr.log").write_text("")
     (tmp_path / "run_abc" / "attempt_0" / "filtered_stdout.log").write_text("not a rank's")
-    logs = allreduce.read_rank_logs(str(tmp_path), 4, 10)
+    logs = gate_run.read_rank_logs(str(tmp_path), 4, 10)
     assert [(e["rank"], e["local_rank"], e["stream"]) for e in logs] == [
         (4, 0, "stderr"), (4, 0, "stdout"), (5, 1, "stderr"), (5, 1, "stdout")]
     first = logs[1]
@@ -119,7 +120,7 @@ def test_a_long_rank_log_keeps_nccls_transport_line_from_init_and_its_tail(tmp_p
     directory.mkdir(parents=True)
     init = "n1:40:40 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:198.18.200.1<0>\n"
     (directory / "stderr.log").write_text(init + "NCCL INFO channel chatter\n" * 5000 + "RuntimeError: the end\n")
-    text = allreduce.read_rank_logs(str(tmp_path), 0, 32768)[0]["text"]
+    text = gate_run.read_rank_logs(str(tmp_path), 0, 32768)[0]["text"]
     assert text.startswith(init) and text.endswith("RuntimeError: the end\n")
     assert "bytes cut ...]" in text and len(text.encode()) <= 32768 + 64
 
@@ -501,3 +502,41 @@ def test_sigkill_of_the_module_group_still_kills_the_tree_and_removes_scratch(tm
     while entries(system) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert entries(system) == [], "the guard removed the scratch directory"
+
+
+def wait_finished(path, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            data = json.loads(open(path).read())
+        except (OSError, ValueError):
+            data = {}
+        if data and not data.get("started"):
+            return data
+        time.sleep(0.1)
+    return None
+
+
+@pytest.mark.timeout(60)
+def test_a_run_started_early_is_cancelled_by_its_marker_and_still_reports(fakes, temp_dirs, tmp_path):
+    args = fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40, results_file=str(tmp_path / "r.json"))
+    worker = args.pop("worker_source")
+    started = gate_run.start_planned(args, worker)
+    assert started["launched"] and started["results_file"] == str(tmp_path / "r.json")
+    pids = tree_pids(fakes)
+    assert len(pids) == 4
+    signalled = gate_run.cancel(started["marker"])
+    assert set(pids) <= set(signalled)
+    assert all_dead(pids), "the cancelled tree is gone"
+    outcome = wait_finished(started["results_file"])
+    # The runner outlives its tree and writes what the killed run left, long before the hard timeout.
+    assert outcome is not None and outcome["checks"]["ranks"]["status"] == "fail"
+    assert not outcome["timed_out"]
+    assert gate_run.cancel(started["marker"]) == []
+
+
+def test_a_planned_run_the_module_would_refuse_is_not_started(fakes, tmp_path):
+    args = fake_args(fakes, nproc_per_node=0, results_file=str(tmp_path / "r.json"))
+    started = gate_run.start_planned(args, args.pop("worker_source"))
+    assert started == {"launched": False, "reason": "nproc_per_node must be at least 1, got 0"}
+    assert not (tmp_path / "r.json").exists()

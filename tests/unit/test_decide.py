@@ -10,6 +10,7 @@ from capability_helpers import role_settings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nic"))
 from fake_sysfs import cluster_node  # noqa: E402  pylint: disable=wrong-import-position
+from ansible.module_utils import preflight_stages as stages  # noqa: E402  pylint: disable=wrong-import-position
 
 PLUGIN = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_decide.py")
 spec = importlib.util.spec_from_file_location("preflight_decide_action", PLUGIN)
@@ -52,9 +53,10 @@ def facts(tmp_path, index):
 class Run(object):
     """What a play's hostvars hold, stage after stage."""
 
-    def __init__(self, tmp_path, forks=64):
+    def __init__(self, tmp_path, forks=64, hosts=HOSTS):
+        self.hosts = list(hosts)
         self.hostvars = {}
-        for index, host in enumerate(HOSTS, 1):
+        for index, host in enumerate(self.hosts, 1):
             self.hostvars[host] = {
                 "preflight_settings": {"ok": True, "errors": [], "settings": gate_settings(), "node": node(index)},
                 "preflight_facts": {"facts": facts(tmp_path, index), "errors": {}},
@@ -62,12 +64,12 @@ class Run(object):
         self.forks = forks
 
     def task_vars(self):
-        return {"ansible_play_hosts_all": list(HOSTS), "groups": {"cluster": list(HOSTS)},
+        return {"ansible_play_hosts_all": list(self.hosts), "groups": {"cluster": list(self.hosts)},
                 "ansible_forks": self.forks, "hostvars": self.hostvars}
 
     def decide(self, stage, register):
         result = plugin.decide(stage, self.task_vars())
-        for host in HOSTS:
+        for host in self.hosts:
             self.hostvars[host][register] = result
         return result
 
@@ -184,3 +186,68 @@ def test_a_gate_that_failed_or_gave_no_result_on_a_node_makes_it_the_suspect(tmp
     reasons = {item["host"]: item["reason"] for item in gate["suspects"]}
     assert "the all-reduce failed on n1: boom" in reasons["n1"]
     assert "no result from the all-reduce on n2" in reasons["n2"]
+
+
+def early_run(tmp_path):
+    """A one-node run whose facts call launched early with the arguments the node's own stages gave it."""
+    run = Run(tmp_path, hosts=["n1"])
+    host_vars = run.hostvars["n1"]
+    settings = {name: value for name, value in host_vars["preflight_settings"]["settings"].items()
+                if name in stages.EARLY_CAPABILITIES}
+    args, reason = stages.early_launch_args("n1", settings, host_vars["preflight_settings"]["node"],
+                                            host_vars["preflight_facts"])
+    assert args is not None, reason
+    host_vars["preflight_facts"]["early"] = {"launched": True, "args": args, "results_file": "/r.json",
+                                             "marker": "m1"}
+    return run, args
+
+
+def test_a_one_node_run_launched_early_is_adopted_by_the_launch_stage(tmp_path):
+    run, args = early_run(tmp_path)
+    assert args["nnodes"] == 1 and args["run_as"] == "trainer" and args["socket_ifname"] == "ib0"
+    run.decide("inputs", "preflight_inputs")
+    run.decide("plan", "preflight_plan")
+    launch = run.decide("launch", "preflight_launch")
+    assert launch["ok"] and launch["gate"]["args_by_host"]["n1"] == args
+    assert launch["gate"]["early_by_host"] == {"n1": {"results_file": "/r.json", "marker": "m1", "cancel": False}}
+    assert "early_launch" not in launch["checks_by_host"].get("n1", {}).get("allreduce", {})
+    run.register("n1", "preflight_probes", {"probes": {}, "errors": {}, "job": {"ranks": [
+        {"rank": local, "local_rank": local, "status": "ok", "stage": "done", "correct": True, "bandwidth": [],
+         "error": None} for local in (0, 1)],
+        "checks": {"ranks": {"status": "pass", "found": "ok", "expected": "ok", "fix": ""}}, "log": ""}})
+    final = run.decide("final", "preflight_final")
+    assert final["allreduce"]["status"] == "pass" and final["allreduce"]["launched_early"] == ["n1"]
+
+
+def test_an_early_run_the_launch_stage_decides_otherwise_is_cancelled_and_named(tmp_path):
+    run, args = early_run(tmp_path)
+    run.hostvars["n1"]["preflight_facts"]["early"]["args"] = dict(args, master_port=6001)
+    run.decide("inputs", "preflight_inputs")
+    run.decide("plan", "preflight_plan")
+    launch = run.decide("launch", "preflight_launch")
+    assert launch["gate"]["early_by_host"]["n1"]["cancel"] is True
+    check = launch["checks_by_host"]["n1"]["allreduce"]["early_launch"]
+    assert check["status"] == "fail" and "master_port planned 6000, started 6001" in check["found"]
+    assert "preflight_early_launch=false" in check["fix"]
+
+
+def test_an_early_run_on_a_node_the_launch_stage_does_not_launch_is_cancelled(tmp_path):
+    run, _args = early_run(tmp_path)
+    # The facts the controller holds say the port is taken: it launches nothing there.
+    run.hostvars["n1"]["preflight_facts"]["facts"]["allreduce"]["port"] = {
+        "free": False, "detail": "port 6000 is held by pid 7 (python)", "holder": 7}
+    run.decide("inputs", "preflight_inputs")
+    run.decide("plan", "preflight_plan")
+    launch = run.decide("launch", "preflight_launch")
+    assert not launch["gate"]["launch"] and launch["gate"]["early_by_host"]["n1"]["cancel"] is True
+    assert "launches nothing on the node" in launch["checks_by_host"]["n1"]["allreduce"]["early_launch"]["found"]
+
+
+def test_the_node_side_stages_launch_nothing_where_the_controller_would_not(tmp_path):
+    run = Run(tmp_path, hosts=["n1"])
+    host_vars = run.hostvars["n1"]
+    host_vars["preflight_facts"]["facts"]["allreduce"]["port"] = {
+        "free": False, "detail": "port 6000 is held by pid 7 (python)", "holder": 7}
+    args, reason = stages.early_launch_args("n1", host_vars["preflight_settings"]["settings"],
+                                            host_vars["preflight_settings"]["node"], host_vars["preflight_facts"])
+    assert args is None and "rendezvous port is taken" in reason

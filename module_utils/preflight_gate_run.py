@@ -1,0 +1,540 @@
+# -*- coding: utf-8 -*-
+"""The gate's run on one node: torchrun under a hard bound, stacks of hung ranks, the node's result.
+
+Shared by ``library/allreduce.py`` (the launch task, and the localisation rounds) and the one-node early
+launch of ``library/preflight_facts.py``.  :data:`ARGUMENT_SPEC` is the allreduce module's options;
+:func:`check_params` what the spec cannot say; :func:`start_in_background` the detached run that writes its
+result to a file ``job_wait`` (or the probes call) reads; :func:`cancel` ends such a run by its marker.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import pwd
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import uuid
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.preflight_checks import failed, passed
+from ansible.module_utils.preflight_node import as_user, user_environment
+from ansible.module_utils.preflight_proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
+                                                 environ_of, interruptible, kill_tree, pids_with_marker,
+                                                 proc_stat, py_spy_dump_all, run_bounded)
+
+WORKER_NAME = "allreduce_worker.py"
+# torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : 3 (pid: 123)".
+_SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*(?:\[[^\]]*\])?\s*"
+                         r"exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def build_argv(params, worker_path, out_dir, role, log_dir):
+    argv = [
+        params["python"], "-m", "torch.distributed.run",
+        "--role", "%s:" % role, "--tee", "3",
+        # torchrun's default is a torchelastic_* directory in /tmp, never removed.
+        "--log-dir", log_dir,
+        "--nnodes", str(params["nnodes"]),
+        "--nproc-per-node", str(params["nproc_per_node"]),
+        "--node-rank", str(params["node_rank"]),
+        "--master-addr", params["master_addr"],
+        "--master-port", str(params["master_port"]),
+        "--max-restarts", "0",
+        "--rdzv-conf", "timeout=%d" % max(1, int(params["timeout"])),
+        worker_path,
+        "--out", out_dir,
+        "--backend", params["backend"],
+        "--timeout", str(params["timeout"]),
+        "--sizes", ",".join(str(size) for size in params["sizes"]),
+        "--iters", str(params["iters"]),
+        "--warmup", str(params["warmup"]),
+    ]
+    if params["selftest_fault"] != "none":
+        argv += ["--selftest-fault", params["selftest_fault"], "--selftest-rank", str(params["selftest_rank"])]
+    return argv
+
+
+# Job configuration the node's environment may carry into the ranks when they run as another account
+# (everything else of this module's environment stays behind).
+JOB_ENV_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "HIP_", "ROCR_", "HSA_", "TORCH_", "OMP_", "FI_", "UCX_")
+
+
+def build_env(params, scratch, account=None):
+    """The ranks' environment; with ``account`` (a pwd entry) a minimal one for that user."""
+    if account is None:
+        env = dict(os.environ)
+    else:
+        env = user_environment(account, {key: value for key, value in os.environ.items()
+                                         if key.startswith(JOB_ENV_PREFIXES)})
+    env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")})
+    # torch warns at import when numpy is absent; noise in every node's log.
+    env.setdefault("PYTHONWARNINGS", "ignore:Failed to initialize NumPy")
+    # Whatever torch, gloo or the worker put in the temp directory goes away with the scratch directory.
+    env["TMPDIR"] = scratch
+    if params["socket_ifname"]:
+        env["GLOO_SOCKET_IFNAME"] = params["socket_ifname"]
+        env["NCCL_SOCKET_IFNAME"] = "=" + params["socket_ifname"]
+    if params.get("backend") == "nccl":
+        # The transport NCCL chose and its warnings land in the rank logs, where the controller's
+        # signatures read them; an operator's NCCL_DEBUG (node environment or env) wins.
+        env.setdefault("NCCL_DEBUG", "INFO")
+    env.update({str(key): str(value) for key, value in params["env"].items()})
+    return env
+
+
+def parse_exitcodes(log_text):
+    """{global_rank: exitcode} from torchrun's ChildFailedError summary."""
+    return {int(rank): int(code) for rank, _local, code in _SUMMARY_RE.findall(log_text)}
+
+
+def read_rank_files(out_dir):
+    results = {}
+    if not os.path.isdir(out_dir):
+        return results
+    for name in os.listdir(out_dir):
+        match = re.match(r"rank(\d+)\.json$", name)
+        if match:
+            try:
+                with open(os.path.join(out_dir, name)) as handle:
+                    results[int(match.group(1))] = json.load(handle)
+            except (OSError, ValueError):
+                continue
+    return results
+
+
+def read_tail(path, max_bytes):
+    """(text of the last ``max_bytes`` bytes, full size in bytes) of ``path``."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - max_bytes))
+        return handle.read().decode(errors="replace"), size
+
+
+def read_head_tail(path, max_bytes):
+    """(text, full size) of ``path``: all of it when it fits in ``max_bytes``, else its first quarter (where
+    NCCL says which transport it chose, at init) and its last three quarters, with the cut marked."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(0)
+        if size <= max_bytes:
+            return handle.read().decode(errors="replace"), size
+        head = handle.read(max_bytes // 4)
+        head = head[:head.rfind(b"\n") + 1] or head
+        handle.seek(size - (max_bytes - len(head)))
+        tail = handle.read()
+    return "%s[... %d bytes cut ...]\n%s" % (head.decode(errors="replace"), size - len(head) - len(tail),
+                                               tail.decode(errors="replace")), size
+
+
+def read_rank_logs(log_dir, first_rank, max_bytes):
+    """Tails of the files torchrun writes per rank: ``<log_dir>/<run_id>_*/attempt_<n>/<local_rank>/std*.log``."""
+    logs = []
+    for path in glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "std*.log")):
+        attempt_dir, local, name = path.rsplit(os.sep, 3)[-3:]
+        attempt = attempt_dir[len("attempt_"):]
+        stream = name[:-len(".log")]
+        if not (local.isdigit() and attempt.isdigit() and stream in ("stdout", "stderr")):
+            continue
+        try:
+            text, size = read_head_tail(path, max_bytes)
+        except OSError:
+            continue
+        rank = first_rank + int(local)
+        logs.append({"rank": rank, "local_rank": int(local), "stream": stream, "attempt": int(attempt),
+                     "name": "rank%d.%s%s.log" % (rank, stream, ".attempt%s" % attempt if attempt != "0" else ""),
+                     "bytes": size, "truncated": size > max_bytes, "text": text})
+    return sorted(logs, key=lambda entry: (entry["attempt"], entry["rank"], entry["stream"]))
+
+
+def live_ranks(root_pid, worker_path, marker):
+    """{pid: (global_rank, state)} of the worker processes still alive.
+
+    By parentage and by marker: a worker whose launcher died was re-parented."""
+    found = {}
+    for pid in set(descendants(root_pid)) | set(pids_with_marker(marker) if marker else ()):
+        if worker_path not in cmdline_of(pid):
+            continue
+        stat = proc_stat(pid)
+        if not stat or stat[0] in ("Z", "X"):
+            continue
+        found[pid] = (int(environ_of(pid).get("RANK", -1)), stat[0])
+    return found
+
+
+def collect_stacks(root_pid, worker_path, py_spy, budget, marker=None, credentials=None):
+    """Stacks of every live rank, dumped at once within ``budget`` seconds.
+
+    Returns {global_rank: {pid, state, stack, stack_finished}}."""
+    ranks = live_ranks(root_pid, worker_path, marker)
+    if py_spy:
+        env = dict(os.environ)
+        if marker:
+            # A py-spy left behind by a killed module is then found and killed with the tree.
+            env[MARKER_ENV] = marker
+        # A stopped rank cannot be paused again by py-spy; it cannot move either.
+        dumps = py_spy_dump_all({pid: state in ("T", "t") for pid, (_rank, state) in ranks.items()}, py_spy,
+                                budget, env=env, credentials=credentials)
+    else:
+        dumps = {pid: (False, "py-spy not found on this node") for pid in ranks}
+    return {rank: {"pid": pid, "state": state, "stack": dumps[pid][1], "stack_finished": dumps[pid][0]}
+            for pid, (rank, state) in ranks.items()}
+
+
+STATE_NAMES = {"R": "running", "S": "sleeping", "D": "uninterruptible (I/O)", "T": "stopped (SIGSTOP)",
+               "t": "stopped by a tracer", "Z": "zombie"}
+
+
+def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
+    first = params["node_rank"] * params["nproc_per_node"]
+    ranks = []
+    for local in range(params["nproc_per_node"]):
+        rank = first + local
+        data = rank_files.get(rank, {})
+        entry = {
+            "rank": rank,
+            "local_rank": local,
+            "stage": data.get("stage", "not started"),
+            "status": data.get("status", "missing"),
+            "correct": data.get("correct"),
+            "correctness": data.get("correctness"),
+            "bandwidth": data.get("bandwidth", []),
+            "versions": data.get("versions"),
+            "error": data.get("error"),
+            "exitcode": exitcodes.get(rank),
+            "pid": data.get("pid"),
+            "uid": data.get("uid"),
+        }
+        if entry["status"] == "running":
+            # The worker never wrote a final status. Alive when its stack was
+            # taken (a peer failed, or the hard timeout expired): it hung.
+            # Otherwise it was killed or crashed.
+            entry["status"] = "hung" if (timed_out or rank in stacks) else "died"
+        if rank in stacks:
+            entry.update(process_state=STATE_NAMES.get(stacks[rank]["state"], stacks[rank]["state"]),
+                         stack=stacks[rank]["stack"], stack_finished=stacks[rank].get("stack_finished", True))
+        ranks.append(entry)
+    return ranks
+
+
+def node_checks(params, host, rc, timed_out, elapsed, ranks):
+    checks = {}
+    bad = [r for r in ranks if r["status"] != "ok"]
+    if not bad and rc == 0:
+        checks["ranks"] = passed(
+            "%d rank(s) on %s completed init, correctness, barrier and bandwidth in %.1f s"
+            % (len(ranks), host, elapsed), "every rank reaches stage done")
+    else:
+        described = []
+        for r in bad:
+            text = "rank %d (local %d) %s at stage %s" % (r["rank"], r["local_rank"], r["status"], r["stage"])
+            if r.get("exitcode") is not None:
+                text += " exit code %d" % r["exitcode"]
+            if r.get("process_state"):
+                text += " process %s" % r["process_state"]
+            if r.get("stack_finished") is False:
+                text += " (no stack: %s)" % r["stack"].strip().splitlines()[0][:200]
+            if r.get("error"):
+                text += ": %s" % r["error"].splitlines()[0][:300]
+            described.append(text)
+        if timed_out:
+            found = "no result after the %.0f s hard timeout on %s; %s" % (
+                params["hard_timeout"], host, "; ".join(described) or "torchrun never started the ranks")
+            fix = ("read the hang stacks in the run directory (py-spy dump per rank); a rank stuck in init means "
+                   "it cannot reach %s:%d (firewall, wrong interface, master down); a rank stuck in a collective "
+                   "points at its peer or the network" % (params["master_addr"], params["master_port"]))
+        else:
+            found = "torchrun exited %s on %s; %s" % (rc, host, "; ".join(described) or "no rank started")
+            fix = ("read this node's log in the run directory for the first failing rank's traceback; if the "
+                   "ranks never started check that %s imports torch and that port %d is free on the master"
+                   % (params["python"], params["master_port"]))
+        checks["ranks"] = failed(found, "every rank on %s reaches stage done and exits 0" % host, fix)
+    wrong = [r for r in ranks if r.get("correctness") and r["correctness"].get("wrong")]
+    if wrong:
+        r = wrong[0]
+        checks["correctness"] = failed(
+            "rank %d on %s saw %d wrong element(s) after all-reduce; first %s" % (
+                r["rank"], host, r["correctness"]["wrong"], json.dumps(r["correctness"]["first_wrong"])),
+            "every element equals sum over ranks of (rank+1)*(i%13+1)",
+            "silent data corruption: drain %s and run the vendor's diagnostics (GPU memory, NIC, PCIe)" % host)
+    elif any(r.get("correct") for r in ranks):
+        checks["correctness"] = passed("every element correct on every rank of %s" % host,
+                                       "exact all-reduce result")
+    # The largest size is the one gated (the sizes may be given in any order).
+    rows = [max(r["bandwidth"], key=lambda row: row.get("size_bytes") or 0) for r in ranks if r.get("bandwidth")]
+    if rows:
+        slowest = min(rows, key=lambda row: row["busbw_gbps"])
+        found = "busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes on %s" % (
+            slowest["busbw_gbps"], slowest["algbw_gbps"], slowest["size_bytes"], host)
+        minimum = params["min_busbw_gbps"]
+        if minimum and slowest["busbw_gbps"] < minimum:
+            checks["bandwidth"] = failed(
+                found, "busbw >= %.3f GB/s" % minimum,
+                "check the chosen interface (NCCL_SOCKET_IFNAME), link speed and MTU on %s; with nccl, "
+                "allreduce.signatures and the rank logs (NCCL_DEBUG=INFO) say which transport NCCL picked" % host)
+        else:
+            checks["bandwidth"] = passed(
+                found, ("busbw >= %.3f GB/s" % minimum) if minimum else "reported (no minimum set)")
+    return checks
+
+
+def find_py_spy(params):
+    if params["py_spy"]:
+        return params["py_spy"]
+    sibling = os.path.join(os.path.dirname(params["python"]), "py-spy")
+    if os.access(sibling, os.X_OK):
+        return sibling
+    return shutil.which("py-spy")
+
+
+def run_gate(params, host, role, scratch, marker):
+    """Launch, bound, take stacks, kill; the module's result (without ``changed``)."""
+    worker_path = os.path.join(scratch, WORKER_NAME)
+    with open(worker_path, "w") as handle:
+        handle.write(params["worker_source"])
+    account, credentials = None, None
+    if params["run_as"] and params["run_as"] != _me():
+        # torchrun, its ranks and py-spy of them run as the job's user, in a scratch directory it owns.
+        account, credentials = as_user(params["run_as"])
+        for path in (scratch, worker_path):
+            os.chown(path, account.pw_uid, account.pw_gid)
+    out_dir = os.path.join(scratch, "ranks")
+    log_dir = os.path.join(scratch, "torchrun-logs")
+    log_path = os.path.join(scratch, "torchrun.log")
+    argv = build_argv(params, worker_path, out_dir, role, log_dir)
+    py_spy = find_py_spy(params)
+    stacks = {}
+    # One budget for every stack collection of the run, so the module's bound
+    # is hard_timeout + stack_budget + the kill, however often ranks fail.
+    budget = {"left": float(params["stack_budget"]), "spent": 0.0}
+
+    def take_stacks(pid):
+        if budget["left"] <= 0:
+            return
+        start = time.monotonic()
+        try:
+            found = collect_stacks(pid, worker_path, py_spy, budget["left"], marker=marker, credentials=credentials)
+        finally:
+            spent = time.monotonic() - start
+            budget["left"] -= spent
+            budget["spent"] += spent
+        for rank, entry in found.items():
+            # A later stack is the newer story, unless it did not finish.
+            if entry["stack_finished"] or not stacks.get(rank, {}).get("stack_finished"):
+                stacks[rank] = entry
+
+    failed_seen = []
+
+    def poll(pid):
+        # A rank that failed lingers a moment (the worker's --linger) so the
+        # stacks of its still-running peers can be taken before torchrun
+        # tears them down: the peer stuck in a collective is the story.
+        if failed_seen or not any(data.get("status") in ("error", "wrong")
+                                  for data in read_rank_files(out_dir).values()):
+            return
+        failed_seen.append(True)
+        take_stacks(pid)
+        # A stopped rank never acts on torchrun's SIGTERM, and torchrun waits 30 s before its SIGKILL:
+        # with its stack (or its state) recorded, kill it now so the verdict does not wait for nothing.
+        for rank_pid, (rank, state) in live_ranks(pid, worker_path, marker).items():
+            if state in ("T", "t"):
+                stacks.setdefault(rank, {"pid": rank_pid, "state": state, "stack_finished": False,
+                                         "stack": "no stack taken (stack_budget used up or 0)"})
+                try:
+                    os.kill(rank_pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, scratch, account),
+                                         cwd=scratch, stdout_path=log_path, marker=marker, on_timeout=take_stacks,
+                                         poll=poll, credentials=credentials)
+    log_text = read_tail(log_path, params["log_max_bytes"])[0]
+    ranks = summarize_ranks(params, read_rank_files(out_dir), parse_exitcodes(log_text), stacks, timed_out)
+    first = params["node_rank"] * params["nproc_per_node"]
+    return dict(torchrun_rc=rc, timed_out=timed_out, elapsed=elapsed, stack_seconds=round(budget["spent"], 3),
+                ranks=ranks, log=log_text, rank_logs=read_rank_logs(log_dir, first, params["rank_log_max_bytes"]),
+                argv=argv, hostname=host, scratch=scratch if params["keep_scratch"] else None,
+                run_as={"name": account.pw_name, "uid": account.pw_uid} if account else
+                {"name": _me(), "uid": os.geteuid()},
+                checks=node_checks(params, host, rc, timed_out, elapsed, ranks))
+
+
+
+ARGUMENT_SPEC = dict(
+    python=dict(type="path", required=True),
+    worker_source=dict(type="str", required=True),
+    nnodes=dict(type="int", required=True),
+    node_rank=dict(type="int", required=True),
+    nproc_per_node=dict(type="int", required=True),
+    master_addr=dict(type="str", required=True),
+    master_port=dict(type="int", default=6000),
+    backend=dict(type="str", default="gloo", choices=["gloo", "nccl"]),
+    timeout=dict(type="float", default=30),
+    hard_timeout=dict(type="float", default=120),
+    stack_budget=dict(type="float", default=20),
+    sizes=dict(type="list", elements="int", default=[1048576, 4194304, 16777216]),
+    iters=dict(type="int", default=5),
+    warmup=dict(type="int", default=2),
+    min_busbw_gbps=dict(type="float", default=0),
+    role=dict(type="str"),
+    run_as=dict(type="str"),
+    socket_ifname=dict(type="str"),
+    env=dict(type="dict", default={}),
+    py_spy=dict(type="path"),
+    scratch_dir=dict(type="path"),
+    keep_scratch=dict(type="bool", default=False),
+    log_max_bytes=dict(type="int", default=262144),
+    rank_log_max_bytes=dict(type="int", default=32768),
+    selftest_fault=dict(type="str", default="none", choices=["none", "exit", "hang", "corrupt"]),
+    selftest_rank=dict(type="int", default=-1),
+    background=dict(type="bool", default=False),
+    results_file=dict(type="path"),
+)
+
+
+def _me():
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+
+def check_params(params):
+    """What the argument spec cannot say about ``params`` (validated allreduce options): a list of problems."""
+    problems = []
+    if not 1 <= params["master_port"] <= 65535:
+        problems.append("master_port %d is outside 1-65535" % params["master_port"])
+    if params["nproc_per_node"] < 1:
+        problems.append("nproc_per_node must be at least 1, got %d" % params["nproc_per_node"])
+    if not 0 <= params["node_rank"] < max(params["nnodes"], 1):
+        problems.append("node_rank %d is outside 0..nnodes-1 (nnodes=%d)" % (params["node_rank"], params["nnodes"]))
+    if params["timeout"] <= 0 or params["hard_timeout"] <= params["timeout"]:
+        problems.append("need 0 < timeout < hard_timeout, got timeout=%s hard_timeout=%s"
+                        % (params["timeout"], params["hard_timeout"]))
+    if params["stack_budget"] < 0:
+        problems.append("stack_budget must be 0 or more seconds, got %s" % params["stack_budget"])
+    for name in ("log_max_bytes", "rank_log_max_bytes"):
+        if params[name] < 0:
+            problems.append("%s must be 0 or more, got %d" % (name, params[name]))
+    if params["run_as"]:
+        try:
+            pwd.getpwnam(params["run_as"])
+        except KeyError:
+            problems.append("run_as %s: no such user on this node (getent passwd %s); create it or correct "
+                            "preflight_job_user" % (params["run_as"], params["run_as"]))
+        else:
+            if params["run_as"] != _me() and os.geteuid() != 0:
+                problems.append("run_as %s needs root to switch users, and the module runs as %s; set "
+                                "preflight_become=true or connect as %s" % (params["run_as"], _me(), params["run_as"]))
+    if params["scratch_dir"] and not os.path.isdir(params["scratch_dir"]):
+        problems.append("scratch_dir %s is not a directory" % params["scratch_dir"])
+    return problems
+
+
+def bounded_run(params, host, marker):
+    """The whole gate on this node, interruptible: the module's result, or ``failed`` with ``msg``."""
+    role = host
+    started = time.monotonic()
+    result, interrupted = None, None
+    with interruptible():
+        scratch = None
+        try:
+            scratch = tempfile.mkdtemp(prefix="preflight-allreduce-", dir=params["scratch_dir"])
+            # The guard cleans up if this process is killed outright (SIGKILL).
+            with Guard(marker, cleanup=[] if params["keep_scratch"] else [scratch]):
+                try:
+                    result = run_gate(params, host, role, scratch, marker)
+                finally:
+                    if not params["keep_scratch"]:
+                        shutil.rmtree(scratch, ignore_errors=True)
+        except Interrupted as exc:
+            interrupted = exc
+            # The signal may have cut the removal above short; another one cannot interrupt this.
+            if scratch and not params["keep_scratch"]:
+                shutil.rmtree(scratch, ignore_errors=True)
+    if interrupted:
+        return {"failed": True, "interrupted": interrupted.signal_name, "hostname": host,
+                "msg": "the all-reduce on %s was interrupted by %s after %.1f s; its process tree was killed"
+                       % (host, interrupted.signal_name, time.monotonic() - started)}
+    return result
+
+
+def _write_json(path, data):
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
+
+
+def start_in_background(params, host, marker):
+    """Run the gate in a detached process that writes its result to a file ``job_wait`` reads.
+
+    The module returns at once (the play's other checks run meanwhile) without Ansible's async
+    wrapper, so it works under any connection and strategy.  Until the result is in, the file
+    says ``started``.  Everything the run imports was imported before the fork.
+    """
+    results_file = params["results_file"] or os.path.join(os.path.expanduser("~/.ansible_async"),
+                                                          "preflight-allreduce-%s.json" % marker)
+    os.makedirs(os.path.dirname(results_file), mode=0o700, exist_ok=True)
+    _write_json(results_file, {"started": 1, "finished": 0})
+    child = os.fork()
+    if child:
+        os.waitpid(child, 0)
+        return results_file
+    # The detached runner: a new session, no tie to the module's pipes (Ansible waits for them).
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        try:
+            outcome = bounded_run(params, host, marker)
+        except Exception as exc:  # pylint: disable=broad-except
+            outcome = {"failed": True, "msg": "the all-reduce on %s raised %s: %s" % (host, type(exc).__name__, exc)}
+        outcome.setdefault("changed", False)
+        _write_json(results_file, outcome)
+    finally:
+        os._exit(0)
+
+
+
+
+def start_planned(args, worker_source):
+    """Start the run ``args`` (a launch plan's arguments for this node) in the background, as the launch task
+    would: ``{launched, results_file, marker}``, or ``{launched: false, reason}`` when they do not pass the
+    module's own checks."""
+    params = {name: value for name, value in args.items() if name in ARGUMENT_SPEC}
+    # The launch task omits an empty interface or job user, so the module's defaults apply.
+    for name in ("socket_ifname", "run_as"):
+        if not params.get(name):
+            params.pop(name, None)
+    params.update(worker_source=worker_source, background=True)
+    checked = ArgumentSpecValidator(ARGUMENT_SPEC).validate(params)
+    problems = list(checked.error_messages)
+    if not problems:
+        problems = check_params(checked.validated_parameters)
+    if problems:
+        return {"launched": False, "reason": "; ".join(problems)}
+    params = checked.validated_parameters
+    marker = uuid.uuid4().hex
+    results_file = start_in_background(params, params["role"] or socket.gethostname().split(".")[0], marker)
+    return {"launched": True, "results_file": results_file, "marker": marker}
+
+
+def cancel(marker, proc_root="/proc"):
+    """End a background run by its marker (every process of its tree carries it): SIGTERM, then SIGKILL
+    after the grace.  Its runner then writes the result of the killed run.  Returns the pids signalled."""
+    marked = pids_with_marker(marker, proc_root)
+    if not marked:
+        return []
+    return kill_tree(marked[0], marker=marker, proc_root=proc_root)

@@ -1,0 +1,357 @@
+# -*- coding: utf-8 -*-
+"""Every cross-node decision of the preflight, as pure functions of what the nodes reported.
+
+``preflight_decide`` (the action plugin) runs :func:`decide` once per stage on the controller over the
+registered results in ``hostvars``.  Each stage reads them for every node the play targeted and returns
+``{ok, blockers, checks_by_host, ...plan}``; ``checks_by_host`` maps a node to ``{capability: {name: check}}``.
+A stage never fails the play: what blocks the gate is a blocker, what went wrong on a node is a check on
+that node.
+
+The one-node early launch of ``preflight_facts`` runs the same ``plan`` and ``launch`` stages on the node,
+over its own settings and facts (:func:`early_launch_args`), so the run it starts is the one the
+controller decides afterwards; the controller adopts it only when its own decision is identical.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from ansible.module_utils import preflight_capabilities as registry
+from ansible.module_utils.preflight_allreduce import (
+    candidates, launch_plan, readiness, summarize, version_checks)
+from ansible.module_utils.preflight_checks import CheckError, decision, error, put
+from ansible.module_utils.preflight_cluster import ClusterView, without_gc
+from ansible.module_utils.preflight_pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
+from ansible.module_utils import preflight_nic_discovery, preflight_port_mesh, preflight_ssh_trust
+
+STAGES = ("inputs", "plan", "launch", "final", "local")
+
+
+def _guarded(checks_by_host, hosts, capability, function, *args, **kwargs):
+    """Run a decider; one that raises gives ``<capability>.error`` on ``hosts`` instead."""
+    try:
+        return function(*args, **kwargs)
+    except Exception as exc:  # pylint: disable=broad-except
+        found = "the %s decision raised %s: %s" % (capability, type(exc).__name__, exc)
+        for host in hosts:
+            _put(checks_by_host, host, capability, {"error": error(
+                capability, found, "a defect of the preflight: report it with %s" % traceback.format_exc()[-600:])})
+        return None
+
+
+def _put(checks_by_host, host, capability, checks):
+    try:
+        put(checks_by_host, host, capability, checks)
+    except CheckError as exc:
+        put(checks_by_host, host, registry.RUN_ROLE, {"contract_%s" % capability: error(
+            capability, str(exc), "a defect of the preflight: report it with the verdict file")})
+
+
+def stage_inputs(view):
+    """Every node's settings must be valid before anything runs on any node."""
+    invalid = sorted(host for host in view.hosts
+                     if not (view.result(host, "preflight_settings") or {}).get("ok"))
+    blockers = ["invalid settings on %s (see each node's <capability>.inputs check)" % ", ".join(invalid)] \
+        if invalid else []
+    return decision(blockers=blockers, invalid_hosts=invalid)
+
+
+def stage_plan(view, probes=True):
+    checks_by_host = {}
+    hosts = view.read_hosts()
+    for host in hosts:
+        for name, problem in sorted(view.facts(host)[1].items()):
+            _put(checks_by_host, host, name, {"error": error(
+                name, "the %s reader raised on %s: %s" % (name, host, problem.get("found")),
+                "read the traceback in the check's details and report it; the other capabilities still "
+                "checked %s" % host, traceback=problem.get("traceback"))})
+    run = (view.settings[hosts[0]].get(registry.RUN_ROLE) or {}) if hosts else {}
+    pairing = peers_by_host(hosts, run.get("preflight_mesh_full_max", DEFAULT_FULL_MESH_MAX),
+                            run.get("preflight_mesh_degree", DEFAULT_DEGREE))
+    result = {"hosts": hosts, "lost": view.lost(["facts"])}
+    if any("ssh_trust" in view.settings[host] for host in hosts):
+        trust = _guarded(checks_by_host, hosts, "ssh_trust", preflight_ssh_trust.plan, {
+            "hosts": hosts, "all_hosts": view.all_hosts, "nodes": view.nodes,
+            "facts": view.capability_facts("ssh_trust", hosts),
+            "settings": view.capability_settings("ssh_trust", hosts), "probes": {}, "lost": result["lost"]})
+        result["ssh_trust"] = trust or {}
+    if probes:
+        result["probe_args_by_host"] = _probe_args(view, hosts, checks_by_host, pairing)
+    if not any("nic_discovery" in view.settings[host] for host in view.hosts):
+        return decision(checks_by_host=checks_by_host, **result)
+    nic_hosts = [host for host in hosts if view.facts(host)[0].get("nic_discovery") is not None]
+    nic = _guarded(checks_by_host, nic_hosts, "nic_discovery", preflight_nic_discovery.plan, nic_hosts,
+                   view.capability_facts("nic_discovery", nic_hosts),
+                   view.capability_settings("nic_discovery", nic_hosts), view.nodes) or {
+        "ok": False, "blockers": ["the interface choice failed (see nic_discovery.error)"], "checks_by_host": {},
+        "addr_by_host": {}}
+    for host, checks in nic.pop("checks_by_host").items():
+        _put(checks_by_host, host, "nic_discovery", checks)
+    torch_hosts = [host for host in hosts if view.facts(host)[0].get("allreduce") is not None]
+    ready = _guarded(checks_by_host, torch_hosts, "allreduce", candidates, torch_hosts,
+                     view.capability_facts("allreduce", torch_hosts),
+                     view.capability_settings("allreduce", torch_hosts)) or {"checks_by_host": {}, "ready": []}
+    for host, checks in ready["checks_by_host"].items():
+        _put(checks_by_host, host, "allreduce", checks)
+    mesh = _guarded(checks_by_host, hosts, "port_mesh", preflight_port_mesh.plan, hosts, nic,
+                    view.capability_settings("port_mesh", hosts), view.forks, pairing) or {
+        "ok": False, "blockers": ["the port mesh plan failed (see port_mesh.error)"], "checks_by_host": {},
+        "run": False, "hosts": [], "args_by_host": {}, "async_seconds": 0, "wait_timeout": 0}
+    for host, checks in mesh.pop("checks_by_host").items():
+        _put(checks_by_host, host, "port_mesh", checks)
+    blockers = list(nic.get("blockers") or [])
+    return decision(blockers=blockers, checks_by_host=checks_by_host, nic=nic, port_mesh=mesh,
+                    ready=ready["ready"], **result)
+
+
+def _probe_args(view, hosts, checks_by_host, pairing):
+    """Node -> capability -> the arguments of its probe (peers: ``pairing`` over the nodes that were read)."""
+    nodes = {host: view.nodes[host] for host in hosts}
+    plans = {}
+    probe_args = {}
+    for host in hosts:
+        probe_args[host] = {}
+        for name in view.settings[host]:
+            module = registry.BY_NAME.get(name)
+            if module is None or not hasattr(module, "probe_args") or name in view.facts(host)[1]:
+                continue
+            # One view per capability, shared by every node (the peers' settings, e.g. their ssh port).
+            if name not in plans:
+                plans[name] = {"hosts": hosts, "nodes": nodes, "peers": pairing,
+                               "settings": view.capability_settings(name, hosts)}
+            args = _guarded(checks_by_host, [host], name, module.probe_args, view.settings[host][name],
+                            view.nodes[host], plans[name])
+            if args is not None:
+                probe_args[host][name] = args
+    return probe_args
+
+
+def _mesh_results(view, host):
+    """A node's port_probe result, from the foreground task or the background job's wait."""
+    for register in ("port_mesh_wait", "port_mesh_probe"):
+        state, _message = view.outcome(host, register)
+        result = view.result(host, register)
+        if state == "ok" and isinstance(result, dict) and "results" in result:
+            return result
+    return None
+
+
+def stage_launch(view):
+    plan = view.result(view.hosts[0], "preflight_plan") if view.hosts else None
+    plan = plan or {"hosts": [], "nic": {}, "port_mesh": {"run": False}, "ready": [], "blockers": []}
+    checks_by_host = {}
+    lost = view.lost(["facts", "port_mesh", "port_mesh_wait"])
+    mesh_hosts = plan["port_mesh"].get("hosts") or []
+    probes = {host: _mesh_results(view, host) for host in mesh_hosts if host not in lost}
+    for host in mesh_hosts:
+        if host not in lost and probes.get(host) is None and plan["port_mesh"].get("run"):
+            lost[host] = "the port mesh probe gave no result"
+    report = _guarded(checks_by_host, mesh_hosts, "port_mesh", preflight_port_mesh.report, plan["port_mesh"],
+                      probes, lost) or {"ok": False, "blockers": ["the port mesh report failed (see port_mesh.error)"],
+                                        "checks_by_host": {}, "suspect_nodes": []}
+    for host, checks in report["checks_by_host"].items():
+        _put(checks_by_host, host, "port_mesh", checks)
+    excluded = dict(lost)
+    for host in report.get("suspect_nodes") or []:
+        excluded.setdefault(host, "the port mesh blames it (see port_mesh.reach)")
+    gate_hosts = [host for host in plan["hosts"]]
+    blockers = list(plan.get("blockers") or []) + list(report.get("blockers") or [])
+    gate = _guarded(
+        checks_by_host, gate_hosts, "allreduce", launch_plan, gate_hosts, plan.get("ready") or [],
+        {host: reason for host, reason in excluded.items() if host in gate_hosts},
+        view.capability_facts("allreduce", gate_hosts), view.capability_settings("allreduce", gate_hosts),
+        view.nodes, plan.get("nic") or {}, blockers) or {"launch": False, "hosts": [], "args_by_host": {},
+                                                         "skip_reason": "the launch plan failed", "checks_by_host": {}}
+    for host, checks in gate.pop("checks_by_host").items():
+        _put(checks_by_host, host, "allreduce", checks)
+    gate["early_by_host"] = _early_runs(view, gate, checks_by_host)
+    reachable = [host for host in plan["hosts"] if host not in lost]
+    return decision(ok=gate.get("launch", False), blockers=gate.get("blockers") or [],
+                    checks_by_host=checks_by_host, gate=gate, port_mesh=report, reachable=reachable, lost=lost)
+
+
+# What the early launch of a one-node run needs of the settings: the stages up to the launch read no more.
+EARLY_CAPABILITIES = (registry.RUN_ROLE, "nic_discovery", "port_mesh", "allreduce")
+
+
+def early_launch_args(host, settings, node, facts_result):
+    """On the node: the allreduce arguments the ``plan`` and ``launch`` stages give ``host`` when it is the
+    only node of the run, as ``(args, reason)``; ``args`` is None (and ``reason`` says why) when they would
+    not launch.  ``settings`` (of :data:`EARLY_CAPABILITIES`) and ``node`` are what ``preflight_settings``
+    gave the node; ``facts_result`` is the node's reader call (``facts``, ``errors``, ``job_user``)."""
+    host_vars = {"preflight_settings": {"settings": settings, "node": node}, "preflight_facts": facts_result}
+    task_vars = {"ansible_play_hosts_all": [host], "hostvars": {host: host_vars}, "ansible_forks": 1}
+    host_vars["preflight_plan"] = decide("plan", task_vars, probes=False)
+    launch = decide("launch", task_vars)
+    gate = launch.get("gate") or {}
+    args = (gate.get("args_by_host") or {}).get(host)
+    if not gate.get("launch") or args is None:
+        return None, gate.get("skip_reason") or "; ".join(launch.get("blockers") or []) or "not planned"
+    return args, ""
+
+
+def _early_runs(view, gate, checks_by_host):
+    """``{host: {results_file, marker, cancel}}`` of the runs a one-node facts call started early.
+
+    A run is adopted (``cancel`` false) when this stage gives its node exactly the arguments it started
+    with; otherwise it is a defect: the probes call cancels the run, nothing is launched over it, and the
+    node gets ``allreduce.early_launch``."""
+    runs = {}
+    for host in view.read_hosts():
+        early = (view.result(host, "preflight_facts") or {}).get("early") or {}
+        if not early.get("launched"):
+            continue
+        planned = (gate.get("args_by_host") or {}).get(host) if gate.get("launch") else None
+        adopted = planned is not None and planned == early.get("args")
+        runs[host] = {"results_file": early.get("results_file"), "marker": early.get("marker"), "cancel": not adopted}
+        if not adopted:
+            _put(checks_by_host, host, "allreduce", {"early_launch": error(
+                "allreduce", "the all-reduce the facts call started early on %s differs from the launch this run "
+                "decided (%s); it was cancelled and nothing was launched over it" % (
+                    host, _differing(planned, early.get("args"))),
+                "a defect of the preflight: report it with the verdict file; -e preflight_early_launch=false "
+                "launches after the plan instead")})
+    return runs
+
+
+def _differing(planned, started):
+    """What differs between the planned and the started arguments, for a finding."""
+    if planned is None:
+        return "this run launches nothing on the node"
+    started = started or {}
+    return "; ".join("%s planned %r, started %r" % (key, planned.get(key), started.get(key))
+                     for key in sorted(set(planned) | set(started)) if planned.get(key) != started.get(key))
+
+
+def stage_final(view):
+    first = view.hosts[0] if view.hosts else None
+    plan = (view.result(first, "preflight_plan") if first else None) or {"hosts": [], "probe_args_by_host": {}}
+    launch = (view.result(first, "preflight_launch") if first else None) or {"gate": {"launch": False},
+                                                                            "reachable": []}
+    checks_by_host = {}
+    hosts = plan.get("hosts") or []
+    lost = view.lost(registry.STAGE_ORDER)
+    probes = {}
+    for host in hosts:
+        probe_args = (plan.get("probe_args_by_host") or {}).get(host) or {}
+        state, message = view.outcome(host, "preflight_probes")
+        result = view.result(host, "preflight_probes") if state == "ok" else None
+        probes[host] = (result or {}).get("probes") or {}
+        for name in probe_args:
+            if result is None:
+                _put(checks_by_host, host, name, {"no_result": error(
+                    name, "the %s probe gave no result on %s: %s" % (
+                        name, host, lost.get(host) or "%s (%s)" % (state, message[:300])),
+                    "bring the node back (see preflight.reachable) and re-run the preflight")})
+            elif name in result.get("errors", {}):
+                problem = result["errors"][name]
+                _put(checks_by_host, host, name, {"probe_error": error(
+                    name, "the %s probe raised on %s: %s" % (name, host, problem.get("found")),
+                    "read the traceback in the check's details and report it",
+                    traceback=problem.get("traceback"))})
+    for name in registry.NAMES:
+        module = registry.BY_NAME[name]
+        if not hasattr(module, "decide"):
+            continue
+        # Only nodes whose facts came back: a capability absent from them was switched off there.
+        read = view.read_hosts()
+        deciding = [host for host in read if name in view.settings[host] and name not in view.facts(host)[1]]
+        cluster = {"hosts": read, "all_hosts": view.all_hosts, "nodes": view.nodes,
+                   "facts": view.capability_facts(name, read), "settings": view.capability_settings(name, read),
+                   "probes": {host: probes.get(host, {}).get(name) for host in read}, "lost": lost}
+        for host in deciding:
+            checks = _guarded(checks_by_host, [host], name, module.decide, host, cluster["facts"][host],
+                              cluster["settings"][host], probe=cluster["probes"][host], cluster=cluster)
+            if checks is not None:
+                _put(checks_by_host, host, name, checks)
+    gate = launch.get("gate") or {"launch": False}
+    results, gate_lost = {}, {}
+    for host in gate.get("hosts") or []:
+        if host in lost:
+            gate_lost[host] = lost[host]
+            continue
+        job = (view.result(host, "preflight_probes") or {}).get("job")
+        if isinstance(job, dict) and job.get("failed"):
+            gate_lost[host] = "the all-reduce failed on %s: %s" % (host, str(job.get("msg"))[:300])
+        elif isinstance(job, dict) and isinstance(job.get("ranks"), list):
+            results[host] = job
+        elif isinstance(job, dict) and (job.get("checks") or {}).get("no_result"):
+            gate_lost[host] = job["checks"]["no_result"]["found"]
+    mesh_reached = {host for host, checks in ((launch.get("port_mesh") or {}).get("checks_by_host") or {}).items()
+                    if (checks.get("reach") or {}).get("status") == "pass"}
+    summary, gate_checks = summarize(gate, results, gate_lost,
+                                     nic_facts=view.capability_facts("nic_discovery", gate.get("hosts") or []),
+                                     mesh_reached=mesh_reached)
+    for host, checks in gate_checks.items():
+        _put(checks_by_host, host, "allreduce", checks)
+    if gate.get("early_by_host"):
+        # Nodes whose run their facts call started (a one-node run), adopted by the launch stage.
+        summary["launched_early"] = sorted(host for host, run in gate["early_by_host"].items() if not run["cancel"])
+    # Versions across every node that was read (reader facts, then what the ranks ran): needs all nodes.
+    torch_hosts = [host for host in view.read_hosts() if view.facts(host)[0].get("allreduce") is not None]
+    versions = _guarded(checks_by_host, torch_hosts, "allreduce", version_checks, torch_hosts,
+                        view.capability_facts("allreduce", torch_hosts), results,
+                        view.capability_settings("allreduce", torch_hosts)) or {}
+    for host, check in versions.items():
+        _put(checks_by_host, host, "allreduce", {"versions": check})
+    return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost,
+                    logs={host: {"log": (results.get(host) or {}).get("log"),
+                                 "ranks": (results.get(host) or {}).get("ranks") or [],
+                                 "rank_logs": (results.get(host) or {}).get("rank_logs") or {}}
+                          for host in results})
+
+
+def stage_local(view):
+    """Node-local checks only (healthcheck.yml): every node judged on its own facts and probes."""
+    checks_by_host = {}
+    for host in view.read_hosts():
+        facts, errors = view.facts(host)
+        result = view.result(host, "preflight_facts") or {}
+        probes, probe_errors = result.get("probes") or {}, result.get("probe_errors") or {}
+        settings = view.settings[host]
+        for name, problem in sorted(errors.items()):
+            _put(checks_by_host, host, name, {"error": error(
+                name, "the %s reader raised on %s: %s" % (name, host, problem.get("found")),
+                "read the traceback in the check's details and report it", traceback=problem.get("traceback"))})
+        for name, problem in sorted(probe_errors.items()):
+            _put(checks_by_host, host, name, {"probe_error": error(
+                name, "the %s probe raised on %s: %s" % (name, host, problem.get("found")),
+                "read the traceback in the check's details and report it", traceback=problem.get("traceback"))})
+        alone = {"hosts": [host], "all_hosts": [host], "nodes": {host: view.nodes[host]}, "lost": {}}
+        for name in registry.LOCAL_NAMES:
+            if name not in settings or name in errors:
+                continue
+            module = registry.BY_NAME[name]
+            if name == "nic_discovery":
+                nic = _guarded(checks_by_host, [host], name, preflight_nic_discovery.plan, [host],
+                               {host: facts.get(name)}, {host: settings[name]}, alone["nodes"])
+                checks = (nic or {}).get("checks_by_host", {}).get(host)
+            elif name == "allreduce":
+                ready = _guarded(checks_by_host, [host], name, readiness, host, facts.get(name) or {}, settings[name])
+                checks = ready[0] if ready else None
+            else:
+                cluster = dict(alone, facts={host: facts.get(name)}, settings={host: settings[name]},
+                               probes={host: probes.get(name)})
+                checks = _guarded(checks_by_host, [host], name, module.decide, host, facts.get(name), settings[name],
+                                  probe=probes.get(name), cluster=cluster)
+            if checks is not None:
+                _put(checks_by_host, host, name, checks)
+    return decision(checks_by_host=checks_by_host)
+
+
+def decide(stage, task_vars, probes=True):
+    """The decision of ``stage`` over what the nodes registered (``task_vars``' hostvars)."""
+    try:
+        with without_gc():
+            view = ClusterView(task_vars)
+            if stage == "plan":
+                return stage_plan(view, probes=probes)
+            return {"inputs": stage_inputs, "launch": stage_launch, "final": stage_final,
+                "local": stage_local}[stage](view)
+    except Exception as exc:  # pylint: disable=broad-except
+        # A defect here must not cost the verdict: every node gets the error, the run goes on to it.
+        found = "the %s decision raised %s: %s" % (stage, type(exc).__name__, exc)
+        return decision(blockers=[found], checks_by_host={host: {registry.RUN_ROLE: {
+            "decide_%s" % stage: error(registry.RUN_ROLE, found, "a defect of the preflight: report it with the "
+                                       "verdict file", traceback=traceback.format_exc()[-2000:])}}
+            for host in task_vars.get("ansible_play_hosts_all") or []})
