@@ -2,10 +2,11 @@
 
 Faults strike a node *during* the run, at the moment the controller reports a given task on
 it (ansible-runner's events): its sshd killed while its facts are read and after its ranks
-started, all its traffic dropped while the probes run; plus a capability that raises on one
-node, a run limited to some nodes, fewer forks than nodes, a node whose sshd configuration
-cannot be found, and a bring-up where one node's /etc is read-only.  Each test is one run of a
-playbook on one shared bed of four nodes; every fault is undone in a ``finally`` and the bed
+started, all its traffic dropped while the probes run, a one-node run's node killed after its
+facts call started the ranks; plus a capability that raises on one node, a run limited to some
+nodes, fewer forks than nodes, a node whose sshd configuration cannot be found, and a bring-up
+where one node's /etc is read-only.  Each test is one run of a playbook on one shared bed of
+four nodes; every fault is undone in a ``finally`` and the bed
 checked clean after each test.
 """
 
@@ -231,6 +232,23 @@ def test_limit_to_two_nodes_gives_a_verdict_over_exactly_those_and_exit_code_zer
     assert verdict["hosts"] == chosen and sorted(verdict["nodes"]) == sorted(chosen)
     assert verdict["allreduce"]["hosts"] == chosen
     assert verdict["allreduce"]["world_size"] == 2 * RANKS_PER_NODE
+
+
+def test_one_node_run_killed_after_its_facts_call_started_the_ranks_is_named_not_passed(bed, tmp_path):
+    """A run limited to one node starts its ranks from the facts call (the early launch, over ssh);
+    the node dies while they run: the verdict fails it as lost, and nothing passes."""
+    node = bed.nodes[1]
+    strike = Strike(bed, node, FACTS_TASK, "runner_on_ok", kill_node_once_its_ranks_run)
+    result = run(bed, tmp_path, extravars=FAST, limit=node.name, event_handler=strike)
+    strike.finish()
+    assert_lost_and_named(result, node, ("while running the probes", "while waiting for the all-reduce"))
+    verdict = result.verdict
+    assert verdict["hosts"] == [node.name] and verdict["healthy_hosts"] == []
+    gate = verdict["allreduce"]
+    # The launch stage adopted the run the facts call had started; it then gave no result.
+    assert gate["launched_early"] == [node.name], explain(result)
+    assert gate["status"] == "fail" and {item["host"] for item in gate["suspects"]} == {node.name}
+    assert verdict["nodes"][node.name]["checks"]["core_dumps.no_result"]["status"] == "fail"
 
 
 def test_fewer_forks_than_nodes_still_pass_the_port_mesh_and_the_gate(bed, tmp_path):
