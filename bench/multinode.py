@@ -141,7 +141,7 @@ def run_bench(args, workdir):
                     times[size].append(elapsed)
                     cpus[size].append(cpu)
                     owns[size].append(own)
-                line.append("%d nodes %.2f s (CPU: machine %.0f s, controller %.0f s)" % (size, elapsed, cpu, own))
+                line.append("%d nodes %.2f s (CPU: machine %.0f s, controller %.1f s)" % (size, elapsed, cpu, own))
             label = "warm-up" if run < args.warmup else "run %d" % (run - args.warmup + 1)
             print("%s: %s" % (label, ", ".join(line)), flush=True)
     small, large = statistics.median(times[args.small]), statistics.median(times[args.large])
@@ -153,9 +153,11 @@ def run_bench(args, workdir):
     # The controller's CPU is what grows with the node count on a real cluster,
     # where each node's share runs on that node's own CPUs.
     for size in (args.small, args.large):
-        print("%d nodes: median CPU %.0f s (controller %.0f s) over %.0f s wall = %.2f of %d CPUs busy" % (
+        print("%d nodes: median CPU %.0f s (controller %.1f s) over %.0f s wall = %.2f of %d CPUs busy" % (
             size, statistics.median(cpus[size]), statistics.median(owns[size]), statistics.median(times[size]),
             statistics.median(cpus[size]) / statistics.median(times[size]), os.cpu_count()))
+    per_node = (statistics.median(owns[args.large]) - statistics.median(owns[args.small])) / (args.large - args.small)
+    print("controller CPU per added node: %.2f CPU-s (target <= 1)" % per_node)
 
 
 if __name__ == "__main__":
