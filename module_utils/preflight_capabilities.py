@@ -114,6 +114,8 @@ FACTS_CALL_SPEC = dict(NODE_CALL_SPEC, early_launch=dict(type="dict", default={}
 # preflight_probes also collects the background all-reduce once its probes are done (or cancels a run the
 # facts call started early that the controller did not adopt: ``cancel_marker``).
 PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"))
+# Seconds the probes call waits for what a cancelled run left (its runner writes it once the tree is gone).
+CANCELLED_RESULT_WAIT = 10.0
 
 
 def node_call(module, function_name, result_key, then=None):
@@ -139,13 +141,17 @@ def node_call(module, function_name, result_key, then=None):
         extra.update(then(module, {"facts": results, "errors": errors, "job_user": job_user}))
     job = module.params.get("wait_for")
     if job:
+        timeout = float(job["timeout"])
         if job.get("cancel_marker"):
+            # Its tree is gone once this returns; its runner then writes what the run left (its file removed
+            # once read, like any other).
             cancel(job["cancel_marker"])
-        data, waited = wait_for(job["results_file"], float(job["timeout"]), float(job.get("poll") or 0.1))
+            timeout = max(timeout, CANCELLED_RESULT_WAIT)
+        data, waited = wait_for(job["results_file"], timeout, float(job.get("poll") or 0.1))
         if data is None:
             what = job.get("what") or "the background job"
             data = {"checks": {"no_result": no_result(what, socket.gethostname().split(".")[0], job["results_file"],
-                                                      waited, float(job["timeout"]))}}
+                                                      waited, timeout)}}
         extra["job"] = dict(data, waited=waited)
     module.exit_json(changed=False, errors=errors, elapsed=elapsed, job_user=job_user,
                      **dict(extra, **{result_key: results}))

@@ -504,34 +504,26 @@ def test_sigkill_of_the_module_group_still_kills_the_tree_and_removes_scratch(tm
     assert entries(system) == [], "the guard removed the scratch directory"
 
 
-def wait_finished(path, seconds=30):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            data = json.loads(open(path).read())
-        except (OSError, ValueError):
-            data = {}
-        if data and not data.get("started"):
-            return data
-        time.sleep(0.1)
-    return None
-
-
 @pytest.mark.timeout(60)
-def test_a_run_started_early_is_cancelled_by_its_marker_and_still_reports(fakes, temp_dirs, tmp_path):
+def test_a_run_started_early_and_not_adopted_is_cancelled_by_the_probes_call(run_module, fakes, temp_dirs, tmp_path):
+    import preflight_probes  # library/preflight_probes.py
     args = fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40, results_file=str(tmp_path / "r.json"))
     worker = args.pop("worker_source")
     started = gate_run.start_planned(args, worker)
     assert started["launched"] and started["results_file"] == str(tmp_path / "r.json")
     pids = tree_pids(fakes)
     assert len(pids) == 4
-    signalled = gate_run.cancel(started["marker"])
-    assert set(pids) <= set(signalled)
+    # What the probes call gets for a node whose early run the launch stage did not adopt (no launch planned).
+    result, failed = run_module(preflight_probes, {"capabilities": {}, "wait_for": {
+        "results_file": started["results_file"], "timeout": 0, "what": "the all-reduce",
+        "cancel_marker": started["marker"]}})
+    assert not failed
     assert all_dead(pids), "the cancelled tree is gone"
-    outcome = wait_finished(started["results_file"])
-    # The runner outlives its tree and writes what the killed run left, long before the hard timeout.
-    assert outcome is not None and outcome["checks"]["ranks"]["status"] == "fail"
-    assert not outcome["timed_out"]
+    # The runner outlived its tree and wrote what the killed run left, long before the hard timeout.
+    job = result["job"]
+    assert job["checks"]["ranks"]["status"] == "fail" and not job["timed_out"], job
+    assert job["waited"] < 40
+    assert not os.path.exists(started["results_file"]), "read and removed like any other result"
     assert gate_run.cancel(started["marker"]) == []
 
 
