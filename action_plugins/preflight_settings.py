@@ -26,7 +26,8 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 
 from ansible.module_utils import preflight_capabilities as registry  # noqa: E402  pylint: disable=wrong-import-position
 from ansible.module_utils.preflight_cluster import run_started  # noqa: E402  pylint: disable=wrong-import-position
-from ansible.module_utils.preflight_stages import EARLY_CAPABILITIES  # noqa: E402  pylint: disable=wrong-import-position
+from ansible.module_utils.preflight_stages import (  # noqa: E402  pylint: disable=wrong-import-position
+    EARLY_CAPABILITIES)
 
 ROLES = os.path.join(PROJECT, "roles")
 WORKER = os.path.join(ROLES, "allreduce", "files", "allreduce_worker.py")
@@ -120,10 +121,10 @@ class ActionModule(ActionBase):
                 worker_source = handle.read()
             early_launch = {"host": node["name"], "node": node, "worker_source": worker_source,
                             "settings": {name: settings[name] for name in EARLY_CAPABILITIES if name in settings}}
-        result.update(early_launch=early_launch, job=registry.job_user_wanted(run, node, (settings.get("allreduce") or {}).get("allreduce_python")),
-                      changed=False, ok=not errors, errors=errors, settings=settings, node=node,
-                      read_args=read_args, local_probes=local_probes, capabilities=wanted,
-                      started=run_started(),
+        python = (settings.get("allreduce") or {}).get("allreduce_python")
+        result.update(job=registry.job_user_wanted(run, node, python), early_launch=early_launch, changed=False,
+                      ok=not errors, errors=errors, settings=settings, node=node, read_args=read_args,
+                      local_probes=local_probes, capabilities=wanted, started=run_started(),
                       healthcheck_budget=run.get("preflight_healthcheck_budget") or 30,
                       selftest_error=run.get("preflight_selftest_error") or "",
                       facts_timeout=run.get("preflight_facts_timeout") or 60,

@@ -191,11 +191,11 @@ def early_launch_args(host, settings, node, facts_result):
 
 
 def _early_runs(view, gate, checks_by_host):
-    """``{host: {results_file, marker, cancel}}`` of the runs a one-node facts call started early.
+    """``{host: {results_file, adopted, cancel_marker}}`` of the runs a one-node facts call started early.
 
-    A run is adopted (``cancel`` false) when this stage gives its node exactly the arguments it started
-    with; otherwise it is a defect: the probes call cancels the run, nothing is launched over it, and the
-    node gets ``allreduce.early_launch``."""
+    A run is adopted when this stage gives its node exactly the arguments it started with; otherwise it is
+    a defect: the probes call cancels the run by its marker (``cancel_marker``, empty for an adopted run),
+    nothing is launched over it, and the node gets ``allreduce.early_launch``."""
     runs = {}
     for host in view.read_hosts():
         early = (view.result(host, "preflight_facts") or {}).get("early") or {}
@@ -203,7 +203,8 @@ def _early_runs(view, gate, checks_by_host):
             continue
         planned = (gate.get("args_by_host") or {}).get(host) if gate.get("launch") else None
         adopted = planned is not None and planned == early.get("args")
-        runs[host] = {"results_file": early.get("results_file"), "marker": early.get("marker"), "cancel": not adopted}
+        runs[host] = {"results_file": early.get("results_file"), "adopted": adopted,
+                      "cancel_marker": "" if adopted else early.get("marker") or ""}
         if not adopted:
             _put(checks_by_host, host, "allreduce", {"early_launch": error(
                 "allreduce", "the all-reduce the facts call started early on %s differs from the launch this run "
@@ -286,7 +287,7 @@ def stage_final(view):
         _put(checks_by_host, host, "allreduce", checks)
     if gate.get("early_by_host"):
         # Nodes whose run their facts call started (a one-node run), adopted by the launch stage.
-        summary["launched_early"] = sorted(host for host, run in gate["early_by_host"].items() if not run["cancel"])
+        summary["launched_early"] = sorted(host for host, run in gate["early_by_host"].items() if run["adopted"])
     # Versions across every node that was read (reader facts, then what the ranks ran): needs all nodes.
     torch_hosts = [host for host in view.read_hosts() if view.facts(host)[0].get("allreduce") is not None]
     versions = _guarded(checks_by_host, torch_hosts, "allreduce", version_checks, torch_hosts,

@@ -209,7 +209,7 @@ def test_a_one_node_run_launched_early_is_adopted_by_the_launch_stage(tmp_path):
     run.decide("plan", "preflight_plan")
     launch = run.decide("launch", "preflight_launch")
     assert launch["ok"] and launch["gate"]["args_by_host"]["n1"] == args
-    assert launch["gate"]["early_by_host"] == {"n1": {"results_file": "/r.json", "marker": "m1", "cancel": False}}
+    assert launch["gate"]["early_by_host"] == {"n1": {"results_file": "/r.json", "adopted": True, "cancel_marker": ""}}
     assert "early_launch" not in launch["checks_by_host"].get("n1", {}).get("allreduce", {})
     run.register("n1", "preflight_probes", {"probes": {}, "errors": {}, "job": {"ranks": [
         {"rank": local, "local_rank": local, "status": "ok", "stage": "done", "correct": True, "bandwidth": [],
@@ -225,7 +225,8 @@ def test_an_early_run_the_launch_stage_decides_otherwise_is_cancelled_and_named(
     run.decide("inputs", "preflight_inputs")
     run.decide("plan", "preflight_plan")
     launch = run.decide("launch", "preflight_launch")
-    assert launch["gate"]["early_by_host"]["n1"]["cancel"] is True
+    assert launch["gate"]["early_by_host"]["n1"] == {"results_file": "/r.json", "adopted": False,
+                                                     "cancel_marker": "m1"}
     check = launch["checks_by_host"]["n1"]["allreduce"]["early_launch"]
     assert check["status"] == "fail" and "master_port planned 6000, started 6001" in check["found"]
     assert "preflight_early_launch=false" in check["fix"]
@@ -239,7 +240,7 @@ def test_an_early_run_on_a_node_the_launch_stage_does_not_launch_is_cancelled(tm
     run.decide("inputs", "preflight_inputs")
     run.decide("plan", "preflight_plan")
     launch = run.decide("launch", "preflight_launch")
-    assert not launch["gate"]["launch"] and launch["gate"]["early_by_host"]["n1"]["cancel"] is True
+    assert not launch["gate"]["launch"] and launch["gate"]["early_by_host"]["n1"]["cancel_marker"] == "m1"
     assert "launches nothing on the node" in launch["checks_by_host"]["n1"]["allreduce"]["early_launch"]["found"]
 
 
