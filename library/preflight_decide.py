@@ -17,7 +17,10 @@ description:
     background when C(forks) is smaller than the number of nodes) and every node's probe arguments.
   - C(launch) blames the nodes that break the port mesh and plans the one all-reduce launch over the nodes that
     are still reachable, ready and not blamed (a node lost before the launch is left out, so its peers are
-    still proven).
+    still proven). A run the facts call of a one-node run started early is adopted when its arguments are
+    exactly the planned ones, else cancelled and the node fails C(allreduce.early_launch).
+  - The stages are pure functions in C(module_utils/preflight_stages.py); the early launch runs C(plan) and
+    C(launch) on the node over its own facts.
   - C(local) (C(healthcheck.yml)) judges every node alone on its own facts and node-local probes, no peer and no
     all-reduce.
   - C(final) runs every capability's decider over its facts and probe results and summarises the all-reduce,
@@ -78,7 +81,9 @@ probe_args_by_host:
   returned: when stage is plan
   type: dict
 gate:
-  description: (launch) The all-reduce launch, C(launch), C(hosts), C(master), C(world_size), C(args_by_host).
+  description:
+    - (launch) The all-reduce launch, C(launch), C(hosts), C(master), C(world_size), C(args_by_host), and
+      C(early_by_host) (C({results_file, adopted, cancel_marker}) of a run a one-node facts call started early).
   returned: when stage is launch
   type: dict
 allreduce:
