@@ -144,6 +144,20 @@ SIGNATURES = (
          "torchrun or cannot reach the master)",
          "find the node(s) that did not join: their torchrun logs and port_mesh.reach toward the master",
          "fail", "rendezvous"),
+    # TCPStore server on a taken port.  torch >= 2.4: "torch.distributed.DistNetworkError: The server socket has
+    # failed to listen on any local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE,
+    # message: address already in use" (recorded here, 2.13); torch 2.0-2.3: "[W socket.cpp:426] [c10d] The server
+    # socket has failed to bind to [::]:29500 (errno: 98 - Address already in use)." then "[E socket.cpp:462]
+    # [c10d] The server socket has failed to listen on any local network address."
+    _sig("store_port_in_use", r"server socket has failed to (listen on any local network address|bind to)|"
+                              r"EADDRINUSE|[Aa]ddress already in use|errno:? 98\b",
+         "the master's rendezvous store could not listen: another process already holds the master port on this "
+         "node (EADDRINUSE) - another preflight run, a training job's torchrun, or a store left behind by an "
+         "earlier run that did not exit",
+         "see which process holds it on this node: ss -ltnp 'sport = :PORT' (PORT is the port in the line, "
+         "preflight_master_port); wait for that job or run to end, stop a leftover process, or choose another "
+         "preflight_master_port (allreduce.master_port says whether it was free when the run was planned; "
+         "if it was, it was taken between the plan and the launch)", "fail", "rendezvous"),
     _sig("rendezvous_timeout", r"RendezvousTimeoutError|Timed out waiting for (the )?rendezvous",
          "the elastic rendezvous timed out: not every node joined in time",
          "find the node(s) that did not join: their torchrun logs and port_mesh.reach toward the rendezvous "

@@ -236,6 +236,123 @@ def run(argv, timeout=SLURM_TIMEOUT, env=None):
     return done.returncode, done.stdout, done.stderr
 
 
+# -- which slurm.conf scontrol and sinfo read ----------------------------------------------------
+#
+# Slurm 22.05's client commands (src/common/read_config.c, _establish_config_source) take SLURM_CONF;
+# else the compiled-in default when it exists (/etc/slurm/slurm.conf in Debian's build); else
+# /run/slurm/conf/slurm.conf, the link a configless slurmd (--conf-server) keeps to its cache
+# SlurmdSpoolDir/conf-cache; else DNS SRV records (_slurmctld._tcp), which only Slurm itself follows.
+# Slurm runs a HealthCheckProgram with no arguments and no SLURM_CONF (its environment is
+# SLURMD_NODENAME alone; a Prolog gets SLURM_CONF), so a slurmd started with ``-f FILE`` leaves the
+# health check's own scontrol without a configuration: the -f of the slurmd that started this script
+# is looked at too.
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+CONFIGLESS_LINK = "/run/slurm/conf/slurm.conf"
+# The cache itself under the default SlurmdSpoolDir (the link above is gone when /run was emptied).
+SPOOL_CONF_CACHE = "/var/spool/slurmd/conf-cache/slurm.conf"
+CLIENT_DEFAULTS = (("the compiled-in default", DEFAULT_SLURM_CONF),
+                   ("the configless cache of slurmd", CONFIGLESS_LINK),
+                   ("slurmd's cache under the default SlurmdSpoolDir", SPOOL_CONF_CACHE))
+# slurmd 22.05's short options that take no argument: "-Df FILE" is "-D -f FILE".
+_SLURMD_F = re.compile(r"^-[bcCDGhsvVZ]*f(?P<rest>.*)$")
+
+
+def slurmd_conf_of(pid, proc_root="/proc"):
+    """The ``-f FILE`` of process ``pid`` when it is slurmd, else None (another program, or slurmd
+    without -f: configless, or the default file)."""
+    base = os.path.join(proc_root, str(pid))
+    try:
+        with open(os.path.join(base, "cmdline"), "rb") as handle:
+            argv = [part.decode("utf-8", "replace") for part in handle.read().split(b"\0") if part]
+    except OSError:
+        return None
+    if not argv or os.path.basename(argv[0]) != "slurmd":
+        return None
+    for index, arg in enumerate(argv[1:], 1):
+        if arg == "--":
+            break
+        match = _SLURMD_F.match(arg)
+        if match:
+            path = match.group("rest") or (argv[index + 1] if index + 1 < len(argv) else "")
+            if path and not os.path.isabs(path):
+                try:  # slurmd resolved it against the directory it was started in
+                    path = os.path.join(os.readlink(os.path.join(base, "cwd")), path)
+                except OSError:
+                    pass
+            return path or None
+    return None
+
+
+def find_slurm_conf(option=None, environ=None, parent=None, proc_root="/proc", defaults=CLIENT_DEFAULTS):
+    """The slurm.conf this script's scontrol and sinfo are given (as SLURM_CONF), in this order:
+
+    1. ``--slurm-conf PATH`` (``option``): the command line beats the environment, as slurmd's -f does;
+    2. ``$SLURM_CONF``, as for every Slurm client (slurmd sets it for a Prolog);
+    3. the ``-f FILE`` of the slurmd that started this script (``parent``, default the parent process);
+    4. the files Slurm's clients look at next, when they exist: /etc/slurm/slurm.conf, then the
+       configless cache /run/slurm/conf/slurm.conf, then /var/spool/slurmd/conf-cache/slurm.conf.
+
+    Returns ``{path, source, tried, error}``.  A file named by 1-3 that is not there is an ``error``
+    (never a quiet fall-back to another cluster's file).  With nothing found ``path`` is None: the
+    clients then run without SLURM_CONF (DNS SRV records may still work) and ``tried`` says, in
+    :func:`not_found`, what was looked at."""
+    environ = os.environ if environ is None else environ
+    parent = os.getppid() if parent is None else parent
+    explicit = (("--slurm-conf", option), ("SLURM_CONF", environ.get("SLURM_CONF")),
+                ("the -f of slurmd (pid %s), which started this script" % parent, slurmd_conf_of(parent, proc_root)))
+    tried = []
+    for source, path in explicit:
+        if not path:
+            tried.append((source, None))
+            continue
+        if not os.path.isfile(path):
+            return {"path": None, "source": source, "tried": tried + [(source, path)],
+                    "error": "%s names %s, which is not a file" % (source, path)}
+        return {"path": path, "source": source, "tried": tried, "error": None}
+    for source, path in defaults:
+        if os.path.isfile(path):
+            return {"path": path, "source": source, "tried": tried, "error": None}
+        tried.append((source, path))
+    return {"path": None, "source": None, "tried": tried, "error": None}
+
+
+SLURM_CONF_HELP = ("the slurm.conf scontrol and sinfo read (default: $SLURM_CONF, else the -f of the slurmd that "
+                   "started this script, else the first of %s that exists)" % ", ".join(
+                       path for _source, path in CLIENT_DEFAULTS))
+BAD_CONF_FIX = ("pass --slurm-conf with the file slurmd runs with (ps -o args= -C slurmd shows its -f), or correct "
+                "or unset SLURM_CONF")
+
+
+def conf_words(found):
+    """What to add to a Slurm client's failure: the file it was given, or how none was found."""
+    if found.get("path"):
+        return "slurm.conf used: %s (from %s)" % (found["path"], found["source"])
+    return not_found(found)
+
+
+def not_found(found):
+    """Found / fix words for a Slurm client that failed with no slurm.conf given to it."""
+    unset = [source.split(" (")[0] for source, path in found["tried"] if path is None]
+    missing = [path for _source, path in found["tried"] if path]
+    return ("no slurm.conf was found for scontrol/sinfo (not set: %s; not there: %s; DNS SRV gave none either). "
+            "Fix: pass --slurm-conf PATH or set SLURM_CONF=PATH, PATH being the file slurmd runs with "
+            "(ps -o args= -C slurmd shows its -f); as HealthCheckProgram, which Slurm runs without arguments, "
+            "through a wrapper that runs this script with --slurm-conf PATH"
+            % (", ".join(unset) or "none", ", ".join(missing) or "none"))
+
+
+def slurm_runner(found, environ=None):
+    """``run`` with SLURM_CONF set to ``found["path"]`` (removed when None) in the child's environment only."""
+    env = dict(os.environ if environ is None else environ)
+    env.pop("SLURM_CONF", None)
+    if found.get("path"):
+        env["SLURM_CONF"] = found["path"]
+
+    def runner(argv, timeout=SLURM_TIMEOUT):
+        return run(argv, timeout=timeout, env=env)
+    return runner
+
+
 def read_states(nodes, runner=run, sinfo="sinfo", scontrol="scontrol"):
     """``{node: {"state", "reason"}}`` from Slurm: ``scontrol show node`` for one node, sinfo for more."""
     nodes = list(nodes)
@@ -452,11 +569,16 @@ def local_main(argv, mode, root, stderr=None):
     parser.add_argument("--results-dir", default=os.environ.get("PREFLIGHT_SLURM_RESULTS") or RESULTS_BASE,
                         help="where last.json and last.log of the last run are kept (default %s, "
                              "$PREFLIGHT_SLURM_RESULTS)" % RESULTS_BASE)
+    parser.add_argument("--slurm-conf", default=None, metavar="PATH", help=SLURM_CONF_HELP)
     if mode == "healthcheck":
         parser.add_argument("--dry-run", action="store_true", help="print the scontrol commands, run none")
     args = parser.parse_args(argv)
     node = args.node or local_node_name()
     python = sys.executable
+    found = find_slurm_conf(args.slurm_conf)
+    if found["error"] and mode == "healthcheck":  # a prolog never calls scontrol: nothing to stop for
+        print("%s %s: slurm: %s -- fix: %s" % (PREFIX, node, found["error"], BAD_CONF_FIX), file=stderr)
+        return 2
     try:
         host_vars = load_node_vars(args.vars)
     except ValueError as exc:
@@ -464,7 +586,10 @@ def local_main(argv, mode, root, stderr=None):
               file=stderr)
         return 2
     host_vars.setdefault("preflight_training_python", os.environ.get("PREFLIGHT_TRAINING_PYTHON") or python)
-    report, log = local_check(node, root, python, args.results_dir, args.budget, host_vars)
+    environ = dict(os.environ)
+    if found["path"]:  # the playbook's own Slurm clients, if any, read the same file
+        environ["SLURM_CONF"] = found["path"]
+    report, log = local_check(node, root, python, args.results_dir, args.budget, host_vars, environ)
     _keep_last(args.results_dir, report, log)
     result = (report.get("nodes") or {}).get(node) or {}
     line = failure_line(node, result) if report.get("status") != "pass" else None
@@ -480,9 +605,9 @@ def local_main(argv, mode, root, stderr=None):
     if line:
         print(line, file=stderr)
     try:
-        _actions, results = reconcile(report, dry_run=args.dry_run, nodes=[node])
+        _actions, results = reconcile(report, runner=slurm_runner(found), dry_run=args.dry_run, nodes=[node])
     except RuntimeError as exc:
-        print("%s %s: slurm: %s" % (PREFIX, node, exc), file=stderr)
+        print("%s %s: slurm: %s; %s" % (PREFIX, node, exc, conf_words(found)), file=stderr)
         return 2
     failed = False
     for item, cmd, rc, err in results:

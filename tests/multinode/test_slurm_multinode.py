@@ -220,3 +220,75 @@ def test_the_gate_runs_on_the_allocation_and_its_verdict_drives_slurm(idle, bed,
     assert report["hosts"] == names
     assert done.returncode == 0 and report["status"] == "pass", done.stdout[-3000:]
     assert slurm_drain(slurm, str(results / "latest")) == ""
+
+
+# -- the slurm.conf of a slurmd started with -f, as Slurm's own clients would look for it ---------------
+
+HEALTH_CHECK_LINES = "HealthCheckProgram=%s\nHealthCheckInterval=60\nHealthCheckNodeState=ANY\n"
+
+
+def _health_checks_running():
+    """Host pids of scripts/slurm-healthcheck runs (slurmd's, in the nodes' PID namespaces too)."""
+    script = os.path.join(SCRIPTS, "slurm-healthcheck").encode()
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % name, "rb") as handle:
+                    if script in handle.read().split(b"\0"):
+                        pids.append(int(name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_run_by_a_slurmd_started_with_f_the_health_check_finds_that_file(idle, bed, tmp_path):
+    """slurmd -f <a file that is no default> runs scripts/slurm-healthcheck as HealthCheckProgram, with no
+    arguments and no SLURM_CONF (its environment is SLURMD_NODENAME alone): the script takes slurmd's -f,
+    drains its failing node, and by hand (no slurmd above it) --slurm-conf is the way to point it there."""
+    slurm, node = idle, bed.nodes[0]
+    assert slurm.conf not in [path for _source, path in preflight_slurm.CLIENT_DEFAULTS] and os.path.isfile(slurm.conf)
+    set_vars(bed, node, BAD_VARS)
+    # By hand, as slurmd's environment would be: no SLURM_CONF, no parent slurmd.
+    bare = {"SLURMD_NODENAME": node.name, "PREFLIGHT_SLURM_RESULTS": str(tmp_path / "by-hand"),
+            "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
+    script = os.path.join(SCRIPTS, "slurm-healthcheck")
+    if not any(os.path.exists(path) for _source, path in preflight_slurm.CLIENT_DEFAULTS):
+        started = time.monotonic()
+        done = bed.run(node, [script], timeout=90, env=bare)
+        TIMES.append(("slurm-healthcheck (no conf) on %s" % node.name, time.monotonic() - started, done.returncode))
+        assert done.returncode == 2, done.stderr
+        print("\nno slurm.conf anywhere: %s" % done.stderr.strip())
+        assert "no slurm.conf was found" in done.stderr and preflight_slurm.CONFIGLESS_LINK in done.stderr
+        assert "--slurm-conf PATH" in done.stderr
+    started = time.monotonic()
+    done = bed.run(node, [script, "--slurm-conf", slurm.conf], timeout=90, env=bare)
+    TIMES.append(("slurm-healthcheck --slurm-conf on %s" % node.name, time.monotonic() - started, done.returncode))
+    assert done.returncode == 1, done.stderr
+    print("\n--slurm-conf by hand: %s" % done.stderr.strip())
+    assert slurm.node_state(node.name)["reason"].startswith("preflight: "), done.stderr
+    assert "/opt/no-such-venv/bin/python" in slurm.node_state(node.name)["reason"], done.stderr
+    slurm.scontrol("update", "nodename=%s" % node.name, "state=resume")
+    slurm.wait_state(node.name, lambda state: state["state"] == "IDLE")
+    # Run by the real slurmd: HealthCheckProgram added to the file slurmd was started with (-f).
+    with open(slurm.conf, encoding="utf-8") as handle:
+        original = handle.read()
+    default_results = not os.path.exists(preflight_slurm.RESULTS_BASE)
+    try:
+        with open(slurm.conf, "a", encoding="utf-8") as handle:
+            handle.write(HEALTH_CHECK_LINES % script)
+        slurm.scontrol("reconfigure")
+        started = time.monotonic()
+        state = slurm.wait_state(node.name, lambda state: state["reason"].startswith("preflight: "), timeout=180)
+        TIMES.append(("slurm-healthcheck by slurmd -f on %s" % node.name, time.monotonic() - started, 0))
+        assert "DRAIN" in state["state"] and "/opt/no-such-venv/bin/python" in state["reason"], state
+    finally:
+        with open(slurm.conf, "w", encoding="utf-8") as handle:
+            handle.write(original)
+        slurm.scontrol("reconfigure")
+        deadline = time.monotonic() + 90
+        while _health_checks_running() and time.monotonic() < deadline:
+            time.sleep(1)
+        if default_results:
+            import shutil
+            shutil.rmtree(preflight_slurm.RESULTS_BASE, ignore_errors=True)

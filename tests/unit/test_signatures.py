@@ -46,6 +46,10 @@ RECORDED = {
                              "OpType=ALLREDUCE, NumelIn=262144, NumelOut=262144, Timeout(ms)=30000) ran for 30012 "
                              "milliseconds before timing out.",
     "rendezvous_timeout": "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError",
+    # torchrun on a master port another process listens on, recorded here (torch 2.13.0+cpu).
+    "store_port_in_use": "[n1:0]:torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+                         "local network address. port: 29578, useIpv6: false, code: -98, name: EADDRINUSE, message: "
+                         "address already in use",
     "cuda_error": "RuntimeError: CUDA error: an illegal memory access was encountered",
 }
 STATUS = {"nccl_net_ib": "pass", "nccl_net_socket": "warn", "nccl_ib_no_device": "warn", "gloo_timeout": "warn",
@@ -126,3 +130,30 @@ def test_the_cuda_error_points_at_cuda_launch_blocking_and_its_known_hang():
     finding = sig.match("For debugging consider passing CUDA_LAUNCH_BLOCKING=1.")[0]
     assert finding["id"] == "cuda_error"
     assert "CUDA_LAUNCH_BLOCKING=1" in finding["fix"] and "issue 750" in finding["fix"]
+
+
+# torch 2.0-2.3 printed the same failure as glog warnings, then one error (and the RuntimeError repeats them).
+OLDER_PORT_IN_USE = [
+    "[W socket.cpp:426] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98 - Address already "
+    "in use).",
+    "[W socket.cpp:426] [c10d] The server socket has failed to bind to 0.0.0.0:29500 (errno: 98 - Address already "
+    "in use).",
+    "[E socket.cpp:462] [c10d] The server socket has failed to listen on any local network address.",
+    "RuntimeError: The server socket has failed to listen on any local network address. The server socket has failed "
+    "to bind to [::]:29500 (errno: 98 - Address already in use). The server socket has failed to bind to ?UNKNOWN? "
+    "(errno: 98 - Address already in use).",
+]
+
+
+@pytest.mark.parametrize("line", OLDER_PORT_IN_USE + [RECORDED["store_port_in_use"]])
+def test_a_taken_master_port_names_the_other_process_and_how_to_see_it(line):
+    findings = sig.match(line)
+    assert [f["id"] for f in findings] == ["store_port_in_use"] and findings[0]["status"] == "fail"
+    text = findings[0]["cause"] + " " + findings[0]["fix"]
+    assert "another preflight run" in text and "training job" in text
+    assert "ss -ltnp 'sport = :PORT'" in text and "preflight_master_port" in text
+
+
+def test_the_older_torch_lines_of_one_taken_port_are_one_finding():
+    findings = sig.match("\n".join("[n1:0]:" + line for line in OLDER_PORT_IN_USE))
+    assert [(f["id"], f["count"]) for f in findings] == [("store_port_in_use", 4)]

@@ -336,3 +336,131 @@ def test_slurm_drain_refuses_an_untrusted_verdict(tmp_path):
     del report["failed_hosts"]
     done, calls = drain_script(tmp_path, report, "n1|idle|none\n")
     assert done.returncode == 3 and calls == [] and done.stderr.startswith("UNKNOWN: ")
+
+
+# -- which slurm.conf the scripts give scontrol and sinfo ------------------------------------------
+
+def fake_proc(tmp_path, pid, argv, cwd=None):
+    """A /proc/<pid> with ``argv`` as its command line (and ``cwd``)."""
+    base = tmp_path / "proc" / str(pid)
+    base.mkdir(parents=True)
+    (base / "cmdline").write_bytes(b"\0".join(part.encode() for part in argv) + b"\0")
+    if cwd:
+        os.symlink(cwd, str(base / "cwd"))
+    return str(tmp_path / "proc")
+
+
+@pytest.mark.parametrize("argv, conf", [
+    (["/usr/sbin/slurmd", "-D", "-f", "/srv/slurm/slurm.conf", "-N", "n1"], "/srv/slurm/slurm.conf"),
+    (["slurmd", "-f/srv/a.conf"], "/srv/a.conf"),
+    (["slurmd", "-Df", "/srv/b.conf"], "/srv/b.conf"),
+    (["slurmd", "-Nfoo"], None),                       # -N takes the argument "foo": no -f in it
+    (["slurmd", "-D", "--conf-server", "ctl:6817"], None),  # configless: its cache is looked at later
+    (["/bin/bash", "-f", "/srv/c.conf"], None),         # not slurmd
+])
+def test_the_f_of_the_slurmd_that_started_the_script(tmp_path, argv, conf):
+    assert ps.slurmd_conf_of(42, fake_proc(tmp_path, 42, argv)) == conf
+
+
+def test_a_relative_f_is_slurmds_own_directory(tmp_path):
+    assert ps.slurmd_conf_of(7, fake_proc(tmp_path, 7, ["slurmd", "-f", "etc/slurm.conf"], cwd="/srv")) == \
+        "/srv/etc/slurm.conf"
+    assert ps.slurmd_conf_of(8, str(tmp_path / "proc")) is None, "a process that is gone"
+
+
+def conf_files(tmp_path, *names):
+    paths = {}
+    for name in names:
+        path = tmp_path / name
+        path.write_text("ClusterName=%s\n" % name)
+        paths[name] = str(path)
+    return paths
+
+
+def test_the_option_then_slurm_conf_then_slurmds_f_then_slurms_own_places(tmp_path):
+    files = conf_files(tmp_path, "option", "env", "slurmd", "default", "link", "spool")
+    proc = fake_proc(tmp_path, 5, ["/usr/sbin/slurmd", "-D", "-f", files["slurmd"]])
+    defaults = (("default", files["default"]), ("link", files["link"]), ("spool", files["spool"]))
+
+    def where(option=None, env=None, parent=5, gone=()):
+        for name in gone:
+            os.unlink(files[name])
+        found = ps.find_slurm_conf(option, {"SLURM_CONF": env} if env else {}, parent, proc, defaults)
+        return found["path"], found["source"], found["error"]
+    assert where(files["option"], files["env"]) == (files["option"], "--slurm-conf", None)
+    assert where(None, files["env"]) == (files["env"], "SLURM_CONF", None)
+    assert where()[0] == files["slurmd"] and "slurmd (pid 5)" in where()[1]
+    assert where(parent=6) == (files["default"], "default", None), "a parent that is not slurmd"
+    assert where(parent=6, gone=["default"]) == (files["link"], "link", None)
+    assert where(parent=6, gone=["link"]) == (files["spool"], "spool", None)
+    found = ps.find_slurm_conf(None, {}, 6, proc, defaults=(("default", str(tmp_path / "none")),))
+    assert found["path"] is None and found["error"] is None
+    words = ps.conf_words(found)
+    assert "not set: --slurm-conf, SLURM_CONF, the -f of slurmd" in words and str(tmp_path / "none") in words
+    assert "--slurm-conf PATH" in words and "ps -o args= -C slurmd" in words and "wrapper" in words
+
+
+@pytest.mark.parametrize("option, env", [("missing", None), (None, "missing")])
+def test_a_named_file_that_is_not_there_is_an_error_never_another_clusters_file(tmp_path, option, env):
+    files = conf_files(tmp_path, "default")
+    missing = str(tmp_path / "missing")
+    found = ps.find_slurm_conf(missing if option else None, {"SLURM_CONF": missing} if env else {}, 1,
+                               str(tmp_path), (("default", files["default"]),))
+    assert found["path"] is None and "%s, which is not a file" % missing in found["error"]
+
+
+def test_the_childs_environment_gets_slurm_conf_and_the_scripts_own_does_not(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_run(argv, timeout=10, env=None):
+        seen.update(env)
+        return 0, "", ""
+    monkeypatch.setattr(ps, "run", fake_run)
+    monkeypatch.setenv("SLURM_CONF", "/stale/slurm.conf")
+    ps.slurm_runner({"path": "/srv/slurm.conf"})(["scontrol", "ping"])
+    assert seen["SLURM_CONF"] == "/srv/slurm.conf" and os.environ["SLURM_CONF"] == "/stale/slurm.conf"
+    seen.clear()
+    ps.slurm_runner({"path": None})(["scontrol", "ping"])
+    assert "SLURM_CONF" not in seen
+
+
+def drain_with_conf(tmp_path, *args, env=None):
+    """scripts/slurm-drain with a sinfo that records the SLURM_CONF it was given."""
+    tmp_path = tmp_path / ("run%d" % len(os.listdir(str(tmp_path))))
+    tmp_path.mkdir()
+    bin_dir = fake_slurm(tmp_path, "n1|idle|none\n")
+    (tmp_path / "bin" / "sinfo").write_text("#!/bin/sh\necho \"${SLURM_CONF-unset}\" > %s\ncat %s\n"
+                                            % (tmp_path / "conf.seen", tmp_path / "sinfo.out"))
+    path = tmp_path / "verdict.json"
+    path.write_text(json.dumps(verdict(n1="pass", n2="pass")))
+    environ = {key: value for key, value in os.environ.items() if key != "SLURM_CONF"}
+    environ.update(env or {}, PATH=bin_dir + os.pathsep + os.environ["PATH"])
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "slurm-drain"), *args, str(path)],
+                          capture_output=True, text=True, env=environ, timeout=60, check=False)
+    seen = tmp_path / "conf.seen"
+    return done, seen.read_text().strip() if seen.exists() else None
+
+
+def test_slurm_drain_hands_its_slurm_conf_to_sinfo(tmp_path):
+    conf = conf_files(tmp_path, "slurm.conf")["slurm.conf"]
+    done, seen = drain_with_conf(tmp_path, "--slurm-conf", conf, env={"SLURM_CONF": "/elsewhere/slurm.conf"})
+    assert done.returncode == 0 and seen == conf, done.stderr
+    done, seen = drain_with_conf(tmp_path, env={"SLURM_CONF": conf})
+    assert done.returncode == 0 and seen == conf, done.stderr
+
+
+def test_slurm_drain_refuses_a_slurm_conf_that_is_not_there(tmp_path):
+    done, seen = drain_with_conf(tmp_path, "--slurm-conf", str(tmp_path / "nope.conf"))
+    assert done.returncode == 2 and seen is None
+    assert "--slurm-conf names %s, which is not a file -- fix: pass --slurm-conf" % (tmp_path / "nope.conf") \
+        in done.stderr
+
+
+def test_the_health_check_stops_before_the_playbook_on_a_slurm_conf_that_is_not_there(tmp_path):
+    import io
+    err = io.StringIO()
+    code = ps.local_main(["--node", "n1", "--vars", str(tmp_path / "none.yml"), "--results-dir", str(tmp_path),
+                          "--slurm-conf", str(tmp_path / "nope.conf")], "healthcheck", ROOT, stderr=err)
+    assert code == 2
+    assert err.getvalue().startswith("preflight: n1: slurm: --slurm-conf names %s" % (tmp_path / "nope.conf"))
+    assert os.listdir(str(tmp_path)) == [], "nothing was run"
