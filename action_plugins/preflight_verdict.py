@@ -9,6 +9,8 @@ the task, and so the play, unless the verdict is ``pass``.
 from __future__ import annotations
 
 import datetime
+import errno
+import getpass
 import os
 import time
 
@@ -59,6 +61,65 @@ def bound_seconds(view, plan, launch, localize=None):
                         for summary in gpus.values()] or [0])
         parts.append(launches * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
     return int(sum(parts) + CONNECT_BOUND * 6)
+
+
+def _nearest_existing(path):
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path.rstrip(os.sep)) or os.sep
+    return path or os.sep
+
+
+def _mount_point(path):
+    path = os.path.realpath(_nearest_existing(path))
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def write_problem(exc, results_dir, run_dir):
+    """``{found, expected, fix}`` for a run directory that could not be written.  ``write_run_dir`` left
+    nothing of this run behind (and ``latest`` where it was), so no file of this run is named as if it
+    were there: only the file it failed on, and the directory to fix."""
+    where = exc.filename if isinstance(exc.filename, str) else results_dir
+    directory = _nearest_existing(where if os.path.isdir(where) else os.path.dirname(where))
+    try:
+        user = "%s (uid %d)" % (getpass.getuser(), os.geteuid())
+    except (KeyError, OSError):  # a uid without a passwd entry (a container)
+        user = "uid %d" % os.geteuid()
+    kept = ("%s was there before (the same run_id again) and was kept: it may mix files of both runs, use a new "
+            "run_id" % run_dir if os.path.isdir(run_dir) else "nothing of this run was kept")
+    if exc.errno == errno.ENOSPC:
+        try:
+            space = os.statvfs(directory)
+            free = " (%d MiB free)" % (space.f_bavail * space.f_frsize // 2**20)
+        except OSError:
+            free = ""
+        found = "no space left on the device holding %s%s while writing %s" % (directory, free, where)
+        expected = "room for this run's logs and verdict under %s" % results_dir
+        fix = ("free space on the file system mounted at %s (df -h %s), or set preflight_results_dir to a "
+               "directory elsewhere, then re-run" % (_mount_point(directory), directory))
+    elif exc.errno == errno.EDQUOT:
+        found = "the disk quota of %s is used up on the device holding %s while writing %s" % (user, directory, where)
+        expected = "room within %s's quota under %s" % (user, results_dir)
+        fix = ("free space within the quota (quota -s), or set preflight_results_dir to a directory elsewhere, "
+               "then re-run")
+    elif exc.errno == errno.EROFS:
+        found = "%s is on a read-only file system (mounted at %s)" % (directory, _mount_point(directory))
+        expected = "a results directory on a writable file system"
+        fix = ("set preflight_results_dir to a directory on a writable file system (or remount %s read-write), "
+               "then re-run" % _mount_point(directory))
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        found = "%s may not write %s: %s" % (user, where, exc.strerror or "permission denied")
+        expected = "a results directory %s can create files in" % user
+        fix = ("make %s writable by %s (chown or chmod it), or set preflight_results_dir to a directory that is, "
+               "then re-run" % (directory, user))
+    else:
+        found = "%s could not be written: %s" % (where, exc.strerror or exc)
+        expected = "a run directory the controller's user %s can create in %s" % (user, results_dir)
+        fix = "fix what the error names, or set preflight_results_dir to another directory, then re-run"
+    return {"found": "the run directory %s could not be written on the controller: %s; %s, and %s was not moved"
+                     % (run_dir, found, kept, os.path.join(results_dir, "latest")),
+            "expected": expected, "fix": fix}
 
 
 class ActionModule(ActionBase):
@@ -116,12 +177,11 @@ class ActionModule(ActionBase):
             notes = write_run_dir(verdict, logs, results_dir, run_dir, filename,
                                   reports=lambda data, where: outputs.update(write_outputs(data, where, kind=kind)))
         except OSError as exc:
-            result.update(failed=True, verdict_status=verdict["status"], msg=(
-                "Found: the verdict (%s) could not be written to %s on the controller: %s. Expected: a run "
-                "directory the controller's user can create in %s. Fix: make %s writable by this user (or set "
-                "preflight_results_dir to a directory that is), then re-run; the nodes were %s" % (
-                    verdict["status"], path, exc.strerror or exc, results_dir, results_dir,
-                    summary_line(verdict, path, kind.upper()))))
+            problem = write_problem(exc, results_dir, run_dir)
+            result.update(failed=True, verdict_status=verdict["status"], **problem)
+            result["msg"] = "Found: %s. Expected: %s. Fix: %s. The nodes were: %s" % (
+                problem["found"], problem["expected"], problem["fix"],
+                summary_line(verdict, "not written", kind.upper()))
             return result
         if notes:
             result["warnings"] = list(notes)

@@ -25,8 +25,10 @@ import re
 import socket
 
 from ansible.module_utils.preflight_checks import blocked, check, failed, not_applicable, passed, skipped, warned, worst
+from ansible.module_utils.preflight_privilege import needs_root
 from ansible.module_utils.preflight_gpu_pairs import QUERY_ARGV as GPU_QUERY_ARGV, parse_query_gpu
 from ansible.module_utils.preflight_net import find_port_holder
+from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of
 from ansible.module_utils.preflight_nic import usable_fabrics
 from ansible.module_utils.preflight_signatures import match as match_signatures, transport as signature_transport
 
@@ -205,7 +207,8 @@ def read(args, ops):
              "hostname": socket.gethostname().split(".")[0],
              # Who the ranks will run as: the training Python is asked as that account.
              "job_user": getattr(ops, "job", None)}
-    rc, out, err = ops.run([python, "-c", FIND_TORCH], timeout=PROBE_TIMEOUT, user=getattr(ops, "job_user", None))
+    user = getattr(ops, "job_user", None)
+    rc, out, err = ops.run([python, "-c", FIND_TORCH], timeout=PROBE_TIMEOUT, user=user)
     if rc == 0:
         try:
             info = json.loads(out.strip().splitlines()[-1])
@@ -213,9 +216,17 @@ def read(args, ops):
             facts["torch"] = info.get("torch")
         except (ValueError, IndexError, KeyError):
             facts["probe_error"] = "unreadable probe output: %r" % out[-200:]
+    elif rc in (TIMEOUT_RC, HUNG_EARLIER_RC):
+        # The one failure that names this hang (allreduce.python); later readers and probes of this call
+        # that need the Python are not run and say so (blocked).
+        hang = hang_of(ops, python) or {}
+        facts["python_hang"] = {"seconds": hang.get("seconds", PROBE_TIMEOUT),
+                                "user": hang.get("user") or user or (getattr(ops, "job", None) or {}).get("name"),
+                                "earlier": rc == HUNG_EARLIER_RC}
+        facts["probe_error"] = "it hung: no answer in %g s as %s, killed" % (
+            facts["python_hang"]["seconds"], facts["python_hang"]["user"])
     else:
-        facts["probe_error"] = "timed out after %d s" % PROBE_TIMEOUT if rc == 124 else (
-            (err or "").strip()[-300:] or "exit code %d" % rc)
+        facts["probe_error"] = (err or "").strip()[-300:] or "exit code %d" % rc
     facts["gpus"], facts["gpus_error"] = read_gpus(facts["accelerators"], ops)
     backend = args["backend"]
     accel = facts["accelerators"]["nvidia"] + facts["accelerators"]["amd"]
@@ -249,8 +260,10 @@ def job_user_check(host, job):
         return failed("job user %s does not exist on %s (%s)" % (name, host, note), expected,
                       "create %s on %s, or correct preflight_job_user" % (name, host))
     if how == "cannot_switch":
-        return failed("job user %s wanted on %s but %s" % (name, host, note), expected,
-                      "for %s: set preflight_become=true (root switches to %s) or connect as %s" % (host, name, name))
+        # A requirement of the check (root switches users), not a fault of the node: never a fail.
+        return needs_root("job user %s wanted on %s but %s; job-side code ran as the login instead, so what it "
+                          "proved is not the job user's view (connect as %s, or set preflight_become)" % (
+                              name, host, note, name), expected)
     who = "%s (uid %s)" % (name, job.get("uid"))
     if how == "auto_root":
         return warned("no job user named; %s, so job-side code ran as root on %s" % (note, host), expected,
@@ -264,6 +277,19 @@ def job_user_check(host, job):
                                                            else "the connecting user"), expected)
 
 
+def python_hang_check(host, python, hang):
+    """``python``: the training Python hung (killed at its bound) in this node call; the one failure
+    that says so, and what to look for.  Other checks that need it are ``blocked`` (see the readers)."""
+    return failed(
+        "training Python %s on %s hung: no answer in %g s as %s (killed); every later check of this node call "
+        "that needs it was not run" % (python, host, hang.get("seconds") or 0, hang.get("user")),
+        "the training Python starts and answers in a few seconds",
+        "on %s, run %s -c 'import sys; print(sys.version)' by hand as %s and see where it waits (py-spy dump "
+        "--pid <pid>): a hung network file system under its environment (stat its site-packages; mount), a "
+        "sitecustomize or .pth that imports torch and blocks in GPU driver init (nvidia-smi, dmesg), or a lock; "
+        "or set preflight_training_python to an environment that starts" % (host, python, hang.get("user")))
+
+
 def readiness(host, facts, settings):
     """The checks that say whether ``host`` can run its ranks; ``(checks, ready)``."""
     checks = {"job_user": job_user_check(host, facts.get("job_user"))}
@@ -271,7 +297,9 @@ def readiness(host, facts, settings):
     fix_python = ("set preflight_training_python in the inventory to the Python of the training environment on "
                   "%s, or install torch into it (pip install torch==<version>)" % host)
     user = (facts.get("job_user") or {}).get("name") or "the connecting user"
-    if facts.get("probe_error") or not facts.get("python"):
+    if facts.get("python_hang"):
+        checks["python"] = python_hang_check(host, python, facts["python_hang"])
+    elif facts.get("probe_error") or not facts.get("python"):
         checks["python"] = failed("training Python %s on %s cannot run as %s: %s" % (
             python, host, user, facts.get("probe_error") or "no answer"),
             "a Python interpreter the job user can run", fix_python + "; readable and executable by %s" % user)

@@ -82,9 +82,10 @@ def skipped(reason, expected="", **details):
     return check("skipped", reason, expected, **details)
 
 
-def blocked(found, expected=""):
-    """Not run because of another node or a cluster-wide blocker: not this node's fault, not proven either."""
-    return check("skipped", found, expected, blocked=True)
+def blocked(found, expected="", fix=""):
+    """Not run because of another node, a cluster-wide blocker or a privilege the run lacks: not this
+    node's fault, not proven either.  ``fix`` says how to let it run (optional)."""
+    return check("skipped", found, expected, fix, blocked=True)
 
 
 def is_blocked(result):

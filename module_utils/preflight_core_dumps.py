@@ -36,6 +36,8 @@ from ansible.module_utils import preflight_limits as limits
 from ansible.module_utils import preflight_sysctl as sysctl
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.module_utils.preflight_checks import check, failed, not_applicable, passed, skipped, warned
+from ansible.module_utils.preflight_privilege import (BECOME_FIX, assumed, block_refused, file_errors, needs_root,
+                                                      privileged, refused)
 
 CAPABILITY = "core_dumps"
 
@@ -268,6 +270,9 @@ def read(args, ops):
         facts["limits"] = limits.read_limits(root, spec["path"], spec["limits_conf"], spec["limits_dir"],
                                              spec["pam_dir"], item="core")
         facts["session"] = login_core_limit(ops) if root == "/" else None
+    facts["privileged"] = privileged()
+    facts["needs_root"] = refused(file_errors(facts["core_pattern"]) + file_errors(facts["core_dir"])
+                                  + file_errors(facts["limits"]), facts["privileged"])
     return facts
 
 
@@ -386,6 +391,7 @@ def probe(args, ops):
         "core_dir_exists": None, "core_dir_writable": None, "core_dir_mode": None, "core_dir_listing": None,
         "suid_dumpable": None, "destination": None, "error": None,
         "session_rlimit_core": {"soft": _limit_text(soft), "hard": _limit_text(hard)},
+        "needs_root": _unswitched(run_as, ops),
     }
     if result["core_pattern"] is None:
         path = os.path.join(proc_root, "sys", "kernel", "core_pattern")
@@ -417,6 +423,7 @@ def probe(args, ops):
         if entry.pw_uid != os.getuid() and os.geteuid() != 0:
             # Without root the child can only be ourselves; say so instead of failing the audit.
             result["note"] = "ran as uid %d: run_as %s needs root" % (os.getuid(), run_as)
+            result["needs_root"] = "%s (core_dumps_probe_user)" % run_as
             entry = None
         else:
             uid, gid = entry.pw_uid, entry.pw_gid
@@ -441,6 +448,13 @@ def probe(args, ops):
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def _unswitched(run_as, ops):
+    """Who the child should run as but cannot (a job user other than this login, and no root to switch),
+    or ""."""
+    job = getattr(ops, "job", None) or {}
+    return "%s (the job user)" % job.get("name") if not run_as and job.get("how") == "cannot_switch" else ""
 
 
 def _start_child(sleep, workdir, uid, gid, entry, child_limit):
@@ -524,7 +538,22 @@ def _crash(result, args, proc_root, timeout, sleep, workdir, uid, gid, entry, ch
 
 
 def probe_check(result):
-    """The ``core_probe`` check for a :func:`probe` result."""
+    """The ``core_probe`` check for a :func:`probe` result.  A child that could not run as the user it
+    should (no root to switch) proves nothing for that user: a core found is a warning naming who crashed
+    instead, a core missing is blocked (``needs root``)."""
+    checked = _probe_outcome(result)
+    lacking = result.get("needs_root")
+    if not lacking:
+        return checked
+    instead = "the child ran as %s, not as %s: switching users needs root" % (result.get("who"), lacking)
+    if checked["status"] == "pass":
+        return assumed(checked, instead, BECOME_FIX)
+    if result.get("outcome") in ("no_dump", "not_found", "start_failed"):
+        return needs_root("%s; %s" % (checked["found"], instead), checked["expected"])
+    return checked
+
+
+def _probe_outcome(result):
     outcome = result.get("outcome")
     pattern = result.get("core_pattern")
     note = " (%s)" % result["note"] if result.get("note") else ""
@@ -690,6 +719,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
         checks.update(limits.decide_limits(facts["limits"], _limit_entries(settings), policy, LIMITS))
         if facts.get("session") is not None:
             checks[SESSION] = session_check(facts["session"], settings, policy)
+    checks = block_refused(checks, (facts or {}).get("needs_root"))
 
     if not switched_on(settings["core_dumps_probe_enabled"]):
         checks[PROBE] = skipped("core_dumps_probe_enabled is false",

@@ -24,6 +24,7 @@ import re
 from ansible.module_utils import preflight_grub
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.module_utils.preflight_checks import failed, not_applicable, skipped, warned
+from ansible.module_utils.preflight_privilege import block_refused, file_errors, privileged, refused
 
 CAPABILITY = "iommu"
 
@@ -226,13 +227,18 @@ def read(args, ops):
     Reads files only; ``ops`` is not needed.
     """
     root = args.get("root") or "/"
-    return {
+    facts = {
         "pci": read_pci(args.get("sysfs_root") or "/sys", args.get("amd_device_ids") or []),
         "grub": preflight_grub.read_files(preflight_grub.rooted(root, args.get("grub_default") or GRUB_DEFAULT),
                                           preflight_grub.rooted(root, args.get("dropin_dir") or GRUB_DROPIN_DIR),
                                           errors="replace"),
         "cmdline": preflight_grub.read_cmdline(preflight_grub.rooted(root, args.get("proc_cmdline") or PROC_CMDLINE)),
+        "privileged": privileged(),
     }
+    # What a reader without root was refused (see preflight_privilege): the grub files, /proc/cmdline.
+    facts["needs_root"] = refused(file_errors(facts["grub"]) + [(facts["cmdline"].get("path"),
+                                                                 facts["cmdline"].get("error"))], facts["privileged"])
+    return facts
 
 
 # --- decider -------------------------------------------------------------------------------------------
@@ -268,4 +274,4 @@ def decide(host, facts, settings, probe=None, cluster=None):
     grub.setdefault("details", {})["amd_gpus"] = ["%s (device %s)" % (gpu["address"], gpu["device"])
                                                   for gpu in pci.get("gpus", []) if gpu.get("vendor_name") == "amd"]
     cmdline = preflight_grub.cmdline_check(facts["cmdline"], wanted, grub_ready=grub["status"] == "pass", host=host)
-    return {"grub": grub, "cmdline": cmdline}
+    return block_refused({"grub": grub, "cmdline": cmdline}, facts.get("needs_root"))

@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import sys
 
 from ansible.module_utils import preflight_sysctl as sysctl
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.preflight_checks import NAME_RE, failed, passed, skipped
+from ansible.module_utils.preflight_checks import NAME_RE, blocked, failed, passed, skipped
+from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of
+from ansible.module_utils.preflight_privilege import block_refused, file_errors, needs_root, privileged, refused
 
 CAPABILITY = "kernel_debug"
 PTRACE = "ptrace_scope"
@@ -218,11 +221,14 @@ def read_args(settings, node):
 
 
 def read(args, ops):
-    """Each setting's running value, drop-in and boot order (pure reads)."""
-    return {"settings": {
-        item["check_name"]: sysctl.read_setting(args["root"], args["proc_root"], item["key"], item["dropin"],
-                                                args["sysctl_dirs"])
-        for item in args["settings"]}}
+    """Each setting's running value, drop-in and boot order (pure reads); ``privileged`` and ``needs_root``
+    (the files a reader without root was refused, see preflight_privilege)."""
+    found = {item["check_name"]: sysctl.read_setting(args["root"], args["proc_root"], item["key"], item["dropin"],
+                                                     args["sysctl_dirs"])
+             for item in args["settings"]}
+    root = privileged()
+    return {"settings": found, "privileged": root,
+            "needs_root": refused([pair for facts in found.values() for pair in file_errors(facts)], root)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,17 +261,35 @@ def yama_allows(scope, uid):
     return uid == 0
 
 
+def _login():
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
 def probe(args, ops):
     """Attach with ptrace as the job user (``ops.job_user``; this process's user when None), using the
     training Python (``ops.job["python"]``) or this module's.  ``{user, uid, yama_scope, attached, errno,
-    error}``; what the node lacks is in ``error``, never an exception."""
+    error}``, with ``python_hang`` (``{seconds, user, earlier}``) when that Python hung now or earlier in
+    this node call (then it is not run again); what the node lacks is in ``error``, never an exception."""
     job = getattr(ops, "job", None) or {}
     python = job.get("python") or sys.executable
-    result = {"user": getattr(ops, "job_user", None) or job.get("name") or str(os.geteuid()), "uid": None,
+    # Another job user wanted and no root to switch: the probe runs as this login, which proves nothing
+    # of the job user's view (``unswitched`` names whom it should have been).
+    unswitched = job.get("name") if not getattr(ops, "job_user", None) and job.get("how") == "cannot_switch" else ""
+    me = _login()
+    result = {"user": getattr(ops, "job_user", None) or (me if unswitched else job.get("name")) or me, "uid": None,
               "yama_scope": read_yama(args.get("proc_root") or "/proc"), "attached": None, "errno": "",
-              "error": "", "python": python}
-    rc, out, err = ops.run([python, "-c", ATTACH_PROBE], timeout=float(args.get("timeout") or 15),
-                           user=getattr(ops, "job_user", None))
+              "error": "", "python": python, "unswitched": unswitched or ""}
+    timeout = float(args.get("timeout") or 15)
+    rc, out, err = ops.run([python, "-c", ATTACH_PROBE], timeout=timeout, user=getattr(ops, "job_user", None))
+    if rc in (TIMEOUT_RC, HUNG_EARLIER_RC):
+        hang = hang_of(ops, python) or {}
+        result["python_hang"] = {"seconds": hang.get("seconds", timeout), "user": hang.get("user") or result["user"],
+                                 "earlier": rc == HUNG_EARLIER_RC}
+        result["error"] = (err.strip() or "no answer")[-300:]
+        return result
     try:
         answer = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -283,6 +307,21 @@ def attach_check(host, probe_result):
     scope = probe_result.get("yama_scope")
     yama = "no Yama LSM" if scope is None else "kernel.yama.ptrace_scope = %d" % scope
     who = "%s (uid %s)" % (probe_result.get("user"), probe_result.get("uid"))
+    hang = probe_result.get("python_hang")
+    if probe_result.get("unswitched"):
+        return needs_root("the ptrace probe ran as %s, not as the job user %s (switching users needs root); %s" % (
+            probe_result.get("user"), probe_result["unswitched"], "its answer proves nothing of the job user's view"),
+            expected)
+    if hang and hang.get("earlier"):
+        return blocked("not checked: %s hung for %g s earlier (allreduce.python)" % (
+            probe_result.get("python"), hang.get("seconds") or 0), expected,
+            "fix allreduce.python on %s (the training Python must start), then re-run" % host)
+    if hang:
+        return failed("the training Python %s hung running the ptrace probe as %s on %s: no answer in %g s "
+                      "(killed)" % (probe_result.get("python"), hang.get("user"), host, hang.get("seconds") or 0),
+                      expected, "see allreduce.python on %s: find where %s waits at start-up (py-spy dump --pid), "
+                      "or set preflight_training_python to an environment that starts"
+                      % (host, probe_result.get("python")))
     if probe_result.get("attached") is None:
         return failed(probe_result.get("error") or "the ptrace probe gave no answer", expected,
                       "make the training Python runnable by %s, or set kernel_debug_ptrace_probe_enabled=false"
@@ -327,6 +366,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
                                   "again")
             continue
         checks.update(sysctl.decide_setting(read_settings[name], item["value"], policy, name))
+    checks = block_refused(checks, (facts or {}).get("needs_root"))
     if host:
         for result in checks.values():
             if result["status"] in ("warn", "fail"):

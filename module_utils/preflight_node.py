@@ -17,6 +17,8 @@ import subprocess
 
 TIMEOUT_RC = 124
 NOT_FOUND_RC = 127
+# Not run: the same program hung earlier in this node call (NodeOps.run); stderr says when and for how long.
+HUNG_EARLIER_RC = 125
 C_LOCALE = {"LANG": "C", "LC_ALL": "C"}
 
 
@@ -31,11 +33,22 @@ class NodeOps(object):
     bound expires.
     """
 
-    def __init__(self, module, job_user=None):
+    def __init__(self, module, job_user=None, watch=None):
         self.module = module
         # The account job-side code runs as (see resolve_job_user); None: this module's own user.
         self.job_user = job_user
         self.job = None
+        # Programs whose hang holds for the whole call: the training Python (this call's ``job``
+        # parameter).  One that hangs at start-up (a sitecustomize importing torch, a hung file system
+        # under its environment) hangs again for every reader and probe, each waiting out its own bound.
+        # Only these are remembered: ssh or ssh-keyscan may time out toward one peer and not the next.
+        if watch is None:
+            params = getattr(module, "params", None)
+            job = params.get("job") if isinstance(params, dict) else None
+            watch = [job.get("python")] if isinstance(job, dict) else []
+        self.watched = {str(program) for program in watch if program}
+        # program -> {program, seconds, user}: what timed out earlier in this call.
+        self.hangs = {}
 
     def which(self, name, paths=()):
         """Absolute path of program ``name`` (also searched in ``paths``), or None."""
@@ -44,15 +57,42 @@ class NodeOps(object):
         return self.module.get_bin_path(name, opt_dirs=list(paths))
 
     def run(self, argv, timeout=20.0, env=None, cwd=None, data=None, user=None):
-        """``(rc, stdout, stderr)``; rc 124 when ``timeout`` expired, 127 when the program is missing.
+        """``(rc, stdout, stderr)``; rc 124 when ``timeout`` expired, 127 when the program is missing,
+        125 at once (nothing run) when a watched program hung earlier in this call (:func:`hang_of`).
         With ``user`` (a name), the command runs as that user with a minimal environment."""
-        return run_bounded_command([str(part) for part in argv], timeout, env=env, cwd=cwd, data=data, user=user)
+        argv = [str(part) for part in argv]
+        earlier = self.hangs.get(argv[0]) if argv else None
+        if earlier:
+            return HUNG_EARLIER_RC, "", hang_text(earlier)
+        rc, out, err = run_bounded_command(argv, timeout, env=env, cwd=cwd, data=data, user=user)
+        if rc == TIMEOUT_RC and argv[0] in self.watched:
+            self.hangs[argv[0]] = {"program": argv[0], "seconds": float(timeout), "user": user or _me()}
+        return rc, out, err
+
+
+def hang_of(ops, program):
+    """``{program, seconds, user}`` when ``program`` hung earlier in this node call, else None (also for
+    an ``ops`` that remembers nothing, such as a test's fake)."""
+    return (getattr(ops, "hangs", None) or {}).get(str(program))
+
+
+def hang_text(hang):
+    return "not run: %s hung for %g s earlier in this call (as %s) and was killed" % (
+        hang["program"], hang["seconds"], hang["user"])
+
+
+def _me():
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
 
 
 # The account job-side code runs as when the module runs as root and no job user was named.
 AUTO_JOB_USER = "nobody"
 # Whether an account can use the training environment: run its Python and find torch, without importing it.
 FIND_TORCH_ONLY = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"
+JOB_USER_PROBE_TIMEOUT = 30
 
 
 def resolve_job_user(job, ops):
@@ -70,10 +110,7 @@ def resolve_job_user(job, ops):
     job = job or {}
     wanted = str(job.get("user") or "")
     euid = os.geteuid()
-    try:
-        me = pwd.getpwuid(euid).pw_name
-    except KeyError:
-        me = str(euid)
+    me = _me()
     info = {"name": me, "uid": euid, "run_as": None, "note": "", "python": str(job.get("python") or ""),
             "how": "named" if job.get("named") else "connecting"}
     if wanted:
@@ -96,9 +133,12 @@ def resolve_job_user(job, ops):
         return dict(info, how="auto_root", note="no account %s to run job-side code as" % AUTO_JOB_USER)
     python = str(job.get("python") or "")
     if python:
-        rc, _out, err = ops.run([python, "-c", FIND_TORCH_ONLY], timeout=30, cwd="/", user=AUTO_JOB_USER)
+        rc, _out, err = ops.run([python, "-c", FIND_TORCH_ONLY], timeout=JOB_USER_PROBE_TIMEOUT, cwd="/",
+                                user=AUTO_JOB_USER)
         if rc != 0:
             reason = "cannot find torch" if rc == 3 else (err.strip().splitlines() or ["exit code %d" % rc])[-1]
+            if rc == TIMEOUT_RC:
+                reason = "it hung: no answer in %g s, killed" % JOB_USER_PROBE_TIMEOUT
             return dict(info, how="auto_root", note="%s cannot use the training Python %s (%s)" % (
                 AUTO_JOB_USER, python, reason[-200:]))
     return dict(info, name=AUTO_JOB_USER, uid=entry.pw_uid, run_as=AUTO_JOB_USER, how="auto")

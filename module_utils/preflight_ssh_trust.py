@@ -34,9 +34,10 @@ import socket
 
 from ansible.module_utils.preflight_checks import (check, failed, not_applicable, passed, skipped, warned,
                                                    worst)
+from ansible.module_utils.preflight_privilege import BECOME_FIX, assumed, denied, needs_root, privileged
 from ansible.module_utils.preflight_ssh import (KNOWN_HOSTS, MARKER, SSHD_CONFIG, SshTrustError, _NAME,
                                                 host_key_sources, host_key_verified, host_token, included,
-                                                is_managed_line, markers, normalize_entries,
+                                                is_managed_line, listening_inodes, markers, normalize_entries,
                                                 UnsafeDirectory, open_ssh_dir, parse_authorized_line,
                                                 parse_public_key, plan_block, private_key_state, read_file,
                                                 read_host_keys, read_in_dir, rooted, run_mesh, safe_fingerprint,
@@ -324,14 +325,37 @@ def read_cluster_key(root, users, name, comment, ops):
     return {"users": state}
 
 
+def _needs_root(root, port, sshd, problems, cluster_key):
+    """What this reader, running without root, could not read and why (``[]`` as root); marks
+    ``sshd`` and each cluster key user it concerns with ``needs_root``."""
+    if privileged():
+        return []
+    found = []
+    if sshd.get("source") == "default" and listening_inodes(root, port):
+        sshd["needs_root"] = ("the process listening on port %d (the running sshd) could not be found: the "
+                              "descriptors of root's processes (/proc/<pid>/fd) are readable only by root" % port)
+        found.append(sshd["needs_root"])
+    found += ["host key: %s" % problem for problem in problems if denied(problem)]
+    for user, entry in sorted(((cluster_key or {}).get("users") or {}).items()):
+        ssh = entry.get("ssh") or {}
+        errors = [(ssh.get(key) or {}).get("error") for key in ("home_state", "ssh_dir_state")]
+        if any(denied(text) for text in errors + [entry.get("problem")]):
+            entry["needs_root"] = "%s's home or ~/.ssh cannot be read without root (%s)" % (user, "; ".join(
+                text for text in errors + [entry.get("problem")] if denied(text)))
+            found.append(entry["needs_root"])
+    return found
+
+
 def read(args, ops):
-    """This node's ssh trust facts; what the node lacks is a fact, never an exception."""
+    """This node's ssh trust facts; what the node lacks is a fact, never an exception.  ``privileged``
+    and ``needs_root`` say what a reader without root could not read (see preflight_privilege)."""
     root = args.get("root") or "/"
     paths, problem, sshd = host_key_sources(root, args.get("sshd_config") or "", args.get("host_key_files") or [],
                                             ops, args.get("port") or 22)
     keys, problems = read_host_keys(root, paths, ops)
     if problem:
         problems.insert(0, problem)
+    sshd["privileged"] = privileged()
     hostname = socket.gethostname()
     fqdn = socket.getfqdn() or hostname
 
@@ -358,8 +382,9 @@ def read(args, ops):
         cluster_key = read_cluster_key(root, args.get("cluster_key_users") or [], args["cluster_key_name"],
                                        args["cluster_key_comment"], ops)
     config = sshd.get("config") or ""
+    lacking = _needs_root(root, args.get("port") or 22, sshd, problems, cluster_key)
     return {"hostname": hostname, "fqdn": fqdn, "short_name": hostname.split(".")[0],
-            "sshd": sshd,
+            "privileged": sshd["privileged"], "needs_root": lacking, "sshd": sshd,
             "sshd_config": {"path": config, "exists": bool(config) and os.path.exists(rooted(root, config))},
             "host_key_files": [p[:-4] if p.endswith(".pub") else p for p in paths],
             "keys": keys, "problems": problems, "known_hosts": known_hosts, "client": client,
@@ -637,11 +662,13 @@ def _analyse(cluster, hosts, all_hosts):
             suspects.setdefault(change["node"], "%s's host key changed (see ssh_trust.host_key_unchanged on %s)"
                                 % (change["node"], change["node"]))
     cluster_key, user_keys, key_holders = _cluster_key_plan(cluster, targeted, keep_nodes)
+    guessed = {h: assumption((_facts(cluster, h) or {}).get("sshd")) for h in targeted if h in fingerprints}
     public = {"entries": entries, "keep_nodes": keep_nodes, "names": dropin_names, "peers": peers, "dropin": dropin,
               "cluster_key": cluster_key, "unreadable": unreadable, "unread": unread, "changed_keys": changed_keys,
               "duplicate_names": duplicates}
     return {"plan": public, "desired": desired, "blocks": blocks, "fingerprints": fingerprints, "suspects": suspects,
-            "names": names, "owners": owners, "user_keys": user_keys, "key_holders": key_holders}
+            "names": names, "owners": owners, "user_keys": user_keys, "key_holders": key_holders,
+            "assumed": {h: text for h, text in guessed.items() if text}}
 
 
 def plan(cluster):
@@ -755,6 +782,20 @@ def describe_sshd(sshd):
     return "the node's sshd configuration"
 
 
+ASSUMED_FIX = (BECOME_FIX + " so the sshd listening on ssh_trust_port is found, or point ssh_trust_sshd_config (or "
+               "ssh_trust_host_key_files) at the configuration it runs with")
+
+
+def assumption(sshd):
+    """What a comparison with the key files in ``sshd`` (the reader's fact) assumes, or "" when they are
+    the running sshd's (found, or named by the inventory)."""
+    sshd = sshd or {}
+    if sshd.get("source") != "default" or not sshd.get("discovery"):
+        return ""
+    return "compared with the key files of %s, assumed because the running sshd could not be found%s: %s" % (
+        sshd.get("config"), " without root" if sshd.get("needs_root") else "", sshd.get("discovery"))
+
+
 def host_keys_check(node, keys, problems, sshd=None):
     """Whether host keys were read on ``node`` and from the sshd that really runs there."""
     sshd = sshd if isinstance(sshd, dict) else {"source": "ssh_trust_sshd_config", "config": sshd or SSHD_CONFIG}
@@ -773,6 +814,9 @@ def host_keys_check(node, keys, problems, sshd=None):
     if keys:
         return passed("%d host key(s) on %s: %s, read from %s" % (len(keys), node, ", ".join(
             "%s %s" % (k["type"], k["fingerprint"]) for k in keys), where), expected)
+    if sshd.get("privileged") is False and problems and all(denied(problem) for problem in problems):
+        return needs_root("no host public key on %s could be read without root (%s; looked at %s)" % (
+            node, "; ".join(problems), where), expected)
     return failed("no readable host public key on %s (%s; looked at %s)" % (
         node, "; ".join(problems) or "none named", where), expected, fix)
 
@@ -1153,8 +1197,9 @@ def _mesh_checks(host, settings, probe_result, cluster, analysis):
     for peer in peers:
         peer_rows = rows.get(peer, [])
         port = _port(_settings(cluster, peer))
-        result = peer_host_key_check(host, peer, peer_rows, unknown_policy,
-                                     analysis["fingerprints"].get(peer))
+        # A peer's keys read from a fallback say nothing about what its sshd presents.
+        result = peer_host_key_check(host, peer, peer_rows, unknown_policy, None if peer in analysis["assumed"]
+                                     else analysis["fingerprints"].get(peer))
         result_login = peer_login_check(host, peer, peer_rows, login_policy, port)
         if peer in suspects:
             result, result_login = _collateral(result, suspects[peer]), _collateral(result_login, suspects[peer])
@@ -1262,16 +1307,26 @@ def _served_check(host, facts, settings, cluster, analysis):
             if blob not in read:
                 unknown.append("%s %s (seen by %s at %s)" % (key_type, safe_fingerprint(blob), peer, row["target"]))
     files = ", ".join("%s %s (%s)" % (k["type"], k["fingerprint"], k.get("path")) for k in facts["keys"])
-    where = describe_sshd(facts.get("sshd"))
+    sshd = facts.get("sshd") or {}
+    where = describe_sshd(sshd)
     fix = ("find the configuration the sshd on %s really runs with (ps -o args= -C sshd: its -f and -h) and point "
            "ssh_trust_sshd_config (or ssh_trust_host_key_files) at it, or leave both empty so the listening sshd is "
            "found; then %s. If no key file on %s holds the served key, something else answers on %s's address"
            % (host, BRINGUP, host, host))
+    if unknown and sshd.get("needs_root"):
+        return needs_root("%s, so the key files of the sshd on %s, which serves %s, are unknown; the fallback's (%s, "
+                          "from %s) do not hold them" % (sshd["needs_root"], host, _summary(dict.fromkeys(unknown)),
+                                                         files, where), expected)
     if unknown:
         return failed("the sshd on %s serves %s, which is none of the key files read on %s (%s, from %s): peers "
                       "would find a key that their known_hosts does not hold" % (
                           host, _summary(dict.fromkeys(unknown)), host, files, where), expected, fix)
     unserved = [k for k in facts["keys"] if k["type"] not in seen_types]
+    result = _served_result(host, facts, scanned, seen_types, unserved, expected, fix)
+    return assumed(result, assumption(sshd), ASSUMED_FIX) if assumption(sshd) else result
+
+
+def _served_result(host, facts, scanned, seen_types, unserved, expected, fix):
     if unserved:
         return warned("%s's key file(s) %s are not served by its sshd (peers saw only %s): known_hosts lists keys "
                       "no client is shown" % (host, ", ".join("%s %s (%s)" % (k["type"], k["fingerprint"],
@@ -1290,14 +1345,21 @@ def _host_key_unchanged_check(host, facts, analysis):
         c["key_type"], c["old_fingerprint"], ", ".join(c["names"]), ", ".join(c["seen_on"]), c["new_fingerprint"],
         host) for c in changes)
     held = [c for c in changes if not c["accepted"]]
+    sshd = facts.get("sshd") or {}
+    if held and sshd.get("needs_root"):
+        return needs_root("%s, so whether %s's host key changed is unknown: the key files read instead (%s) differ "
+                          "from what the known-hosts blocks hold: %s" % (sshd["needs_root"], host, describe_sshd(sshd),
+                                                                          text), expected)
     if held:
         return failed("%s's host key changed: %s; the old key stays in the cluster known-hosts block until accepted"
                       % (host, text), expected, held[0]["fix"], old_fingerprint=held[0]["old_fingerprint"],
                       new_fingerprint=held[0]["new_fingerprint"])
     if changes:
-        return passed("%s's changed host key was accepted (ssh_trust_accept_changed): %s" % (host, text), expected)
-    return passed("%s presents the known host key(s) %s" % (host, ", ".join(
-        k["fingerprint"] for k in facts.get("keys") or [])), expected)
+        result = passed("%s's changed host key was accepted (ssh_trust_accept_changed): %s" % (host, text), expected)
+    else:
+        result = passed("%s presents the known host key(s) %s" % (host, ", ".join(
+            k["fingerprint"] for k in facts.get("keys") or [])), expected)
+    return assumed(result, assumption(sshd), ASSUMED_FIX) if assumption(sshd) else result
 
 
 def _known_hosts_decision(host, facts, settings, analysis):
@@ -1312,7 +1374,13 @@ def _known_hosts_decision(host, facts, settings, analysis):
     if result is None:
         return skipped("%s on %s was not compared" % (path, host), expected)
     held = sorted({c["node"] for c in result["changed_keys"] if not c["accepted"]})
-    return known_hosts_check(host, path, result, policy(settings, "drift_policy"), held_back=held)
+    checked = known_hosts_check(host, path, result, policy(settings, "drift_policy"), held_back=held)
+    guessed = analysis["assumed"]
+    if not guessed:
+        return checked
+    return assumed(checked, "the host keys of %s were read from a fallback (%s)" % (
+        _nodes(sorted(guessed)), _summary("%s: %s" % (node, text) for node, text in sorted(guessed.items()))),
+        ASSUMED_FIX)
 
 
 def _cluster_key_users(facts, settings):
@@ -1331,16 +1399,20 @@ def _ssh_dirs_check(host, facts, settings):
         return skipped("ssh_trust_cluster_key is false: no user's ~/.ssh is written", expected)
     if state is None:
         return skipped("the cluster key users were not read on %s" % host, expected)
-    refusals = []
+    refusals, lacking = [], []
     for user in users:
         entry = state.get(user) or {}
-        if entry.get("exists") and entry.get("ssh"):
+        if entry.get("needs_root"):
+            lacking.append(entry["needs_root"])
+        elif entry.get("exists") and entry.get("ssh"):
             refusal = ssh_dir_refusal(host, user, entry["uid"], entry["ssh"])
             if refusal:
                 refusals.append(refusal)
     if refusals:
         return failed("; ".join(r["found"] for r in refusals), expected, " ".join(r["fix"] for r in refusals),
                       refused=True)
+    if lacking:
+        return needs_root("; ".join(lacking), expected)
     return passed("the home and ~/.ssh of %s on %s are safe to hold keys" % (
         ", ".join(u for u in users if (state.get(u) or {}).get("exists")) or "no user", host), expected)
 
@@ -1363,9 +1435,12 @@ def _cluster_key_check(host, facts, settings, cluster, analysis):
     options = ('from="%s"' % ",".join(analysis["plan"]["cluster_key"]["from"])
                if as_bool(setting(settings, "cluster_key_restrict_from")) and analysis["plan"]["cluster_key"]["from"]
                else "")
-    fails, drift, fixes = [], [], []
+    fails, drift, fixes, unread = [], [], [], []
     for user in users:
         entry = state[user]
+        if entry.get("needs_root"):
+            unread.append(entry["needs_root"])
+            continue
         if ssh_dir_refusal(host, user, entry["uid"], entry["ssh"]):
             drift.append("%s's ~/.ssh was not examined (see ssh_trust.ssh_dirs)" % user)
             continue
@@ -1417,6 +1492,8 @@ def _cluster_key_check(host, facts, settings, cluster, analysis):
     if drift:
         return check(policy(settings, "drift_policy"), "%s: %s" % (host, "; ".join(drift)), expected,
                      "; ".join(dict.fromkeys(fixes)))
+    if unread:
+        return needs_root("; ".join(unread), expected)
     return passed("%s on %s hold their own cluster key (%s) and authorize it from %s" % (
         ", ".join(users), host, ", ".join("%s %s" % (u, state[u]["fingerprint"]) for u in users),
         _nodes(sorted({n for u in users for n in analysis["user_keys"].get(u) or {}}))), expected)

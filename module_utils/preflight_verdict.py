@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import stat
 import tempfile
 
@@ -30,6 +31,7 @@ from ansible.module_utils import preflight_capabilities as registry
 from ansible.module_utils.preflight_checks import (CheckError, RUN, add, blocked, capability_of, failed, node_status,
                                                    passed)
 from ansible.module_utils.preflight_cluster import outcome
+from ansible.module_utils.preflight_task_start import node_said, start_fix
 
 VERDICT_FILE = "verdict.json"
 REQUIRED_KEYS = ("status", "hosts", "nodes", "healthy_hosts", "failed_hosts", "unreachable_hosts")
@@ -64,7 +66,9 @@ def task_message(result, default="failed"):
     Never ``invocation``, module arguments, environment or output: Ansible registers a task's
     result whole (no_log or not; only ``invocation`` is dropped, and a rescue's
     ``ansible_failed_result`` keeps even that), and they may carry secrets.  A censored result
-    gives nothing but that it was hidden.  ``result`` may also be a rescue's text record.
+    gives nothing but that it was hidden.  ``result`` may also be a rescue's text record.  The one
+    exception: a module that never started (rc 126/127, no JSON) did not print its output, the node's
+    shell did, and that is the cause: its last characters are kept (``preflight_task_start``).
     """
     if result is None:
         return default
@@ -80,6 +84,9 @@ def task_message(result, default="failed"):
     rc = result.get("rc")
     if isinstance(rc, int) and not isinstance(rc, bool):
         text += " (rc %d)" % rc
+    said = node_said(result)
+    if said:
+        text += "; the node said: %s" % scrub(said)
     return text
 
 
@@ -108,11 +115,14 @@ def _input_checks(host, settings_result):
 
 
 def _stage_checks(host, records, stages):
-    """``preflight.reachable`` and ``preflight.<stage>`` from the node's task results."""
+    """``preflight.reachable`` and ``preflight.<stage>`` from the node's task results; a node module
+    that could not start gets the fix for its cause (``preflight_task_start``)."""
+    login = ((records.get(registry.STAGE_REGISTERS["settings"]) or {}).get("node") or {}).get("user") or ""
     checks = {}
     unreachable = None
     for stage in stages:
-        state, message = task_outcome(records.get(registry.STAGE_REGISTERS[stage]))
+        result = records.get(registry.STAGE_REGISTERS[stage])
+        state, message = task_outcome(result)
         what = registry.STAGE_WHAT[stage]
         if state == "unreachable" and unreachable is None:
             unreachable = (stage, message)
@@ -120,6 +130,7 @@ def _stage_checks(host, records, stages):
             checks[(RUN, stage)] = failed(
                 "%s failed on %s while %s: %s" % (stage, host, what, message[:600]),
                 "every preflight task completes on the node within its bound",
+                start_fix(result, login) or
                 "read the play output for %s; a timeout means the node is overloaded or hung (check it with "
                 "uptime and dmesg); then re-run" % host)
     if unreachable:
@@ -142,7 +153,9 @@ def _why_nothing(host, records, capability, stages):
             continue
         state, message = task_outcome(records.get(registry.STAGE_REGISTERS[stage]))
         if state in ("unreachable", "failed", "missing"):
-            return "%s was %s while %s: %s" % (host, state, registry.STAGE_WHAT[stage], message[:300])
+            return "%s was %s while %s (see preflight.%s): %s" % (
+                host, state, registry.STAGE_WHAT[stage], "reachable" if state == "unreachable" else stage,
+                message[:300])
     return "no decision covered %s (a defect of the preflight)" % host
 
 
@@ -212,7 +225,8 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
                         "no result from %s on %s: %s" % (capability, host,
                                                          _why_nothing(host, records, capability, stages)),
                         "every capability that applies gives its outcome on every targeted node",
-                        "see preflight.reachable and the play output for %s, fix it, then re-run" % host))
+                        "fix the stage the finding names (preflight.reachable, preflight.facts, ...) on %s, see the "
+                        "play output for it, then re-run" % host))
         if budget is not None:
             _add(RUN, "budget", budget_check(budget["elapsed"], budget["limit"]))
         for problem in problems:
@@ -275,19 +289,23 @@ def summary_line(verdict, path, label="PREFLIGHT"):
 def atomic_write(path, text, mode=FILE_MODE):
     """``text`` (str, written as UTF-8 whatever the controller's locale, or bytes) to ``path`` through a
     temp file in the same directory: never half a file, and never visible with more than ``mode``
-    (mkstemp creates it 0600, the mode is set before the rename)."""
+    (mkstemp creates it 0600, the mode is set before the rename).  An OSError names ``path``: a failed
+    write or fsync (ENOSPC) names no file, and mkstemp names its temp file, which is gone by then."""
     data = text.encode("utf-8") if isinstance(text, str) else text
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as exc:
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno and exc.filename != path:
+            raise OSError(exc.errno, exc.strerror, path) from exc  # OSError(errno, ...) keeps the subclass
         raise
 
 
@@ -323,15 +341,22 @@ def prepare_results_dir(results_dir):
 
 def prepare_run_dir(run_dir):
     """The run directory, 0750 whatever the umask; an existing one (the same run id again) is
-    tightened too, but a symlink in its place is refused rather than written through."""
+    tightened too, but a symlink in its place is refused rather than written through.  Returns
+    True when this call created it (so a failed write removes only what it made)."""
     if os.path.islink(run_dir):
         raise OSError(errno.EEXIST, "%s is a symlink (to %s), not a run directory; remove it or choose "
                       "another run_id" % (run_dir, os.readlink(run_dir)))
     try:
         os.mkdir(run_dir, RUN_DIR_MODE)
     except FileExistsError:
-        pass
-    os.chmod(run_dir, RUN_DIR_MODE)
+        os.chmod(run_dir, RUN_DIR_MODE)
+        return False
+    try:
+        os.chmod(run_dir, RUN_DIR_MODE)
+    except BaseException:
+        os.rmdir(run_dir)
+        raise
+    return True
 
 
 def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_FILE, reports=None):
@@ -340,33 +365,51 @@ def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_
     for the gate's verdict: ``latest`` is what a scheduler reads), so whoever follows ``latest``
     finds every file.
 
+    All or nothing: when a write fails (a full disk, a read-only or foreign directory) the run
+    directory is removed if this call created it (the same run id again keeps its directory), a
+    results directory it created is removed when empty, ``latest`` stays where it was, and the
+    OSError goes up naming the file it was writing.
+
     The run directory is 0750 and every file in it 0640 (the results directory 0750 when created
     here; see :func:`prepare_results_dir`).  Returns notes for the operator (a results directory
     other users can read)."""
-    notes = prepare_results_dir(results_dir)
-    prepare_run_dir(run_dir)
-    for host, logs in sorted((logs_by_host or {}).items()):
-        if logs.get("log") is not None:
-            atomic_write(os.path.join(run_dir, "%s.log" % host), logs.get("log") or "")
-        for entry in logs.get("rank_logs") or []:
-            # torchrun's own per-rank files (rank1.stderr.log); the name is the module's, never a path.
-            name = os.path.basename(str(entry.get("name") or ""))
-            if name:
-                atomic_write(os.path.join(run_dir, "%s.%s" % (host, name)), entry.get("text") or "")
-        stacks = ["== rank %s (pid %s, %s) at stage %s ==\n%s" % (
-            entry["rank"], entry.get("pid"), entry.get("process_state"), entry.get("stage"), entry["stack"])
-            for entry in logs.get("ranks") or [] if entry.get("stack")]
-        if stacks:
-            atomic_write(os.path.join(run_dir, "%s.stacks.txt" % host), "\n".join(stacks))
-    if reports is not None:
-        reports(verdict, run_dir)
-    atomic_write(os.path.join(run_dir, filename), json.dumps(verdict, indent=2, sort_keys=True) + "\n")
-    if filename != VERDICT_FILE:
-        return notes
-    latest = os.path.join(results_dir, "latest")
+    new_results = not os.path.lexists(results_dir)
+    created = False
     tmp_link = os.path.join(results_dir, ".latest-%d" % os.getpid())
-    if os.path.lexists(tmp_link):
-        os.unlink(tmp_link)
-    os.symlink(os.path.relpath(run_dir, results_dir), tmp_link)
-    os.replace(tmp_link, latest)
-    return notes
+    try:
+        notes = prepare_results_dir(results_dir)
+        created = prepare_run_dir(run_dir)
+        for host, logs in sorted((logs_by_host or {}).items()):
+            if logs.get("log") is not None:
+                atomic_write(os.path.join(run_dir, "%s.log" % host), logs.get("log") or "")
+            for entry in logs.get("rank_logs") or []:
+                # torchrun's own per-rank files (rank1.stderr.log); the name is the module's, never a path.
+                name = os.path.basename(str(entry.get("name") or ""))
+                if name:
+                    atomic_write(os.path.join(run_dir, "%s.%s" % (host, name)), entry.get("text") or "")
+            stacks = ["== rank %s (pid %s, %s) at stage %s ==\n%s" % (
+                entry["rank"], entry.get("pid"), entry.get("process_state"), entry.get("stage"), entry["stack"])
+                for entry in logs.get("ranks") or [] if entry.get("stack")]
+            if stacks:
+                atomic_write(os.path.join(run_dir, "%s.stacks.txt" % host), "\n".join(stacks))
+        if reports is not None:
+            reports(verdict, run_dir)
+        atomic_write(os.path.join(run_dir, filename), json.dumps(verdict, indent=2, sort_keys=True) + "\n")
+        if filename != VERDICT_FILE:
+            return notes
+        if os.path.lexists(tmp_link):
+            os.unlink(tmp_link)
+        os.symlink(os.path.relpath(run_dir, results_dir), tmp_link)
+        os.replace(tmp_link, os.path.join(results_dir, "latest"))
+        return notes
+    except BaseException:
+        if os.path.lexists(tmp_link):
+            os.unlink(tmp_link)
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if new_results:
+            try:
+                os.rmdir(results_dir)  # only when empty: nothing of anyone else's goes
+            except OSError:
+                pass
+        raise

@@ -547,3 +547,60 @@ def test_the_real_login_session_of_nobody_reports_its_core_limit():
     ops.job_user = "nobody"
     session = core_dumps.login_core_limit(ops)
     assert session["error"] is None and session["user"] == "nobody" and session["soft"] is not None
+
+
+# --- a reader without root: what it was refused is blocked, never failed ------------------------------
+
+
+def deny_reading(monkeypatch, *endings):
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if str(path).endswith(endings):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", deny)
+
+
+def test_limits_files_refused_to_a_reader_without_root_are_blocked_not_failed(tmp_path, monkeypatch):
+    root = make_node(tmp_path, running=PATTERN, limits=LIMITS_OK, files={
+        "/etc/security/limits.d/10-site.conf": "* soft core 0\n"})
+    monkeypatch.setattr(core_dumps, "privileged", lambda: False)
+    deny_reading(monkeypatch, "90-preflight-core.conf", "10-site.conf")
+    facts, wanted = read_node(root, core_dumps_drift_policy="fail")
+    monkeypatch.undo()
+    assert facts["privileged"] is False
+    assert {item["path"] for item in facts["needs_root"]} == {LIMITS_DROPIN, "/etc/security/limits.d/10-site.conf"}
+    checks = core_dumps.decide(HOST, facts, wanted)
+    assert_contract(checks)
+    for name in ("core_limits", "core_limits_conflicts"):
+        assert checks[name]["status"] == "skipped" and checks[name]["details"]["blocked"], checks[name]
+        assert checks[name]["found"].startswith("needs root: ") and "preflight_become" in checks[name]["fix"]
+    assert [n for n, c in checks.items() if c["status"] == "fail" and "Permission denied" in c["found"]] == []
+    # Read as root, the same refusal is the node's own finding (policy fail).
+    deny_reading(monkeypatch, "90-preflight-core.conf", "10-site.conf")
+    facts, wanted = read_node(root, core_dumps_drift_policy="fail")
+    monkeypatch.undo()
+    assert facts["needs_root"] == [] and core_dumps.decide(HOST, facts, wanted)["core_limits"]["status"] == "fail"
+
+
+def test_a_crash_that_could_not_run_as_the_job_user_never_passes_for_it():
+    found = {"outcome": "found", "core_file": "/tmp/core.1", "who": "pfuser", "wcoredump": True,
+             "core_removed": True, "note": "", "needs_root": "pfjob (the job user)"}
+    check = core_dumps.probe_check(found)
+    assert check["status"] == "warn" and "ran as pfuser, not as pfjob (the job user)" in check["found"]
+    assert check["fix"].startswith("set preflight_become: true")
+    missing = {"outcome": "no_dump", "who": "pfuser", "core_dir": "/var/cores", "core_dir_exists": True,
+               "core_dir_writable": False, "core_dir_mode": "0755", "needs_root": "pfjob (core_dumps_probe_user)"}
+    check = core_dumps.probe_check(missing)
+    assert check["status"] == "skipped" and check["details"]["blocked"] and check["found"].startswith("needs root: ")
+    assert core_dumps.probe_check(dict(missing, needs_root=""))["status"] == "fail"
+    assert core_dumps.probe_check(dict(found, needs_root=""))["status"] == "pass"
+
+
+def test_the_probe_names_the_job_user_it_cannot_switch_to_without_root():
+    import types
+    job = {"name": "pfjob", "how": "cannot_switch", "note": "connected as pfuser without root"}
+    assert core_dumps._unswitched("", types.SimpleNamespace(job=job)) == "pfjob (the job user)"
+    assert core_dumps._unswitched("", types.SimpleNamespace(job=dict(job, how="named"))) == ""
+    assert core_dumps._unswitched("nobody", types.SimpleNamespace(job=job)) == ""

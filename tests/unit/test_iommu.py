@@ -395,3 +395,25 @@ def test_settings_typed_from_the_command_line_validate_and_switch_off():
     assert iommu.validate(typed(iommu_grub_update_timeout="600")) == []
     assert iommu.read_args(typed(iommu_enabled="false"), NODE) is None
     assert iommu.validate(typed(iommu_reboot_timeout="0"))[0]["name"] == "iommu_reboot_timeout"
+
+
+def test_grub_defaults_refused_to_a_reader_without_root_are_blocked_never_failed(tmp_path, monkeypatch):
+    sysfs, root = make_node(tmp_path)
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if str(path).endswith("/etc/default/grub"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(iommu, "privileged", lambda: False)
+    monkeypatch.setattr("builtins.open", deny)
+    facts, wanted = read_node(sysfs, root, iommu_drift_policy="fail")
+    monkeypatch.undo()
+    assert facts["privileged"] is False and [item["path"] for item in facts["needs_root"]] == [
+        str(root / "etc" / "default" / "grub")]
+    checks = iommu.decide(HOST, facts, wanted)
+    assert_contract(checks)
+    assert checks["grub"]["status"] == "skipped" and checks["grub"]["details"]["blocked"], checks["grub"]
+    assert checks["grub"]["found"].startswith("needs root: cannot read ")
+    assert all(check["status"] != "fail" for check in checks.values()), checks

@@ -410,3 +410,57 @@ def test_the_real_probe_attaches_to_a_non_child_process_of_the_same_user(user):
     result = kernel_debug.probe({"proc_root": "/proc", "timeout": 15}, ops)
     assert result["attached"] is True, result
     assert result["uid"] == (0 if user is None else __import__("pwd").getpwnam(user).pw_uid)
+
+
+@pytest.mark.parametrize("rc, status", [(125, "skipped"), (124, "fail")])
+def test_a_training_python_that_hung_blocks_the_attach_check_or_fails_it_where_it_hung_now(tmp_path, rc, status):
+    from fake_ops import FakeOps
+
+    from ansible.module_utils.preflight_checks import is_blocked
+    ops = FakeOps(commands={("/venv/bin/python",): (rc, "", "not run: /venv/bin/python hung for 30 s earlier")})
+    ops.job, ops.job_user = {"name": "alice", "python": "/venv/bin/python"}, "alice"
+    ops.hangs = {"/venv/bin/python": {"program": "/venv/bin/python", "seconds": 30.0, "user": "nobody"}}
+    result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, None), "timeout": 5}, ops)
+    assert result["python_hang"]["earlier"] is (rc == 125)
+    check = kernel_debug.decide("n1", {"settings": {}}, settings(), probe=result)["ptrace_attach"]
+    assert check["status"] == status and is_blocked(check) is (rc == 125)
+    if rc == 125:
+        assert check["found"] == "not checked: /venv/bin/python hung for 30 s earlier (allreduce.python)"
+    else:
+        assert "/venv/bin/python hung running the ptrace probe" in check["found"] and "py-spy" in check["fix"]
+
+
+def test_a_reader_without_root_refused_a_file_is_blocked_never_failed(tmp_path, monkeypatch):
+    root = make_node(tmp_path, dropin="kernel.yama.ptrace_scope = 0\n",
+                     files={"/etc/sysctl.d/99-locked.conf": "kernel.yama.ptrace_scope = 1\n"})
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if str(path).endswith("99-locked.conf"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(kernel_debug, "privileged", lambda: False)
+    monkeypatch.setattr("builtins.open", deny)
+    facts, wanted = read_node(root, kernel_debug_drift_policy="fail", kernel_debug_ptrace_scope=1)
+    monkeypatch.undo()
+    assert facts["privileged"] is False
+    assert facts["needs_root"] == [{"path": "/etc/sysctl.d/99-locked.conf", "error": "Permission denied"}]
+    checks = sysctl_checks(HOST, facts, wanted)
+    assert_contract(checks)
+    boot = checks["ptrace_scope_boot"]
+    assert boot["status"] == "skipped" and boot["details"]["blocked"] and boot["found"].startswith("needs root: ")
+    assert "99-locked.conf" in boot["found"] and boot["fix"] == "set preflight_become: true (or connect as root)"
+    assert checks["ptrace_scope"]["status"] == "pass"
+
+
+def test_a_ptrace_probe_that_could_not_switch_to_the_job_user_is_blocked_never_passed():
+    """Another job user wanted and no root to switch: the probe ran as the login, so even an attach that
+    worked says nothing of the job user's view (needs root, node unverified)."""
+    from ansible.module_utils.preflight_kernel_debug import attach_check
+
+    result = attach_check("n1", {"user": "pfuser", "uid": 1000, "yama_scope": None, "attached": True,
+                                 "unswitched": "alice"})
+    assert result["status"] == "skipped" and result["details"]["blocked"], result
+    assert result["found"].startswith("needs root:") and "alice" in result["found"] and "pfuser" in result["found"]
+    assert "preflight_become" in result["fix"]

@@ -45,3 +45,96 @@ def test_a_command_as_another_user_gets_its_ids_and_none_of_roots_environment(mo
     entry = pwd.getpwnam("nobody")
     assert rc == 0 and out.split("\n")[:2] == [str(entry.pw_uid), "%s none C" % entry.pw_dir]
     assert run_bounded_command(["true"], 5, user="no-such-user-here")[0] == NOT_FOUND_RC
+
+
+# -- a training Python that hangs: waited out once per node call ---------------------------------------
+
+class _Module(object):
+    """What NodeOps reads of the module: the call's ``job`` parameter and get_bin_path."""
+
+    def __init__(self, python):
+        self.params = {"job": {"user": "", "named": False, "python": python}}
+
+    def get_bin_path(self, name, opt_dirs=()):
+        import shutil
+        return shutil.which(name)
+
+
+def _hanging_python():
+    """A training Python whose start-up never returns (a sitecustomize importing a torch that blocks in
+    driver init, a hung file system under the venv): it sleeps.  In a directory every user can reach, as
+    the job user (nobody, when the tests run as root) must be able to start it for it to hang."""
+    import tempfile
+    directory = tempfile.mkdtemp(prefix="hung-python-", dir="/tmp")
+    os.chmod(directory, 0o755)
+    path = os.path.join(directory, "python")
+    with open(path, "w") as handle:
+        handle.write("#!/bin/sh\nexec sleep 30\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def test_a_watched_program_that_hung_is_not_run_again_in_the_same_call():
+    import shutil
+
+    from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, NodeOps, hang_of
+    python = _hanging_python()
+    try:
+        ops = NodeOps(_Module(python))
+        started = time.monotonic()
+        assert ops.run([python, "-c", "pass"], timeout=0.5)[0] == TIMEOUT_RC
+        first = time.monotonic() - started
+        started = time.monotonic()
+        rc, out, err = ops.run([python, "-c", "other"], timeout=5, user="nobody")
+        again = time.monotonic() - started
+        assert rc == HUNG_EARLIER_RC and out == "" and "%s hung for 0.5 s earlier in this call" % python in err
+        assert first >= 0.5 and again < 0.05
+        assert hang_of(ops, python)["seconds"] == 0.5 and hang_of(object(), python) is None
+        # Programs other than the training Python are not remembered: ssh may time out toward one peer only.
+        assert [ops.run(["sleep", "5"], timeout=0.2)[0] for _ in range(2)] == [TIMEOUT_RC, TIMEOUT_RC]
+        assert NodeOps(_Module(python)).hangs == {}, "a new node call starts afresh"
+    finally:
+        shutil.rmtree(os.path.dirname(python))
+
+
+def _node_call(ops, python, monkeypatch):
+    """What one healthcheck node call does with the training Python: choose the job user, the allreduce
+    reader, the ptrace probe; then the controller's deciders.  Returns (seconds, checks)."""
+    from ansible.module_utils import preflight_allreduce as ar
+    from ansible.module_utils import preflight_kernel_debug as kd
+    from ansible.module_utils import preflight_node as pn
+    monkeypatch.setattr(pn, "JOB_USER_PROBE_TIMEOUT", 1)
+    monkeypatch.setattr(ar, "PROBE_TIMEOUT", 1)
+    started = time.monotonic()
+    job = pn.resolve_job_user({"user": "", "named": False, "python": python}, ops)
+    ops.job, ops.job_user = job, job["run_as"]
+    facts = ar.read({"python": python, "backend": "gloo", "nproc_per_node": 0, "cpu_nproc": 1, "master_port": 1,
+                     "dev_root": "/nonexistent", "sysfs_root": "/nonexistent", "proc_root": "/proc"}, ops)
+    probe = kd.probe({"proc_root": "/proc", "timeout": 1}, ops)
+    seconds = time.monotonic() - started
+    checks, ready = ar.readiness("n1", facts, {"allreduce_env": {}})
+    attach = kd.attach_check("n1", probe)
+    return seconds, dict(checks, ptrace_attach=attach), ready
+
+
+def test_a_hung_training_python_is_waited_out_once_and_the_checks_after_it_are_blocked(monkeypatch):
+    import shutil
+
+    from ansible.module_utils.preflight_checks import is_blocked
+    from ansible.module_utils.preflight_node import NodeOps
+    python = _hanging_python()
+    try:
+        once, checks, ready = _node_call(NodeOps(_Module(python)), python, monkeypatch)
+        each, old_checks, _ = _node_call(NodeOps(_Module(python), watch=()), python, monkeypatch)
+    finally:
+        shutil.rmtree(os.path.dirname(python))
+    bounds = 3 if os.geteuid() == 0 else 2  # as root the job user is chosen by running the Python as nobody
+    print("\nhung training Python, %d bounds of 1 s in one node call: %.2f s remembered, %.2f s waited each time"
+          % (bounds, once, each))
+    assert once < 1.5 and each >= bounds - 0.1
+    assert not ready and checks["python"]["status"] == "fail"
+    assert "%s on n1 hung: no answer in 1 s" % python in checks["python"]["found"]
+    assert "py-spy dump" in checks["python"]["fix"] and "preflight_training_python" in checks["python"]["fix"]
+    attach = checks["ptrace_attach"]
+    assert is_blocked(attach) and attach["found"] == "not checked: %s hung for 1 s earlier (allreduce.python)" % python
+    assert old_checks["ptrace_attach"]["status"] == "fail", "without the memory the probe waits and fails again"

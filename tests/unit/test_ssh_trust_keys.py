@@ -18,8 +18,9 @@ from ansible.module_utils import preflight_ssh as ps
 from ansible.module_utils import preflight_ssh_trust as st
 from capability_helpers import write
 from fake_ops import FakeOps, LocalOps
-from test_ssh_trust_capability import (KEYS, assert_contract, cluster, decide_all, facts, fake_key, fp,
-                                       in_sync, probe_result, settings)
+from ansible.module_utils import preflight_checks as pc
+from test_ssh_trust_capability import (KEYS, LISTENER, NODES3, assert_contract, cluster, decide_all, facts, fake_key,
+                                       fp, in_sync, probe_result, settings, synced_block, synced_users)
 
 COMMENT = "preflight-ssh-trust-cluster-key"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (switches users, starts sshd)")
@@ -474,3 +475,126 @@ def test_the_mesh_module_compares_each_peers_served_keys_with_its_files(run_modu
     assert result["checks"]["ssh_served_pfn2"]["status"] == "pass"
     bad = result["checks"]["ssh_served_pfn3"]
     assert bad["status"] == "fail" and fp(KEYS["stranger"]) in bad["found"] and "pfn3" in bad["fix"]
+
+
+# ----------------------------------------------------------------------------
+# A login without root: what it cannot observe is blocked, a fallback never passes
+
+NOT_FOUND = ("no process found holding the socket that listens on port 22 (the descriptors of 3 process(es) could "
+             "not be read: run as root (preflight_become: true))")
+NEEDS_ROOT = ("the process listening on port 22 (the running sshd) could not be found: the descriptors of root's "
+              "processes (/proc/<pid>/fd) are readable only by root")
+FALLBACK = {"source": "default", "config": "/etc/ssh/sshd_config", "how": "parsed", "port": 22, "pid": None,
+            "argv": [], "discovery": NOT_FOUND, "privileged": False, "needs_root": NEEDS_ROOT}
+
+
+def test_a_reader_without_root_records_that_the_listener_needs_root(tmp_path, monkeypatch):
+    fake_proc(tmp_path)
+    write(tmp_path, "/etc/ssh/sshd_config", "HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    write(tmp_path, "/etc/ssh/ssh_host_ed25519_key.pub", KEYS["node1"] + "\n")
+    # What a login without root sees: the socket listens, but root's descriptors cannot be read.
+    monkeypatch.setattr(ps, "socket_holders", lambda root, inodes: ([], 3))
+    monkeypatch.setattr(st, "privileged", lambda: False)
+    args = st.read_args(settings(), {"name": "node1"})
+    args["root"] = str(tmp_path)
+    result = st.read(args, FakeOps())
+    assert result["privileged"] is False and result["sshd"]["source"] == "default"
+    assert result["sshd"]["needs_root"].startswith("the process listening on port 22") and "/proc/<pid>/fd" in \
+        result["sshd"]["needs_root"]
+    assert result["needs_root"] == [result["sshd"]["needs_root"]]
+    # As root the same node records nothing it lacks (there, not finding the sshd is a finding of its own).
+    monkeypatch.setattr(st, "privileged", lambda: True)
+    result = st.read(args, FakeOps())
+    assert result["privileged"] is True and result["needs_root"] == [] and "needs_root" not in result["sshd"]
+    # Nothing listens: root would not find more, so nothing needs root.
+    monkeypatch.setattr(st, "privileged", lambda: False)
+    args["port"] = 2222
+    assert st.read(args, FakeOps())["needs_root"] == []
+
+
+def unprivileged_view(block=True, served=None, sshd=None):
+    """Three nodes read without root: each one's keys from /etc/ssh (the fallback), peers scanned ``served``."""
+    names = ("node1", "node2", "node3")
+    first = cluster({n: dict(facts(n, [KEYS[n]]), sshd=dict(sshd or FALLBACK), privileged=False) for n in names})
+    kept = synced_block(first) if block else None
+    view = cluster({n: dict(facts(n, [KEYS[n]], block=kept), sshd=dict(sshd or FALLBACK), privileged=False)
+                    for n in names})
+    probes = {h: probe_result(h, {p: (0, "") for p in names if p != h}) for h in names}
+    served = served or {}
+    view["probes"] = {h: dict(probes[h], served={p: {"target": "198.19.0.%s" % p[-1], "keys": [served.get(p, KEYS[p])],
+                                                     "error": ""} for p in names if p != h}) for h in names}
+    return view
+
+
+def test_keys_served_that_the_fallback_lacks_are_blocked_for_root_never_failed():
+    results = decide_all(unprivileged_view(served={"node2": KEYS["stranger"]}))
+    served = results["node2"]["host_keys_served"]
+    assert served["status"] == "skipped" and served["details"]["blocked"], served
+    assert served["found"].startswith("needs root: the process listening on port 22") and \
+        fp(KEYS["stranger"]) in served["found"] and "fallback" in served["found"]
+    assert served["fix"] == "set preflight_become: true (or connect as root)"
+    for host, checks in results.items():
+        assert_contract(host, checks)
+        assert pc.node_status({"ssh_trust." + n: c for n, c in checks.items()}) != "fail", (host, checks)
+    # The same mismatch read as root (socket activation: root found no sshd either) is the node's own finding.
+    root = dict(FALLBACK, privileged=True, discovery="port 22 is held by systemd, not by an sshd")
+    del root["needs_root"]
+    results = decide_all(unprivileged_view(served={"node2": KEYS["stranger"]}, sshd=root))
+    assert results["node2"]["host_keys_served"]["status"] == "fail"
+
+
+def test_a_comparison_with_the_fallback_is_at_most_a_warning_naming_the_assumption():
+    results = decide_all(unprivileged_view())
+    for host, checks in results.items():
+        for name in ("host_keys", "host_keys_served", "host_key_unchanged", "known_hosts"):
+            result = checks[name]
+            assert result["status"] == "warn", (host, name, result)
+            assert "assumed" in result["found"] or "fallback" in result["found"], (host, name, result)
+        assert "could not be found without root" in checks["host_key_unchanged"]["found"]
+        assert checks["host_key_unchanged"]["fix"].startswith("set preflight_become: true (or connect as root)")
+        assert_contract(host, checks)
+    # Keys found from the running sshd: the same comparisons pass.
+    assert all(checks[name]["status"] == "pass" for checks in decide_all(unprivileged_view(sshd=LISTENER)).values()
+               for name in ("host_keys", "host_keys_served", "host_key_unchanged", "known_hosts"))
+
+
+def test_a_key_that_differs_from_the_fallback_is_blocked_not_a_changed_key():
+    view = unprivileged_view()
+    # node2's /etc/ssh key is not the one the blocks hold (its sshd serves another: the blocks' one).
+    view["facts"]["node2"] = dict(view["facts"]["node2"], keys=[{
+        "type": "ssh-ed25519", "public_key": KEYS["node2new"], "fingerprint": fp(KEYS["node2new"]),
+        "path": "/etc/ssh/ssh_host_ed25519_key.pub"}])
+    view["facts"] = dict(view["facts"])  # a new view for the memo
+    results = decide_all(view)
+    unchanged = results["node2"]["host_key_unchanged"]
+    assert unchanged["status"] == "skipped" and unchanged["details"]["blocked"], unchanged
+    assert unchanged["found"].startswith("needs root: ") and fp(KEYS["node2new"]) in unchanged["found"]
+    for host, checks in results.items():
+        assert_contract(host, checks)
+        assert all(c["status"] != "fail" for c in checks.values()), (host, checks)
+        # Peers never claim the fallback key is "node2's own" on the wire.
+        assert "read from node2 itself" not in checks["mesh"]["found"]
+
+
+def test_host_keys_no_file_readable_without_root_is_blocked():
+    denied = ["/etc/ssh/ssh_host_ed25519_key: ssh-keygen -y failed: Load key: Permission denied"]
+    result = st.host_keys_check("node1", [], denied, dict(FALLBACK))
+    assert result["status"] == "skipped" and result["details"]["blocked"] and result["found"].startswith(
+        "needs root: ") and "preflight_become" in result["fix"]
+    assert st.host_keys_check("node1", [], denied, dict(FALLBACK, privileged=True))["status"] == "fail"
+    assert st.host_keys_check("node1", [], ["no such host key"], dict(FALLBACK))["status"] == "fail"
+
+
+def test_another_users_ssh_dir_unreadable_without_root_blocks_ssh_dirs_and_cluster_key():
+    view = cluster({n: facts(n, [KEYS[n]], cluster_key=synced_users(n)) for n in NODES3},
+                   ssh_trust_cluster_key=True, ssh_trust_cluster_key_users=["root", "train"])
+    plan_block = synced_block(view)
+    node_facts = {n: facts(n, [KEYS[n]], block=plan_block, cluster_key=synced_users(n)) for n in NODES3}
+    node_facts["node1"]["cluster_key"]["users"]["root"]["needs_root"] = (
+        "root's home or ~/.ssh cannot be read without root (Permission denied)")
+    view = cluster(node_facts, ssh_trust_cluster_key=True, ssh_trust_cluster_key_users=["root", "train"])
+    checks = st.decide("node1", view["facts"]["node1"], view["settings"]["node1"], None, view)
+    for name in ("ssh_dirs", "cluster_key"):
+        assert checks[name]["status"] == "skipped" and checks[name]["details"]["blocked"], checks[name]
+        assert checks[name]["found"].startswith("needs root: root's home")
+    assert_contract("node1", checks)

@@ -1,6 +1,7 @@
 """The verdict: accounting for every targeted node, aggregation of every decision, the run
 directory, and scripts/verdict on good and bad files."""
 
+import errno
 import json
 import os
 import stat
@@ -448,3 +449,176 @@ def test_the_bound_counts_the_localisation_rounds_and_every_gpu_pair_launch():
     gpus = {"needed": True, "localize": {"gpus": {"n1": {"rounds": [{"launches": [{}] * 4}, {"launches": [{}] * 3}]},
                                                   "n2": {"rounds": [{"launches": [{}] * 2}]}}}}
     assert plugin.bound_seconds(view, {}, launch, gpus) - rounds == 7 * per_launch
+
+
+# -- a results directory that cannot take the run: the reason, and nothing half-written -----------------
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 64 KiB tmpfs of its own (root only): a real full disk, and a real read-only one."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(mount)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (%s): the errno tests below inject it instead" % done.stderr.strip())
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def earlier_run(results):
+    """results/r0 written, latest -> r0: what a failed run must leave as it was."""
+    pv.write_run_dir(passing_verdict(str(results / "r0")), {}, str(results), str(results / "r0"))
+    assert os.readlink(str(results / "latest")) == "r0"
+    return sorted(os.listdir(str(results)))
+
+
+def fill(mount):
+    with open(str(mount / "filler"), "wb", buffering=0) as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    assert os.statvfs(str(mount)).f_bavail == 0
+
+
+def test_a_full_disk_says_so_and_leaves_no_run_directory_and_latest_where_it_was(tiny_tmpfs):
+    results = tiny_tmpfs / "results"
+    before = earlier_run(results)
+    fill(tiny_tmpfs)
+    with pytest.raises(OSError) as raised:
+        pv.write_run_dir(passing_verdict(str(results / "r1")), LOGS, str(results), str(results / "r1"))
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(results / "r1" / "n1.log")
+    assert sorted(os.listdir(str(results))) == before and os.readlink(str(results / "latest")) == "r0"
+
+    hostvars = {"n1": records(), "n2": records()}
+    result = run_action({"kind": "preflight", "results_dir": str(results), "run_id": "r2"}, hostvars)
+    assert result["failed"] and result["verdict_status"] == "fail"
+    assert "no space left on the device holding %s" % (results / "r2") not in result["msg"]
+    assert "no space left on the device holding %s" % results in result["msg"]
+    assert "preflight_results_dir" in result["fix"] and "df -h" in result["fix"] and "make" not in result["fix"]
+    assert "verdict.json" not in result["msg"] and "verdict not written" in result["msg"]
+    assert "nothing of this run was kept" in result["found"] and "verdict_file" not in result
+    assert sorted(os.listdir(str(results))) == before and os.readlink(str(results / "latest")) == "r0"
+
+
+def test_a_read_only_results_directory_says_read_only_and_changes_nothing(tiny_tmpfs):
+    results = tiny_tmpfs / "results"
+    before = earlier_run(results)
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
+    result = run_action({"kind": "preflight", "results_dir": str(results), "run_id": "r1"},
+                        {"n1": records(), "n2": records()})
+    assert result["failed"] and "read-only file system (mounted at %s)" % tiny_tmpfs in result["found"]
+    assert "writable file system" in result["fix"] and "verdict.json" not in result["msg"]
+    assert sorted(os.listdir(str(results))) == before and os.readlink(str(results / "latest")) == "r0"
+
+
+@pytest.mark.parametrize("code, found, fix", [
+    (errno.ENOSPC, "no space left on the device holding", "free space on the file system mounted at"),
+    (errno.EDQUOT, "disk quota", "quota -s"),
+    (errno.EROFS, "read-only file system", "writable file system"),
+    (errno.EACCES, "may not write", "writable by"),
+    (errno.EPERM, "may not write", "writable by"),
+    (errno.EIO, "could not be written: Input/output error", "fix what the error names"),
+])
+def test_each_write_error_gets_its_own_reason_and_removes_the_run_directory(tmp_path, monkeypatch, code, found, fix):
+    results = tmp_path / "results"
+    before = earlier_run(results)
+    real_fsync = os.fsync
+
+    def fail_on_the_verdict(fd):
+        if os.readlink("/proc/self/fd/%d" % fd).startswith(str(results / "r1")):
+            raise OSError(code, os.strerror(code))
+        return real_fsync(fd)
+    monkeypatch.setattr(pv.os, "fsync", fail_on_the_verdict)
+    result = run_action({"kind": "preflight", "results_dir": str(results), "run_id": "r1"},
+                        {"n1": records(), "n2": records()})
+    assert result["failed"] and found in result["found"] and fix in result["fix"], result["msg"]
+    assert result["expected"] and "preflight_results_dir" in result["fix"]
+    assert "Found:" in result["msg"] and "Expected:" in result["msg"] and "Fix:" in result["msg"]
+    assert "verdict.json" not in result["msg"]
+    assert sorted(os.listdir(str(results))) == before and os.readlink(str(results / "latest")) == "r0"
+
+
+def test_the_same_run_id_again_keeps_its_directory_when_the_write_fails(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    earlier_run(results)
+
+    def full(_fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(pv.os, "fsync", full)
+    with pytest.raises(OSError):
+        pv.write_run_dir(passing_verdict(str(results / "r0")), {}, str(results), str(results / "r0"))
+    assert json.loads((results / "r0" / "verdict.json").read_text())["status"] == "pass"
+    assert not [name for name in os.listdir(str(results / "r0")) if name.startswith(".tmp-")]
+
+
+def test_a_results_directory_created_for_a_failed_write_goes_too(tmp_path, monkeypatch):
+    def full(_fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(pv.os, "fsync", full)
+    with pytest.raises(OSError):
+        pv.write_run_dir(passing_verdict("r1"), LOGS, str(tmp_path / "results"), str(tmp_path / "results" / "r1"))
+    assert os.listdir(str(tmp_path)) == []
+
+
+# -- a node module that could not even start: the node's own words and the fix for them ----------------
+
+NOT_STARTED = {"failed": True, "rc": 126, "_ansible_parsed": False,
+               "msg": "Module result deserialization failed: No start of json char found",
+               "module_stdout": "", "module_stderr": "/bin/sh: 1: /root/.pyenv/versions/3.11.7/bin/python3.11: "
+                                                     "Permission denied\n"}
+
+
+def login_records(user="pfuser", **stage_results):
+    data = records(**stage_results)
+    data[registry.STAGE_REGISTERS["settings"]] = {"ok": True, "errors": [], "node": {"name": "n1", "user": user}}
+    return data
+
+
+def test_a_module_the_login_cannot_execute_says_permission_denied_and_names_the_interpreter():
+    verdict = build(["n1"], {"n1": login_records(facts=NOT_STARTED)}, [{"checks_by_host": {}}, gate("skipped")])
+    check = verdict["nodes"]["n1"]["checks"]["preflight.facts"]
+    assert check["status"] == "fail" and "(rc 126); the node said: /bin/sh: 1: " in check["found"]
+    assert "Permission denied" in check["found"]
+    assert check["fix"].startswith("the login user pfuser cannot execute the interpreter "
+                                   "/root/.pyenv/versions/3.11.7/bin/python3.11 on the node")
+    assert "ansible_python_interpreter" in check["fix"] and "preflight_become" in check["fix"]
+    assert "timeout" not in check["fix"]
+
+
+@pytest.mark.parametrize("result, words", [
+    (dict(NOT_STARTED, rc=127, module_stderr="/bin/sh: 1: /opt/py/bin/python: not found\n"),
+     "no such interpreter /opt/py/bin/python on the node"),
+    ({"failed": True, "msg": "The module interpreter '/usr/bin/python9' was not found.", "rc": 127,
+      "module_stdout": "", "module_stderr": "/bin/sh: /usr/bin/python9: No such file or directory\n"},
+     "no such interpreter /usr/bin/python9 on the node"),
+    # No JSON for another reason (a crash): the existing fix.
+    (dict(NOT_STARTED, rc=1, module_stderr="Traceback (most recent call last):\n  ...\nMemoryError\n"),
+     "a timeout means the node is overloaded"),
+])
+def test_each_cause_of_a_module_that_never_started_gets_its_own_fix(result, words):
+    verdict = build(["n1"], {"n1": login_records(facts=result)}, [{"checks_by_host": {}}, gate("skipped")])
+    check = verdict["nodes"]["n1"]["checks"]["preflight.facts"]
+    assert words in check["fix"], check
+    assert "the node said: " in check["found"]
+
+
+def test_what_the_node_said_is_bounded_and_stdout_stands_in_for_an_empty_stderr():
+    long = dict(NOT_STARTED, module_stderr="x" * 5000 + " the end")
+    assert pv.task_message(long).endswith("x the end") and len(pv.task_message(long)) < 450
+    quiet = dict(NOT_STARTED, module_stderr="", module_stdout="sh: python: Permission denied")
+    assert pv.task_message(quiet).endswith("the node said: sh: python: Permission denied")
+    # A module that started and failed keeps only its message: its output is never kept.
+    assert "said" not in pv.task_message(FAILED_WITH_SECRETS)
+
+
+def test_a_censored_module_that_never_started_says_nothing_of_its_output():
+    censored = dict(NOT_STARTED, censored="the output has been hidden due to the fact that 'no_log: true' was "
+                                          "specified for this result", module_stderr=SECRET)
+    verdict = build(["n1"], {"n1": login_records(facts=censored)}, [{"checks_by_host": {}}, gate("skipped")])
+    assert SECRET not in json.dumps(verdict)
+    assert verdict["nodes"]["n1"]["checks"]["preflight.facts"]["found"].endswith(pv.HIDDEN)
+    no_log = dict(NOT_STARTED, _ansible_no_log=True, module_stderr=SECRET)
+    assert SECRET not in pv.task_message(no_log)
