@@ -34,6 +34,7 @@ from ansible.module_utils.preflight_cluster import ClusterView, outcome as local
 REGISTER = "allreduce_localize"
 STEP_REGISTERS = ("allreduce_localize_first", "allreduce_localize_second")
 GPU_REGISTER = "allreduce_localize_gpu"
+CONFIRM_REGISTER = "allreduce_confirm"
 
 
 def _node_result(view, host, register, pick=None):
@@ -109,9 +110,36 @@ def finish(state):
 
 
 def _done(state, summary, checks_by_host):
+    """The conclusion, with the confirmation run over the nodes left (neither named bad nor lost) planned:
+    one more all-node all-reduce on them, on the run's own master port, so a pass means "launch on these
+    and it works"."""
+    left = [host for host in state["hosts"] if host not in summary["bad"] and host not in summary["lost"]]
+    confirm = localize.confirm_plan(left, state["base_args_by_host"], state["addr_by_host"], state["master_port"],
+                                    state["floor"]) if left else None
+    summary = dict(summary, confirm={"hosts": left, "status": "planned" if left else "skipped",
+                                     "reason": "" if left else "no node is left to confirm"})
     return {"needed": True, "done": True, "round": len(state["rounds"]), "first_args_by_host": {},
             "second_args_by_host": {}, "gpu_slots_by_host": {}, "checks_by_host": checks_by_host,
-            "localize": summary}
+            "localize": summary, "confirm_args_by_host": (confirm or {}).get("args_by_host") or {},
+            "confirm_plan": confirm, "floor": state["floor"]}
+
+
+def fold_confirm(view, previous):
+    """The concluded localisation with the confirmation run's outcome folded in (register ``CONFIRM_REGISTER``):
+    ``localize.confirm`` says whether the nodes left passed together, and a node the rounds could not prove is
+    proven by it (``allreduce.localize`` passes) when it did.  The per-node checks of that run are the final
+    stage's (``preflight_stages.stage_final``)."""
+    plan = previous["confirm_plan"]
+    results = {host: _node_result(view, host, CONFIRM_REGISTER) for host in plan["hosts"]}
+    floor = previous.get("floor") or {}
+    outcome = localize.run_outcome(plan["hosts"], results)
+    graded = localize.graded([{"round": 0, "launches": [dict(outcome, kind="confirm", hosts=plan["hosts"])]}],
+                             floor)[0][0]
+    summary = dict(previous["localize"], confirm={
+        "hosts": plan["hosts"], "status": graded["verdict"], "busbw_gbps": outcome.get("busbw_gbps"),
+        "reason": graded.get("why") or "", "master_port": plan["master_port"], "lost": sorted(outcome["lost"])})
+    checks_by_host = localize.confirm_localize_checks(previous.get("checks_by_host") or {}, summary["confirm"])
+    return dict(previous, localize=summary, checks_by_host=checks_by_host, confirm_args_by_host={})
 
 
 def plan_gpus(state, round_no):
@@ -191,7 +219,7 @@ def advance(view, previous):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("start",))
+    _VALID_ARGS = frozenset(("start", "confirm"))
     _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
@@ -204,6 +232,9 @@ class ActionModule(ActionBase):
                     outcome = {"needed": False, "done": True, "why": "no node"}
                 elif boolean(self._task.args.get("start", False)):
                     outcome = start(view)
+                elif boolean(self._task.args.get("confirm", False)):
+                    previous = view.result(view.hosts[0], REGISTER) or {}
+                    outcome = fold_confirm(view, previous) if previous.get("confirm_args_by_host") else previous
                 else:
                     previous = view.result(view.hosts[0], REGISTER) or {}
                     outcome = previous if previous.get("done") or "state" not in previous else advance(

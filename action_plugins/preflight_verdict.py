@@ -32,7 +32,7 @@ from ansible.module_utils.preflight_verdict import (build_verdict, failure_lines
 KINDS = {
     # kind: (decisions in order, node stages, capabilities that apply, verdict file)
     "preflight": (("preflight_inputs", "preflight_plan", "preflight_launch", "allreduce_localize", "preflight_final"),
-                  ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes"),
+                  ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "confirm"),
                   registry.NAMES, "verdict.json"),
     "bringup": (("preflight_inputs", "preflight_final"), ("settings", "facts", "apply"),
                 registry.BRINGUP_NAMES, "bringup.json"),
@@ -60,6 +60,8 @@ def bound_seconds(view, plan, launch, localize=None):
         launches = max([sum(len(item["launches"]) for item in summary.get("rounds") or [])
                         for summary in gpus.values()] or [0])
         parts.append(launches * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
+        # The confirmation run over the nodes left, bounded like the all-node run.
+        parts.append(gate_args[0]["wait_timeout"] + CONNECT_BOUND)
     return int(sum(parts) + CONNECT_BOUND * 6)
 
 

@@ -94,6 +94,13 @@ options:
     description: Untimed iterations per size.
     type: int
     default: 2
+  bandwidth_deadline:
+    description:
+      - Seconds the bandwidth stage may take, counted from its start on each rank (the controller derives it from
+        the sizes at the backend's floor busbw, plus start-up); past it the ranks are C(slow), their stacks are
+        taken and the run ends at once, with the busbw each rank reached. 0 leaves only O(hard_timeout).
+    type: float
+    default: 0
   min_busbw_gbps:
     description: Minimum bus bandwidth in GB/s at the largest size; 0 reports without gating.
     type: float
@@ -222,6 +229,8 @@ ranks:
   description:
     - One entry per expected local rank with rank, local_rank, stage, status, exitcode, error, correct,
       correctness, bandwidth, versions.
+    - C(status) is C(ok), C(wrong), C(error), C(died), C(hung), C(missing), or C(slow) with C(slow) saying
+      C({deadline_seconds, elapsed_seconds, size_bytes, collectives_done, busbw_reached_gbps}).
     - For a rank that was alive when stacks were taken, also process_state, stack (the py-spy dump, or why there
       is none) and stack_finished (false when the dump did not finish within O(stack_budget) or py-spy is
       missing).

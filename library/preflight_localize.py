@@ -21,11 +21,18 @@ description:
   - A node named for a node fault on backend nccl with two GPUs or more (C(nvidia-smi) in its facts) then gets up to
     three rounds over its GPUs (2-GPU runs alone over C(lo)), which name the bad GPU by index and PCI bus id
     (C(allreduce.gpu_pairs)); C(allreduce_gpu_pairs=false) turns that off.
+  - Once concluded, the nodes left (neither named bad nor lost) are planned for one more all-node all-reduce on the
+    run's own master port (C(confirm_args_by_host)); with O(confirm), the call after that run folds its outcome in
+    (C(localize.confirm)) - a pass proves them together, anything else leaves them unverified, never healthy.
   - The logic is in C(module_utils/preflight_localize.py).
 version_added: "1.0.0"
 options:
   start:
     description: Decide whether to localise and plan round 1 (true), or fold the last round in and go on (false).
+    type: bool
+    default: false
+  confirm:
+    description: Fold the confirmation run (registered as C(allreduce_confirm)) into the concluded localisation.
     type: bool
     default: false
 attributes:
@@ -84,7 +91,16 @@ localize:
     - The summary for the verdict, once done - trigger, floors, the median pair busbw, rounds_run, bad (with kinds,
       node or network), good, lost, unproven, excluded, rounds (each launch with kind, hosts, master_port,
       verdict, busbw_gbps, why) and elapsed_seconds; with GPU pair rounds, C(gpus) (node to the GPU summary with bad
-      GPUs by index and PCI bus id, good, unproven, rounds).
+      GPUs by index and PCI bus id, good, unproven, rounds); C(confirm) (hosts, status pass/slow/fail/lost or
+      planned, busbw_gbps, reason, master_port).
+  returned: when done and needed
+  type: dict
+confirm_args_by_host:
+  description: Node to C(allreduce) arguments of the confirmation run over the nodes left; empty once folded.
+  returned: when done and needed
+  type: dict
+confirm_plan:
+  description: The confirmation run as a launch plan (hosts, master, master_port, world_size, args_by_host).
   returned: when done and needed
   type: dict
 """

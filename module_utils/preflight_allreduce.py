@@ -26,6 +26,7 @@ import socket
 
 from ansible.module_utils.preflight_checks import blocked, check, failed, not_applicable, passed, skipped, warned, worst
 from ansible.module_utils.preflight_privilege import needs_root
+from ansible.module_utils.preflight_localize import bandwidth_deadline
 from ansible.module_utils.preflight_gpu_pairs import QUERY_ARGV as GPU_QUERY_ARGV, parse_query_gpu
 from ansible.module_utils.preflight_net import find_port_holder
 from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of
@@ -81,6 +82,10 @@ def validate(settings):
     if not isinstance(relative, (int, float)) or isinstance(relative, bool) or not 0 <= relative <= 1:
         bad("allreduce_floor_relative", relative, "a fraction of the median pair's busbw, 0 (off) to 1",
             "leave allreduce_floor_relative at 0.7, or set 0 to switch the relative floor off")
+    grace = settings.get("allreduce_slow_grace", 10)
+    if not isinstance(grace, (int, float)) or isinstance(grace, bool) or grace < 0:
+        bad("allreduce_slow_grace", grace, "0 or more seconds of start-up on top of the time at the floor",
+            "leave allreduce_slow_grace at 10")
     port = settings.get("allreduce_master_port")
     if not isinstance(port, int) or not 1 <= port <= 65535:
         bad("allreduce_master_port", port, "a TCP port 1-65535",
@@ -357,6 +362,13 @@ def candidates(hosts, facts_by_host, settings_by_host):
     return {"checks_by_host": checks_by_host, "ready": ready}
 
 
+def run_deadline(args, settings, world_size):
+    """:func:`bandwidth_deadline` of one launch's ``args`` (a launch plan's shape) at ``world_size`` ranks."""
+    floor = settings.get("allreduce_floor_busbw_gbps_%s" % (args.get("backend") or "gloo"), 0) or 0
+    return bandwidth_deadline(args["sizes"], args["iters"], args["warmup"], world_size, floor,
+                              settings.get("allreduce_slow_grace", 10))
+
+
 def _cluster_addr(nic_plan, host, node):
     return (nic_plan.get("addr_by_host") or {}).get(host) or node["node_addr"]
 
@@ -438,6 +450,8 @@ def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, 
             "wait_timeout": int(settings["allreduce_hard_timeout"] + settings["allreduce_stack_budget"]) + 60,
             "poll": settings["allreduce_poll_interval"],
         }
+        args = plan["args_by_host"][host]
+        args["bandwidth_deadline"] = run_deadline(args, settings, nproc * len(gate_hosts))
     plan.update(master_addr=master_addr, master_port=settings_by_host[master]["allreduce_master_port"],
                 world_size=nproc * len(gate_hosts), nproc_per_node=nproc, backend=backends[master],
                 socket_ifname=ifname or None)
@@ -493,6 +507,13 @@ def find_suspects(rank_rows, lost=()):
             reason = "never started (its node's torchrun did not launch it)"
         if reason:
             suspects.append({"host": row["host"], "rank": row["rank"], "reason": reason})
+    if not suspects:
+        for row in rank_rows:
+            if row.get("status") == "slow" and row.get("slow"):
+                suspects.append({"host": row["host"], "rank": row["rank"], "reason": (
+                    "slow: the bandwidth stage outlived its deadline of %.1f s (the sizes at the floor busbw) at "
+                    "busbw %.4f GB/s" % (row["slow"].get("deadline_seconds") or 0,
+                                         row["slow"].get("busbw_reached_gbps") or 0))})
     if not suspects:
         named = _peer_named_ranks(rank_rows)
         for row in rank_rows:

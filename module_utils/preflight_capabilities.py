@@ -214,7 +214,7 @@ def validate_run(settings):
 
 # The node tasks of preflight.yml: stage -> the variable its result is registered in, and what the
 # node was doing (for "unreachable while ..." findings).  Order is the play's order.
-STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "apply")
+STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "confirm", "apply")
 STAGE_REGISTERS = {
     "settings": "preflight_settings",
     "facts": "preflight_facts",
@@ -222,6 +222,7 @@ STAGE_REGISTERS = {
     "port_mesh_wait": "port_mesh_wait",
     "launch": "allreduce_job",
     "probes": "preflight_probes",
+    "confirm": "allreduce_confirm",
     "apply": "preflight_apply",
 }
 STAGE_WHAT = {
@@ -231,6 +232,7 @@ STAGE_WHAT = {
     "port_mesh_wait": "waiting for the port mesh probe",
     "launch": "starting the all-reduce",
     "probes": "running the probes (core crash, ssh mesh) and waiting for the all-reduce",
+    "confirm": "running the confirmation all-reduce over the nodes left after localisation",
     "apply": "applying the bring-up",
 }
 # The stages each capability's outcome depends on, besides settings and facts.

@@ -55,6 +55,8 @@ def build_argv(params, worker_path, out_dir, role, log_dir):
         "--iters", str(params["iters"]),
         "--warmup", str(params["warmup"]),
     ]
+    if params.get("bandwidth_deadline"):
+        argv += ["--bandwidth-deadline", str(params["bandwidth_deadline"])]
     if params["selftest_fault"] != "none":
         argv += ["--selftest-fault", params["selftest_fault"], "--selftest-rank", str(params["selftest_rank"])]
     return argv
@@ -212,6 +214,8 @@ def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
             "pid": data.get("pid"),
             "uid": data.get("uid"),
         }
+        if data.get("slow"):
+            entry["slow"] = data["slow"]
         if entry["status"] == "running":
             # The worker never wrote a final status. Alive when its stack was
             # taken (a peer failed, or the hard timeout expired): it hung.
@@ -243,8 +247,17 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
                 text += " (no stack: %s)" % r["stack"].strip().splitlines()[0][:200]
             if r.get("error"):
                 text += ": %s" % r["error"].splitlines()[0][:300]
+            if r.get("slow"):
+                slow = r["slow"]
+                text += ": past the bandwidth deadline of %.1f s at busbw %.4f GB/s (%d collectives, at %d bytes)" % (
+                    slow["deadline_seconds"], slow["busbw_reached_gbps"], slow["collectives_done"], slow["size_bytes"])
             described.append(text)
-        if timed_out:
+        if any(r["status"] == "slow" for r in bad) and not timed_out:
+            found = "the all-reduce on %s was slow and ended at its bandwidth deadline; %s" % (
+                host, "; ".join(described))
+            fix = ("the run was too slow to finish at the floor busbw: see allreduce.localize for the node that causes "
+                   "it (link speed, shaping, errors, MTU on the path the collectives use; NCCL's transport for nccl)")
+        elif timed_out:
             found = "no result after the %.0f s hard timeout on %s; %s" % (
                 params["hard_timeout"], host, "; ".join(described) or "torchrun never started the ranks")
             fix = ("read the hang stacks in the run directory (py-spy dump per rank); a rank stuck in init means "
@@ -336,11 +349,18 @@ def run_gate(params, host, role, scratch, marker):
         # A rank that failed lingers a moment (the worker's --linger) so the
         # stacks of its still-running peers can be taken before torchrun
         # tears them down: the peer stuck in a collective is the story.
-        if failed_seen or not any(data.get("status") in ("error", "wrong")
-                                  for data in read_rank_files(out_dir).values()):
+        if failed_seen:
+            return
+        statuses = {data.get("status") for data in read_rank_files(out_dir).values()}
+        if not statuses & {"error", "wrong", "slow"}:
             return
         failed_seen.append(True)
         take_stacks(pid)
+        if "slow" in statuses:
+            # Past the bandwidth deadline nothing more is learnt by waiting: the stacks say where the ranks
+            # were, the rank files what they reached; end the run now instead of at the hard timeout.
+            kill_tree(pid, marker=marker)
+            return
         # A stopped rank never acts on torchrun's SIGTERM, and torchrun waits 30 s before its SIGKILL:
         # with its stack (or its state) recorded, kill it now so the verdict does not wait for nothing.
         for rank_pid, (rank, state) in live_ranks(pid, worker_path, marker).items():
@@ -382,6 +402,7 @@ ARGUMENT_SPEC = dict(
     sizes=dict(type="list", elements="int", default=[1048576, 4194304, 16777216]),
     iters=dict(type="int", default=5),
     warmup=dict(type="int", default=2),
+    bandwidth_deadline=dict(type="float", default=0),
     min_busbw_gbps=dict(type="float", default=0),
     role=dict(type="str"),
     run_as=dict(type="str"),

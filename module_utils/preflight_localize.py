@@ -34,7 +34,7 @@ applied to pairs.  Either turns a working but slow link into a named node.
 
 from __future__ import annotations
 
-from ansible.module_utils.preflight_checks import blocked, failed, passed
+from ansible.module_utils.preflight_checks import blocked, failed, passed, warned
 
 MAX_ROUNDS = 3
 LOOPBACK_ADDR = "127.0.0.1"
@@ -48,9 +48,27 @@ EXPECTED = ("every node completes an all-reduce with a node proven good, and alo
 
 
 def floors(settings, backend):
-    """``{absolute, relative}`` for ``backend`` from the allreduce settings (0 disables either)."""
+    """``{absolute, relative, grace}`` for ``backend`` from the allreduce settings (0 disables either floor;
+    ``grace``: the seconds of start-up a launch's bandwidth deadline adds to its time at the absolute floor)."""
     absolute = settings.get("allreduce_floor_busbw_gbps_%s" % (backend or "gloo"), 0) or 0
-    return {"absolute": float(absolute), "relative": float(settings.get("allreduce_floor_relative", 0) or 0)}
+    return {"absolute": float(absolute), "relative": float(settings.get("allreduce_floor_relative", 0) or 0),
+            "grace": float(settings.get("allreduce_slow_grace", 10) or 0)}
+
+
+def bandwidth_deadline(sizes, iters, warmup, world_size, floor_gbps, grace):
+    """Seconds the bandwidth stage may take: every collective of the sweep (warm-up and timed, each size) at the
+    floor busbw, plus ``grace`` seconds of start-up; 0 (no deadline) when the floor is 0.  busbw is nccl-tests'
+    (bytes x 2(n-1)/n per second), so the time of one collective at the floor is its bus bytes / floor."""
+    if not floor_gbps or floor_gbps <= 0:
+        return 0
+    factor = 2.0 * (world_size - 1) / world_size if world_size > 1 else 1.0
+    bus_bytes = sum(size * factor * (iters + warmup) for size in sizes)
+    return round(bus_bytes / (floor_gbps * 1e9) + float(grace or 0), 3)
+
+
+def _deadline(args, world_size, floor):
+    return bandwidth_deadline(args["sizes"], args["iters"], args["warmup"], world_size, floor.get("absolute", 0),
+                              floor.get("grace", 0))
 
 
 def run_outcome(hosts, results_by_host):
@@ -58,7 +76,8 @@ def run_outcome(hosts, results_by_host):
 
     ``results_by_host``: host -> the module result (a dict with ``ranks``), or
     a string saying why there is none.  Returns ``{status, busbw_gbps, reason,
-    lost}``: ``lost`` (a host gave no result), ``fail`` (a rank did not finish
+    lost}``: ``lost`` (a host gave no result), ``slow`` (ended at its bandwidth
+    deadline; ``busbw_gbps`` is what it reached), ``fail`` (a rank did not finish
     with exact data) or ``done`` (the floors are applied later, by :func:`judge`).
     """
     lost = {}
@@ -73,6 +92,15 @@ def run_outcome(hosts, results_by_host):
         return {"status": "lost", "busbw_gbps": None, "lost": lost,
                 "reason": "; ".join("%s: %s" % item for item in sorted(lost.items()))}
     bad = [row for row in rows if row.get("status") != "ok" or not row.get("correct", True)]
+    slow = [row for row in bad if row.get("status") == "slow" and row.get("slow")]
+    if slow and not any(row.get("status") == "wrong" or row.get("correct") is False for row in rows):
+        # Past its bandwidth deadline (the sizes at the floor): slow, at the busbw the slowest rank reached.  Ranks
+        # that lost their peer when the slow run was ended are part of the same story.
+        first = min(slow, key=lambda row: row["slow"].get("busbw_reached_gbps") or 0)
+        return {"status": "slow", "busbw_gbps": first["slow"].get("busbw_reached_gbps"), "lost": {},
+                "reason": "past its bandwidth deadline of %.1f s at busbw %.4f GB/s (rank %s on %s)" % (
+                    first["slow"].get("deadline_seconds") or 0, first["slow"].get("busbw_reached_gbps") or 0,
+                    first.get("rank"), first.get("host"))}
     if bad or not rows:
         first = bad[0] if bad else {}
         return {"status": "fail", "busbw_gbps": None, "lost": {},
@@ -91,6 +119,8 @@ def all_node_trigger(outcome, floor):
     """Whether the all-node run needs localising: ``(needed, why)``."""
     if outcome["status"] in ("fail", "lost"):
         return True, "the all-node all-reduce failed: %s" % outcome["reason"]
+    if outcome["status"] == "slow":
+        return True, "the all-node all-reduce was slow: %s" % outcome["reason"]
     busbw = outcome.get("busbw_gbps")
     if floor["absolute"] and busbw is not None and busbw < floor["absolute"]:
         return True, "the all-node all-reduce ran at busbw %.4f GB/s, below the floor %.4f GB/s" % (
@@ -119,7 +149,9 @@ def graded(rounds, floor):
     for launch in launches:
         verdict, why = launch["status"], launch.get("reason") or ""
         busbw = launch.get("busbw_gbps")
-        if verdict == "done":
+        if verdict == "slow":
+            why = why or "past its bandwidth deadline"
+        elif verdict == "done":
             verdict = "pass"
             if busbw is not None and floor["absolute"] and busbw < floor["absolute"]:
                 verdict, why = "slow", "busbw %.4f GB/s below the floor %.4f GB/s" % (busbw, floor["absolute"])
@@ -197,21 +229,29 @@ def _args(base, **changes):
     return args
 
 
-def pair_args(base_args_by_host, pair, master_addr, port):
-    """The two hosts' ``allreduce`` arguments for a pair launch (the all-node plan's shape)."""
+def group_args(base_args_by_host, hosts, master_addr, port, floor):
+    """Every host's ``allreduce`` arguments for one launch over ``hosts`` (a pair, or the nodes left for the
+    confirmation run), the all-node plan's shape with its own ranks, port and bandwidth deadline."""
     out = {}
-    for rank, host in enumerate(pair):
+    for rank, host in enumerate(hosts):
         base = base_args_by_host[host]
-        out[host] = _args(base, nnodes=2, node_rank=rank, master_addr=master_addr, master_port=port,
-                          min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1)
+        out[host] = _args(base, nnodes=len(hosts), node_rank=rank, master_addr=master_addr, master_port=port,
+                          min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1,
+                          bandwidth_deadline=_deadline(base, len(hosts) * base["nproc_per_node"], floor))
     return out
 
 
-def loopback_args(base, port):
+def pair_args(base_args_by_host, pair, master_addr, port, floor=None):
+    """The two hosts' ``allreduce`` arguments for a pair launch (the all-node plan's shape)."""
+    return group_args(base_args_by_host, list(pair), master_addr, port, floor or {})
+
+
+def loopback_args(base, port, floor=None):
     """One host's ``allreduce`` arguments for its run alone over ``lo``."""
     env = dict(base.get("env") or {}, GLOO_SOCKET_IFNAME=LOOPBACK_IFNAME, NCCL_SOCKET_IFNAME=LOOPBACK_IFNAME)
     return _args(base, nnodes=1, node_rank=0, master_addr=LOOPBACK_ADDR, master_port=port,
-                 socket_ifname=LOOPBACK_IFNAME, env=env, min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1)
+                 socket_ifname=LOOPBACK_IFNAME, env=env, min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1,
+                 bandwidth_deadline=_deadline(base, base["nproc_per_node"], floor or {}))
 
 
 def derived_port(master_port, serial):
@@ -289,11 +329,38 @@ def plan_round(round_no, hosts, results_so_far, base_args_by_host, addr_by_host,
     for launch in launches:
         if launch["kind"] == "pair":
             steps[launch["step"]].update(pair_args(base_args_by_host, launch["hosts"], launch["master_addr"],
-                                                   launch["master_port"]))
+                                                   launch["master_port"], floor))
         else:
             host = launch["hosts"][0]
-            steps[launch["step"]][host] = loopback_args(base_args_by_host[host], launch["master_port"])
+            steps[launch["step"]][host] = loopback_args(base_args_by_host[host], launch["master_port"], floor)
     return {"round": round_no, "launches": launches, "steps": steps}
+
+
+def confirm_plan(hosts, base_args_by_host, addr_by_host, master_port, floor):
+    """The confirmation run over ``hosts`` (the nodes neither named bad nor lost): the all-node launch plan's
+    shape (as ``preflight_allreduce.summarize`` takes it), on the run's own master port and the first node as
+    master, with a bandwidth deadline for its own world size."""
+    args = group_args(base_args_by_host, hosts, addr_by_host[hosts[0]], master_port, floor)
+    first = args[hosts[0]]
+    return {"launch": True, "hosts": list(hosts), "master": hosts[0], "master_addr": first["master_addr"],
+            "master_port": master_port, "nproc_per_node": first["nproc_per_node"],
+            "world_size": first["nproc_per_node"] * len(hosts), "backend": first.get("backend"),
+            "socket_ifname": first.get("socket_ifname") or None, "args_by_host": args}
+
+
+def confirm_localize_checks(checks_by_host, confirm):
+    """``allreduce.localize`` after the confirmation run: a node the rounds left unproven is proven when the
+    run over every node left passed; otherwise nothing changes (the final stage blocks what it did not prove)."""
+    out = {host: {cap: dict(checks) for cap, checks in by_cap.items()} for host, by_cap in checks_by_host.items()}
+    if confirm.get("status") != "pass":
+        return out
+    for host in confirm.get("hosts") or []:
+        check = ((out.get(host) or {}).get("allreduce") or {}).get("localize")
+        if check and (check.get("details") or {}).get("blocked"):
+            out[host]["allreduce"]["localize"] = passed(
+                "%s; proven by the confirmation run over %s (busbw %s)" % (
+                    check["found"], ", ".join(confirm["hosts"]), _bw(confirm.get("busbw_gbps"))), EXPECTED)
+    return out
 
 
 def record(planned, results_by_step):
@@ -394,3 +461,71 @@ def conclude(hosts, rounds, floor, trigger, excluded=None, elapsed=None):
 def _plain(launches):
     return [{key: launch.get(key) for key in ("round", "kind", "hosts", "verdict", "busbw_gbps", "why")}
             for launch in launches]
+
+
+# --------------------------------------------------------------------------
+# Reconciliation: the all-node run's findings against what the rounds and the confirmation run proved
+
+FIRST_RUN_EXPECTED = "the all-node all-reduce passes, or its failure is explained by the nodes localisation names"
+CONFIRM_EXPECTED = "the nodes left after localisation complete one all-node all-reduce together above the floor"
+
+
+def _first_run_text(host, checks):
+    bad = [check["found"] for check in checks.values() if check.get("status") in ("fail", "warn")]
+    return "; ".join(bad)[:600] or "its own ranks reported no failure"
+
+
+def reconcile(first_checks_by_host, localize_summary, confirm_checks_by_host):
+    """The gate's per-node ``allreduce`` checks once localisation concluded.
+
+    ``first_checks_by_host``: the all-node run's checks (``summarize``); ``localize_summary``: the rounds'
+    conclusion with ``confirm`` (the confirmation run over the nodes left: ``hosts``, ``status`` graded
+    against the floors); ``confirm_checks_by_host``: that run's checks (``summarize`` over it).  A node named
+    bad or lost keeps the all-node run's findings.  A node of the confirmation run gets that run's checks
+    instead, and ``first_run`` saying what the all-node run did there: ``pass`` when the nodes named explain
+    it (collateral), ``warn`` when no node was named (it failed, then passed).  When the confirmation run did
+    not pass, every failure on its nodes is blocked: they are ``unverified``, never blamed and never healthy.
+    Returns ``{host: {name: check}}`` (the ``allreduce`` capability's checks of the gate)."""
+    confirm = localize_summary.get("confirm") or {}
+    confirmed = set(confirm.get("hosts") or []) if confirm.get("status") not in (None, "planned", "skipped") else set()
+    named = list(localize_summary.get("bad") or []) + list(localize_summary.get("lost") or []) + sorted(
+        localize_summary.get("excluded") or {})
+    out = {}
+    for host, checks in first_checks_by_host.items():
+        if host not in confirmed:
+            out[host] = dict(checks)
+            continue
+        first = _first_run_text(host, checks)
+        mine = dict(confirm_checks_by_host.get(host) or {})
+        if confirm["status"] == "pass":
+            if named:
+                mine["first_run"] = passed(
+                    "the all-node run failed or was slow (%s), explained by %s (allreduce.localize); on %s it was "
+                    "collateral (%s); %s then passed with the nodes left (%s)" % (
+                        localize_summary.get("trigger"), ", ".join(named), host, first, host,
+                        ", ".join(confirm["hosts"])), FIRST_RUN_EXPECTED)
+            else:
+                mine["first_run"] = warned(
+                    "the all-node run failed or was slow (%s) on %s (%s), no node was named, and the run over the "
+                    "same nodes then passed: a transient fault" % (localize_summary.get("trigger"), host, first),
+                    FIRST_RUN_EXPECTED, "nothing to do on %s now; if it repeats, read its first run's log (%s.log) "
+                    "and the interfaces' error counters" % (host, host))
+            out[host] = mine
+            continue
+        why = "the confirmation run over %s %s: %s" % (", ".join(confirm["hosts"]), confirm["status"],
+                                                      confirm.get("reason") or "see its checks")
+        held = {name: _held(check, why) for name, check in mine.items()}
+        held["first_run"] = blocked("%s not proven: the all-node run failed (%s; on %s: %s) and %s" % (
+            host, localize_summary.get("trigger"), host, first, why), FIRST_RUN_EXPECTED,
+            "fix what the named nodes' checks say, then re-run the gate")
+        held["confirm"] = blocked("%s not proven: %s" % (host, why), CONFIRM_EXPECTED,
+                                  "read the confirmation run's logs (<node>.confirm.log) and re-run the gate")
+        out[host] = held
+    return out
+
+
+def _held(check, why):
+    """A failure of a run that proved nothing: blocked (its node unverified), what it found kept."""
+    if check.get("status") not in ("fail", "warn") or (check.get("details") or {}).get("blocked"):
+        return check
+    return blocked("%s (%s)" % (check["found"], why), check.get("expected", ""), check.get("fix", ""))

@@ -22,6 +22,7 @@ from ansible.module_utils.preflight_allreduce import (
 from ansible.module_utils.preflight_checks import CheckError, decision, error, put
 from ansible.module_utils.preflight_cluster import ClusterView, without_gc
 from ansible.module_utils.preflight_pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
+from ansible.module_utils import preflight_localize as localize
 from ansible.module_utils import preflight_nic_discovery, preflight_port_mesh, preflight_ssh_trust
 
 STAGES = ("inputs", "plan", "launch", "final", "local")
@@ -266,10 +267,12 @@ def stage_final(view):
             if checks is not None:
                 _put(checks_by_host, host, name, checks)
     gate = launch.get("gate") or {"launch": False}
+    # Lost before or while the all-node run was collected (a node lost in the confirmation run is not lost there).
+    first_lost = view.lost(registry.STAGE_ORDER[:registry.STAGE_ORDER.index("probes") + 1])
     results, gate_lost = {}, {}
     for host in gate.get("hosts") or []:
-        if host in lost:
-            gate_lost[host] = lost[host]
+        if host in first_lost:
+            gate_lost[host] = first_lost[host]
             continue
         job = (view.result(host, "preflight_probes") or {}).get("job")
         if isinstance(job, dict) and job.get("failed"):
@@ -280,9 +283,10 @@ def stage_final(view):
             gate_lost[host] = job["checks"]["no_result"]["found"]
     mesh_reached = {host for host, checks in ((launch.get("port_mesh") or {}).get("checks_by_host") or {}).items()
                     if (checks.get("reach") or {}).get("status") == "pass"}
-    summary, gate_checks = summarize(gate, results, gate_lost,
-                                     nic_facts=view.capability_facts("nic_discovery", gate.get("hosts") or []),
-                                     mesh_reached=mesh_reached)
+    nic_facts = view.capability_facts("nic_discovery", gate.get("hosts") or [])
+    summary, gate_checks = summarize(gate, results, gate_lost, nic_facts=nic_facts, mesh_reached=mesh_reached)
+    logs = {host: _logs(result) for host, result in results.items()}
+    gate_checks = _reconciled(view, first, summary, gate_checks, nic_facts, logs)
     for host, checks in gate_checks.items():
         _put(checks_by_host, host, "allreduce", checks)
     if gate.get("early_by_host"):
@@ -295,11 +299,39 @@ def stage_final(view):
                         view.capability_settings("allreduce", torch_hosts)) or {}
     for host, check in versions.items():
         _put(checks_by_host, host, "allreduce", {"versions": check})
-    return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost,
-                    logs={host: {"log": (results.get(host) or {}).get("log"),
-                                 "ranks": (results.get(host) or {}).get("ranks") or [],
-                                 "rank_logs": (results.get(host) or {}).get("rank_logs") or {}}
-                          for host in results})
+    return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost, logs=logs)
+
+
+def _logs(result):
+    return {"log": result.get("log"), "ranks": result.get("ranks") or [], "rank_logs": result.get("rank_logs") or {}}
+
+
+CONFIRM_REGISTER = "allreduce_confirm"
+
+
+def _reconciled(view, first, summary, gate_checks, nic_facts, logs):
+    """The all-node run's checks once localisation concluded and the nodes left were confirmed
+    (``preflight_localize.reconcile``); the confirmation run's summary goes into ``summary["confirm"]`` and its
+    logs into ``logs`` as ``<node>.confirm``.  Unchanged when nothing was localised."""
+    localized = (view.result(first, "allreduce_localize") or {}) if first else {}
+    conclusion, plan = localized.get("localize") or {}, localized.get("confirm_plan")
+    confirm = conclusion.get("confirm") or {}
+    if not plan or confirm.get("status") in (None, "planned", "skipped"):
+        return gate_checks
+    results, lost = {}, {}
+    for host in plan["hosts"]:
+        state, message = view.outcome(host, CONFIRM_REGISTER)
+        result = view.result(host, CONFIRM_REGISTER) if state == "ok" else None
+        if isinstance(result, dict) and isinstance(result.get("ranks"), list):
+            results[host] = result
+            logs["%s.confirm" % host] = _logs(result)
+        else:
+            lost[host] = "%s while running the confirmation all-reduce: %s" % (state, (message or "no ranks")[:300])
+    confirmed, confirm_checks = summarize(plan, results, lost, nic_facts=nic_facts)
+    summary["confirm"] = dict({key: confirmed.get(key) for key in (
+        "hosts", "world_size", "planned_world_size", "master", "master_addr", "master_port", "sizes", "suspects",
+        "correct")}, status=confirm["status"], reason=confirm.get("reason"), busbw_gbps=confirm.get("busbw_gbps"))
+    return localize.reconcile(gate_checks, conclusion, confirm_checks)
 
 
 def stage_local(view):

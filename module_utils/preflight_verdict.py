@@ -233,12 +233,17 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
             flat.setdefault("%s.contract" % RUN, failed(
                 problem, "unique, well-formed check names", "a defect of the preflight: report it with this file"))
         nodes[host] = {"status": node_status(flat), "reachable": not lost, "checks": flat}
+    localize = next((item["localize"] for item in decisions if item.get("localize")), None)
+    if gate and localize:
+        hold_contradictions(nodes, localize)
     gate_summary = next((item["allreduce"] for item in reversed(decisions) if item.get("allreduce")), None)
     failed_hosts = [host for host in hosts if nodes[host]["status"] == "fail"]
     unverified = [host for host in hosts if nodes[host]["status"] == "unverified"]
     healthy = [host for host in hosts if nodes[host]["status"] in ("pass", "warn")]
     status = "pass" if hosts and len(healthy) == len(hosts) else "fail"
-    if gate and (not gate_summary or gate_summary.get("status") != "pass"):
+    # The gate passed when the all-node run did, or when the nodes left after localisation passed together.
+    if gate and (not gate_summary or "pass" not in (gate_summary.get("status"),
+                                                    (gate_summary.get("confirm") or {}).get("status"))):
         status = "fail"
     verdict = {
         "status": status,
@@ -257,12 +262,36 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
     if gate:
         verdict["allreduce"] = gate_summary or {"status": "skipped", "reason": "the all-reduce was not planned",
                                                 "launched": False, "ranks": [], "suspects": []}
-    localize = next((item["localize"] for item in decisions if item.get("localize")), None)
     if gate and localize:
         verdict["localize"] = localize
     if stopped:
         verdict["stopped"] = "invalid settings on %s" % ", ".join(stopped["invalid_hosts"])
     return verdict
+
+
+def hold_contradictions(nodes, localize):
+    """A node the localisation proved good must not fail an all-reduce check: if one does, the decisions
+    contradict each other (a defect).  Never drain a node on a contradiction: the failing checks are blocked
+    (the node ``unverified``) and ``preflight.contract`` says which, so the verdict stays self-consistent and
+    the defect is reported."""
+    for host in localize.get("good") or []:
+        node = nodes.get(host)
+        if not node:
+            continue
+        failing = sorted(name for name, check in node["checks"].items()
+                         if name.startswith("allreduce.") and check["status"] == "fail")
+        if not failing:
+            continue
+        for name in failing:
+            check = node["checks"][name]
+            node["checks"][name] = blocked("%s (held: %s is proven good by the localisation)" % (
+                check["found"], host), check.get("expected", ""), check.get("fix", ""))
+        node["checks"]["%s.contract" % RUN] = blocked(
+            "%s is proven good by the localisation and yet failed %s: the decisions contradict each other, so "
+            "those failures were held (not drained)" % (host, ", ".join(failing)),
+            "no node both proven good and failed by the all-reduce", "a defect of the preflight: report it with "
+            "this verdict file")
+        node["status"] = node_status(node["checks"])
 
 
 def failure_lines(verdict):

@@ -58,11 +58,24 @@ def problems(verdict):
         for name, check in checks.items():
             if not isinstance(check, dict) or check.get("status") not in CHECK_STATUSES:
                 found.append("check %s of %s is malformed" % (name, host))
+    found += contradictions(verdict, nodes)
     if verdict.get("status") == "pass" and not found:
         bad = [host for host in hosts if nodes[host]["status"] not in ("pass", "warn")]
         if bad or verdict.get("failed_hosts") or verdict.get("unreachable_hosts"):
             found.append("status pass contradicts nodes %s" % ", ".join(
                 bad or verdict.get("failed_hosts") or verdict.get("unreachable_hosts")))
+    return found
+
+
+def contradictions(verdict, nodes):
+    """A node the localisation proved good that an all-reduce check fails: the verdict contradicts itself."""
+    found = []
+    for host in (verdict.get("localize") or {}).get("good") or []:
+        checks = (nodes.get(host) or {}).get("checks") or {}
+        failing = sorted(name for name, check in checks.items() if isinstance(check, dict)
+                         and name.startswith("allreduce.") and check.get("status") == "fail")
+        if failing:
+            found.append("node %s is proven good by the localisation and fails %s" % (host, ", ".join(failing)))
     return found
 
 

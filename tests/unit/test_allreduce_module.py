@@ -254,6 +254,30 @@ def test_a_stopped_rank_is_killed_once_its_peer_failed_not_left_to_torchruns_30_
 
 
 @pytest.mark.timeout(180)
+def test_a_run_past_its_bandwidth_deadline_is_slow_with_the_busbw_reached_and_ends_at_once(run_module, temp_dirs):
+    """Far more iterations than the deadline allows: every rank is marked slow by its watchdog with the busbw it
+    reached, the stacks are taken, and the run ends seconds after the deadline, not at the hard timeout."""
+    _system, scratch = temp_dirs
+    started = time.monotonic()
+    result, failed = run_module(allreduce, module_args(timeout=20, hard_timeout=150, sizes=[4194304], iters=100000,
+                                                       bandwidth_deadline=3, scratch_dir=str(scratch)))
+    wall = time.monotonic() - started
+    assert not failed and result["timed_out"] is False, result
+    assert wall < 60, "ended at the deadline, not the hard timeout (%.1f s)" % wall
+    by_rank = {r["rank"]: r for r in result["ranks"]}
+    assert {r["status"] for r in by_rank.values()} == {"slow"}, by_rank
+    for row in by_rank.values():
+        assert row["stage"] == "bandwidth" and row["slow"]["deadline_seconds"] == 3
+        assert row["slow"]["busbw_reached_gbps"] > 0 and row["slow"]["collectives_done"] > 0, row["slow"]
+        assert row["slow"]["size_bytes"] == 4194304
+        assert "main" in row.get("stack", ""), row
+    found = result["checks"]["ranks"]
+    assert found["status"] == "fail" and "bandwidth deadline of 3.0 s" in found["found"], found
+    assert "--bandwidth-deadline" in result["argv"]
+    assert not leftovers(result)
+
+
+@pytest.mark.timeout(180)
 def test_ranks_and_py_spy_run_as_the_job_user_and_a_hung_ranks_stack_is_taken_without_root(run_module):
     import pwd
     if os.geteuid() != 0:

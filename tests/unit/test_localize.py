@@ -20,7 +20,7 @@ def hosts(count):
 def base_args(names):
     return {host: {"python": "/usr/bin/python3", "nnodes": len(names), "node_rank": index, "nproc_per_node": 2,
                    "master_addr": "198.18.200.0", "master_port": PORT, "backend": "gloo", "timeout": 30,
-                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1,
+                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1, "bandwidth_deadline": 0,
                    "min_busbw_gbps": 0, "socket_ifname": "eth0", "role": host, "run_as": "", "env": {"A": "1"},
                    "keep_scratch": False, "selftest_fault": "none", "selftest_rank": -1, "wait_timeout": 200}
             for index, host in enumerate(names)}
@@ -186,8 +186,53 @@ def test_all_node_trigger(outcome, floor, needed):
 def test_floors_per_backend():
     settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_busbw_gbps_nccl": 1.0,
                 "allreduce_floor_relative": 0.7}
-    assert loc.floors(settings, "nccl") == {"absolute": 1.0, "relative": 0.7}
+    assert loc.floors(settings, "nccl") == {"absolute": 1.0, "relative": 0.7, "grace": 10.0}
     assert loc.floors(settings, "gloo")["absolute"] == 0.01
+    assert loc.floors(dict(settings, allreduce_slow_grace=3), "gloo")["grace"] == 3.0
+
+
+def test_the_bandwidth_deadline_is_the_sweep_at_the_floor_plus_start_up():
+    # 8 ranks: bus factor 2*7/8 = 1.75; 7 collectives of 16 MiB and 7 of 1 MiB at 0.01 GB/s, plus 10 s.
+    sizes, mib = [1 << 20, 16 << 20], 1 << 20
+    expected = (7 * 17 * mib * 1.75) / 1e7 + 10
+    assert loc.bandwidth_deadline(sizes, 5, 2, 8, 0.01, 10) == pytest.approx(expected, abs=1e-3)
+    # One rank: busbw is algbw (factor 1); no floor: no deadline.
+    assert loc.bandwidth_deadline([mib], 1, 0, 1, 0.001, 0) == pytest.approx(mib / 1e6, abs=1e-3)
+    assert loc.bandwidth_deadline(sizes, 5, 2, 8, 0, 10) == 0
+
+
+def test_pairs_and_loopbacks_get_a_deadline_for_their_own_world_size():
+    names = hosts(2)
+    base = base_args(names)
+    floor = {"absolute": 0.01, "relative": 0, "grace": 5}
+    pair = loc.pair_args(base, names, "198.18.200.1", PORT + 1, floor)
+    nproc = base["n1"]["nproc_per_node"]
+    assert pair["n1"]["bandwidth_deadline"] == loc.bandwidth_deadline(
+        base["n1"]["sizes"], base["n1"]["iters"], base["n1"]["warmup"], 2 * nproc, 0.01, 5)
+    alone = loc.loopback_args(base["n1"], PORT + 2, floor)
+    assert alone["bandwidth_deadline"] == loc.bandwidth_deadline(
+        base["n1"]["sizes"], base["n1"]["iters"], base["n1"]["warmup"], nproc, 0.01, 5)
+    assert alone["bandwidth_deadline"] < pair["n1"]["bandwidth_deadline"]
+
+
+def test_a_launch_ended_at_its_deadline_is_slow_at_the_busbw_it_reached():
+    slow = {"deadline_seconds": 12.0, "elapsed_seconds": 12.1, "size_bytes": 1 << 20, "collectives_done": 3,
+            "busbw_reached_gbps": 0.002}
+    results = {"n1": {"ranks": [{"rank": 0, "status": "slow", "stage": "bandwidth", "slow": slow},
+                                {"rank": 1, "status": "slow", "stage": "bandwidth", "slow": dict(slow, busbw_reached_gbps=0.003)}]},
+               "n2": {"ranks": [{"rank": 2, "status": "error", "stage": "bandwidth", "error": "Connection reset by peer"},
+                                {"rank": 3, "status": "slow", "stage": "bandwidth", "slow": slow}]}}
+    outcome = loc.run_outcome(["n1", "n2"], results)
+    assert outcome["status"] == "slow" and outcome["busbw_gbps"] == 0.002, outcome
+    assert "deadline of 12.0 s" in outcome["reason"]
+    needed, why = loc.all_node_trigger(outcome, {"absolute": 0.01, "relative": 0.7})
+    assert needed and "was slow" in why
+    launches, _median = loc.graded([{"round": 1, "launches": [dict(outcome, kind="pair", hosts=["n1", "n2"])]}],
+                                   {"absolute": 0.01, "relative": 0.7})
+    assert launches[0]["verdict"] == "slow" and "deadline" in launches[0]["why"]
+    # Wrong data is never hidden behind slow.
+    results["n2"]["ranks"][1] = {"rank": 3, "status": "wrong", "stage": "done", "correct": False}
+    assert loc.run_outcome(["n1", "n2"], results)["status"] == "fail"
 
 
 # --------------------------------------------------------------------------
@@ -422,3 +467,96 @@ def test_a_slow_link_is_named_once_it_is_slow_with_two_good_nodes():
     assert summary["bad"] == ["n2"] and len(plans) == 3, summary
     named = checks["n2"]["allreduce"]["localize"]
     assert named["status"] == "fail" and "n0+n2" in named["found"] and "n1+n2" in named["found"]
+
+
+# --------------------------------------------------------------------------
+# The nodes left are proven together; the all-node run's failures on them are reconciled, never blamed
+
+
+def test_the_conclusion_plans_a_confirmation_run_over_the_nodes_left_on_the_runs_own_port():
+    names = hosts(4)
+    done, _gpu_rounds = _drive(_gpu_task_vars(names, "gloo", []), names, "n2", bad_gpu=None)
+    assert done["localize"]["bad"] == ["n2"] and done["localize"]["confirm"]["status"] == "planned"
+    plan = done["confirm_plan"]
+    assert plan["hosts"] == ["n0", "n1", "n3"] and plan["master"] == "n0" and plan["master_port"] == PORT
+    args = done["confirm_args_by_host"]
+    assert set(args) == {"n0", "n1", "n3"} and [args[h]["node_rank"] for h in ("n0", "n1", "n3")] == [0, 1, 2]
+    assert {a["nnodes"] for a in args.values()} == {3} and {a["master_port"] for a in args.values()} == {PORT}
+    assert {a["selftest_fault"] for a in args.values()} == {"none"}
+    assert plan["world_size"] == 3 * base_args(names)["n0"]["nproc_per_node"]
+
+
+@pytest.mark.parametrize("confirmed, status", [(True, "pass"), (False, "slow")])
+def test_the_confirmation_run_is_folded_in_and_proves_an_unproven_node_only_when_it_passed(confirmed, status):
+    action = _action()
+    from ansible.module_utils.preflight_cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    names = hosts(4)
+    task_vars = _gpu_task_vars(names, "gloo", [])
+    done, _gpu_rounds = _drive(task_vars, names, "n2", bad_gpu=None)
+    # Pretend n3 was left unproven by the rounds (blocked), to see the confirmation prove it.
+    done["checks_by_host"]["n3"]["allreduce"]["localize"] = loc.blocked("n3 not proven: ...", loc.EXPECTED)
+    for host in names:
+        task_vars["hostvars"][host]["allreduce_localize"] = done
+        task_vars["hostvars"][host]["allreduce_confirm"] = (
+            {"ranks": ranks(busbw=GOOD_BW if confirmed else SLOW_BW)} if host != "n2" else {"skipped": True})
+    folded = action.fold_confirm(ClusterView(task_vars), done)
+    confirm = folded["localize"]["confirm"]
+    assert confirm["status"] == status and confirm["hosts"] == ["n0", "n1", "n3"], confirm
+    assert folded["confirm_args_by_host"] == {}, "folded once: the task does not run again"
+    n3 = folded["checks_by_host"]["n3"]["allreduce"]["localize"]
+    assert (n3["status"] == "pass") is confirmed and ("confirmation run" in n3["found"]) is confirmed
+
+
+def _first_run_checks():
+    """A slow all-node run over four nodes: every node's ranks failed, every node a suspect."""
+    slow = loc.failed("rank 0 on %s slow: past the bandwidth deadline", "every rank completes", "drain it")
+    return {host: {"ranks": dict(slow, found=slow["found"] % host), "suspect_rank_0": slow,
+                   "world_size": loc.passed("8 of 8", "8")} for host in hosts(4)}
+
+
+def _conclusion(confirm_status, bad=("n2",)):
+    return {"trigger": "the all-node all-reduce was slow: past its bandwidth deadline", "bad": list(bad),
+            "lost": [], "excluded": {}, "good": [h for h in hosts(4) if h not in bad],
+            "confirm": {"hosts": [h for h in hosts(4) if h not in bad], "status": confirm_status,
+                        "reason": "" if confirm_status == "pass" else "past its bandwidth deadline"}}
+
+
+def test_reconcile_a_passing_confirmation_clears_the_collateral_and_keeps_the_named_node_failed():
+    confirm_checks = {host: {"ranks": loc.passed("2 ranks done", "done")} for host in ("n0", "n1", "n3")}
+    out = loc.reconcile(_first_run_checks(), _conclusion("pass"), confirm_checks)
+    assert out["n2"]["ranks"]["status"] == "fail" and out["n2"]["suspect_rank_0"]["status"] == "fail"
+    for host in ("n0", "n1", "n3"):
+        assert {name: check["status"] for name, check in out[host].items()} == {"ranks": "pass", "first_run": "pass"}
+        assert "explained by n2" in out[host]["first_run"]["found"] and "collateral" in out[host]["first_run"]["found"]
+
+
+def test_reconcile_no_node_named_and_a_passing_confirmation_is_a_warn_failed_then_passed():
+    confirm_checks = {host: {"ranks": loc.passed("2 ranks done", "done")} for host in hosts(4)}
+    out = loc.reconcile(_first_run_checks(), _conclusion("pass", bad=()), confirm_checks)
+    for host in hosts(4):
+        assert out[host]["first_run"]["status"] == "warn" and "then passed" in out[host]["first_run"]["found"]
+        assert out[host]["first_run"]["fix"]
+
+
+def test_reconcile_a_failed_confirmation_leaves_the_nodes_unverified_never_blamed_nor_healthy():
+    from ansible.module_utils.preflight_checks import node_status  # pylint: disable=import-outside-toplevel
+    confirm_checks = {host: {"ranks": loc.failed("slow again", "done", "see")} for host in ("n0", "n1", "n3")}
+    out = loc.reconcile(_first_run_checks(), _conclusion("slow"), confirm_checks)
+    for host in ("n0", "n1", "n3"):
+        assert node_status({"allreduce.%s" % name: check for name, check in out[host].items()}) == "unverified"
+        assert out[host]["confirm"]["details"]["blocked"] and "not proven" in out[host]["confirm"]["found"]
+    assert out["n2"]["ranks"]["status"] == "fail"
+
+
+def test_a_verdict_with_a_node_proven_good_and_failed_by_the_all_reduce_holds_it_and_says_so():
+    from ansible.module_utils import preflight_verdict  # pylint: disable=import-outside-toplevel
+    from ansible.module_utils import preflight_verdict_file  # pylint: disable=import-outside-toplevel
+    nodes = {"n0": {"status": "fail", "checks": {"allreduce.ranks": loc.failed("hung", "done", "drain n0"),
+                                                 "allreduce.localize": loc.passed("n0 proven good", "x")}}}
+    contradicting = {"localize": {"good": ["n0"]}}
+    assert preflight_verdict_file.contradictions(contradicting, nodes) == [
+        "node n0 is proven good by the localisation and fails allreduce.ranks"]
+    preflight_verdict.hold_contradictions(nodes, contradicting["localize"])
+    assert nodes["n0"]["status"] == "unverified"
+    assert nodes["n0"]["checks"]["preflight.contract"]["details"]["blocked"]
+    assert preflight_verdict_file.contradictions(contradicting, nodes) == []

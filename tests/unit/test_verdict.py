@@ -433,7 +433,7 @@ def test_cli_says_why_a_private_verdict_cannot_be_read(tmp_path, monkeypatch):
         vf.load(str(tmp_path / "r1"))
 
 
-def test_the_bound_counts_the_localisation_rounds_and_every_gpu_pair_launch():
+def test_the_bound_counts_the_localisation_rounds_the_confirmation_run_and_every_gpu_pair_launch():
     import importlib.util
     from ansible.module_utils.preflight_cluster import ClusterView
     spec = importlib.util.spec_from_file_location("preflight_verdict_action_bound", ACTION)
@@ -445,7 +445,8 @@ def test_the_bound_counts_the_localisation_rounds_and_every_gpu_pair_launch():
     plain = plugin.bound_seconds(view, {}, launch)
     rounds = plugin.bound_seconds(view, {}, launch, {"needed": True, "localize": {}})
     per_launch = 200 + plugin.CONNECT_BOUND
-    assert rounds - plain == plugin.MAX_ROUNDS * 2 * per_launch
+    # Three rounds of two steps, and the confirmation run over the nodes left.
+    assert rounds - plain == (plugin.MAX_ROUNDS * 2 + 1) * per_launch
     gpus = {"needed": True, "localize": {"gpus": {"n1": {"rounds": [{"launches": [{}] * 4}, {"launches": [{}] * 3}]},
                                                   "n2": {"rounds": [{"launches": [{}] * 2}]}}}}
     assert plugin.bound_seconds(view, {}, launch, gpus) - rounds == 7 * per_launch

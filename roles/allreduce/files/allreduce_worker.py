@@ -11,7 +11,11 @@ entered):
 3. ``barrier``     monitored_barrier (gloo names the ranks that did not
                    arrive); on NCCL a side gloo group carries it.
 4. ``bandwidth``   timed all-reduce at a few sizes, algbw and busbw as
-                   nccl-tests computes them.
+                   nccl-tests computes them.  With ``--bandwidth-deadline``
+                   a watchdog marks the rank ``slow`` (with the busbw it
+                   reached) when the stage outlives the time the sizes take
+                   at the floor busbw; the node's gate then takes the stacks
+                   and ends the run instead of waiting for the hard timeout.
 5. ``done``
 
 The result file is ``<out>/rank<RANK>.json``; it is rewritten atomically at
@@ -28,6 +32,7 @@ import os
 import platform
 import socket
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -82,14 +87,21 @@ class Recorder:
             "status": "running",
         }
         self._t0 = time.monotonic()
+        # The bandwidth watchdog writes from its own thread.
+        self.lock = threading.Lock()
         self.write()
 
     def stage(self, name):
-        self.data["stage"] = name
-        self.data["stages"][name] = round(time.monotonic() - self._t0, 4)
-        self.write()
+        with self.lock:
+            self.data["stage"] = name
+            self.data["stages"][name] = round(time.monotonic() - self._t0, 4)
+            self._write()
 
     def write(self):
+        with self.lock:
+            self._write()
+
+    def _write(self):
         tmp = self.path + ".tmp"
         with open(tmp, "w") as handle:
             json.dump(self.data, handle, indent=1, sort_keys=True)
@@ -132,17 +144,62 @@ def check_correctness(torch, dist, device, world_size, rank, numel, corrupt=Fals
     return int(wrong.numel()), first
 
 
-def measure(torch, dist, device, world_size, size_bytes, iters, warmup, sync):
+class Progress:
+    """How far the bandwidth stage got, for the watchdog: collectives issued and their bus bytes."""
+
+    def __init__(self, world_size):
+        self.factor = 2.0 * (world_size - 1) / world_size if world_size > 1 else 1.0
+        self.started = time.monotonic()
+        self.size_bytes = 0
+        self.collectives = 0
+        self.bus_bytes = 0.0
+        self.finished = threading.Event()
+
+    def step(self, size_bytes):
+        self.size_bytes = size_bytes
+        self.collectives += 1
+        self.bus_bytes += size_bytes * self.factor
+
+    def reached(self):
+        """The busbw reached so far over the whole stage, in GB/s."""
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return round(self.bus_bytes / elapsed / 1e9, 6)
+
+
+def watch_bandwidth(rec, progress, deadline):
+    """Mark the rank ``slow`` once the bandwidth stage outlives ``deadline`` seconds; the node's gate ends it."""
+    if progress.finished.wait(deadline):
+        return
+    with rec.lock:
+        if progress.finished.is_set() or rec.data.get("stage") != "bandwidth":
+            return
+        rec.data["status"] = "slow"
+        rec.data["slow"] = {
+            "deadline_seconds": round(deadline, 3),
+            "elapsed_seconds": round(time.monotonic() - progress.started, 3),
+            "size_bytes": progress.size_bytes,
+            "collectives_done": progress.collectives,
+            "busbw_reached_gbps": progress.reached(),
+        }
+        rec._write()  # pylint: disable=protected-access
+    print("preflight: rank %d is slow: the bandwidth stage outlived its deadline of %.1f s at busbw %.4f GB/s" % (
+        rec.data["rank"], deadline, rec.data["slow"]["busbw_reached_gbps"]), file=sys.stderr, flush=True)
+
+
+def measure(torch, dist, device, world_size, size_bytes, iters, warmup, sync, progress=None):
     numel = max(1, size_bytes // 4)
     tensor = torch.ones(numel, dtype=torch.float32, device=device)
+    step = progress.step if progress is not None else (lambda _size: None)
     for _ in range(warmup):
         dist.all_reduce(tensor)
+        step(numel * 4)
     sync()
     # Every rank starts the timed loop together, as nccl-tests do.
     dist.barrier()
     start = time.perf_counter()
     for _ in range(iters):
         dist.all_reduce(tensor)
+        step(numel * 4)
     sync()
     seconds = (time.perf_counter() - start) / iters
     size = numel * 4
@@ -164,6 +221,9 @@ def parse_args(argv=None):
                         help="comma list of all-reduce sizes in bytes for the bandwidth stage")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--bandwidth-deadline", type=float, default=0.0,
+                        help="seconds the bandwidth stage may take (the sizes at the floor busbw, plus start-up); "
+                             "past it the rank is marked slow. 0: no deadline")
     parser.add_argument("--check-elements", type=int, default=1 << 20,
                         help="elements in the correctness all-reduce")
     parser.add_argument("--linger", type=float, default=2.0,
@@ -230,10 +290,18 @@ def main(argv=None):
 
         rec.stage("bandwidth")
         sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
-        rec.data["bandwidth"] = [measure(torch, dist, device, world_size, size, args.iters, args.warmup, sync)
-                                 for size in sizes]
+        progress = Progress(world_size)
+        if args.bandwidth_deadline > 0:
+            threading.Thread(target=watch_bandwidth, args=(rec, progress, args.bandwidth_deadline),
+                             daemon=True).start()
+        bandwidth = [measure(torch, dist, device, world_size, size, args.iters, args.warmup, sync, progress)
+                     for size in sizes]
+        progress.finished.set()
+        with rec.lock:
+            rec.data["bandwidth"] = bandwidth
+            if rec.data["status"] != "slow":
+                rec.data["status"] = "ok" if rec.data["correct"] else "wrong"
         rec.stage("done")
-        rec.data["status"] = "ok" if rec.data["correct"] else "wrong"
         if rank == 0:
             info = rec.data["versions"]
             print("preflight: world_size=%d backend=%s torch=%s cuda=%s nccl=%s correct=%s" % (
