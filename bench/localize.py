@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Localisation cost: rounds and wall time to name one throttled node among N, vs one all-node run.
+"""Localisation cost: rounds and seconds to a verdict that names one throttled node among N, vs a healthy gate.
 
 Brings up one namespace test bed of ``--nodes`` nodes (tests/testbed.py; default 8, one rank per
 node), brings up SSH trust with bringup.yml, then alternates, ``--runs`` times:
@@ -10,9 +10,12 @@ node), brings up SSH trust with bringup.yml, then alternates, ``--runs`` times:
 and prints per run: the rounds the pair rounds took, the seconds they took (the verdict's
 ``localize.elapsed_seconds``, controller clock from the first plan to the conclusion), whether the
 throttled node was the one named, the all-node all-reduce's own seconds (the slowest node's
-``allreduce.ranks`` time in the healthy run) and both playbooks' wall times.  Targets: <= 3 rounds,
-localisation <= 3x the all-node run.  Needs root (namespaces).  Use the project's venv:
-    .venv/bin/python bench/localize.py --nodes 8 --runs 2
+``allreduce.ranks`` time in the healthy run), both playbooks' wall times, and whether the verdict failed
+exactly the throttled node (the others proven by the confirmation run and in the hostfile).  Targets: <= 3
+rounds, seconds to the verdict with one sick node <= 3x a healthy gate's.  ``--fault hard`` throttles so hard
+that the all-node run cannot finish within its hard timeout (the bandwidth deadline ends it as slow);
+``mild`` (default) lets it finish below the floor.  Needs root (namespaces).  Use the project's venv:
+    .venv/bin/python bench/localize.py --nodes 8 --runs 2 [--fault hard]
 """
 
 import argparse
@@ -35,17 +38,23 @@ from gate_helpers import REPLACE_FILE, RESOLV_CONF  # noqa: E402
 from multinode import BRINGUP_VARS  # noqa: E402
 from testbed import Testbed, unavailable_reason  # noqa: E402
 
-THROTTLE = ["root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"]
+THROTTLES = {"mild": ["root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"],
+             "hard": ["root", "tbf", "rate", "8mbit", "burst", "32kbit", "latency", "400ms"]}
 # Small sizes: the all-node run and each pair run stay short on a 2-core machine (as the bed tests do).
-GATE_VARS = {"allreduce_sizes": [1048576], "allreduce_iters": 3, "allreduce_warmup": 1,
-             "allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
-             "preflight_nproc_per_node": 1}
+GATE_VARS = {"mild": {"allreduce_sizes": [1048576], "allreduce_iters": 3, "allreduce_warmup": 1,
+                      "allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
+                      "preflight_nproc_per_node": 1},
+             # Seven 4 MiB collectives at 8 Mbit/s outlast the 45 s hard timeout; the deadline ends them first.
+             "hard": {"allreduce_sizes": [4194304], "allreduce_iters": 5, "allreduce_warmup": 2,
+                      "allreduce_timeout": 20, "allreduce_hard_timeout": 45, "allreduce_slow_grace": 3,
+                      "allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
+                      "preflight_nproc_per_node": 1}}
 RANKS_SECONDS = re.compile(r"completed init, correctness, barrier and bandwidth in ([0-9.]+) s")
 
 
-def gate(bed, results_dir):
+def gate(bed, results_dir, gate_vars):
     argv = [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "preflight.yml", "-i", bed.inventory_path,
-            "-e", json.dumps(GATE_VARS), "-e", "preflight_results_dir=%s" % results_dir]
+            "-e", json.dumps(gate_vars), "-e", "preflight_results_dir=%s" % results_dir]
     start = time.perf_counter()
     subprocess.run(argv, cwd=ROOT, env=bed.ansible_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=1800, check=False)
@@ -68,6 +77,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--fault", choices=sorted(THROTTLES), default="mild")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -95,21 +105,28 @@ def run_bench(args, bed, workdir):
           flush=True)
     rows = []
     for run in range(args.runs):
-        healthy_wall, healthy = gate(bed, os.path.join(workdir, "healthy-%d" % run))
+        healthy_wall, healthy = gate(bed, os.path.join(workdir, "healthy-%d" % run), GATE_VARS[args.fault])
         if healthy["status"] != "pass":
             raise SystemExit("the healthy gate did not pass: %s" % healthy["failed_hosts"])
         all_node = all_node_seconds(healthy)
         node = bed.nodes[(2 + 3 * run) % len(bed.nodes)]
-        bed.tc(node, ["qdisc", "add", "dev", "eth0"] + THROTTLE)
+        bed.tc(node, ["qdisc", "add", "dev", "eth0"] + THROTTLES[args.fault])
         try:
-            throttled_wall, throttled = gate(bed, os.path.join(workdir, "throttled-%d" % run))
+            throttled_wall, throttled = gate(bed, os.path.join(workdir, "throttled-%d" % run), GATE_VARS[args.fault])
         finally:
             bed.tc(node, ["qdisc", "del", "dev", "eth0", "root"])
         localize = throttled.get("localize") or {}
         named = localize.get("bad") == [node.name]
+        others = sorted(other.name for other in bed.nodes if other is not node)
+        alone = throttled["failed_hosts"] == [node.name] and sorted(throttled["healthy_hosts"]) == others
         rows.append({"rounds": localize.get("rounds_run"), "seconds": localize.get("elapsed_seconds"),
                      "all_node": all_node, "named": named, "healthy_wall": healthy_wall,
-                     "throttled_wall": throttled_wall})
+                     "throttled_wall": throttled_wall, "alone": alone})
+        print("run %d: failed %s, healthy %d of %d (the others %s), confirmation run %s; verdict %.2fx the healthy "
+              "gate's seconds" % (run + 1, throttled["failed_hosts"], len(throttled["healthy_hosts"]), len(others),
+                                  "all proven" if alone else "NOT all proven",
+                                  (localize.get("confirm") or {}).get("status"), throttled_wall / healthy_wall),
+              flush=True)
         print("run %d: throttled %s -> named %s (%s), %s round(s) in %s s; all-node all-reduce %.1f s "
               "(healthy gate %.1f s wall, throttled gate %.1f s wall); launches per round: %s" % (
                   run + 1, node.name, localize.get("bad"), "right" if named else "WRONG", localize.get("rounds_run"),
@@ -117,8 +134,12 @@ def run_bench(args, bed, workdir):
                   [len(item["launches"]) for item in localize.get("rounds") or []]), flush=True)
     seconds = [row["seconds"] for row in rows if row["seconds"] is not None]
     all_node = [row["all_node"] for row in rows if row["all_node"]]
-    print("named the throttled node: %d of %d runs; rounds: %s (target <= 3)" % (
-        sum(row["named"] for row in rows), len(rows), [row["rounds"] for row in rows]))
+    print("named the throttled node: %d of %d runs, and only it failed in %d; rounds: %s (target <= 3)" % (
+        sum(row["named"] for row in rows), len(rows), sum(row["alone"] for row in rows),
+        [row["rounds"] for row in rows]))
+    ratios = [row["throttled_wall"] / row["healthy_wall"] for row in rows]
+    print("seconds to the verdict, one sick node vs healthy (%s throttle, %d nodes): median %.2fx, min %.2fx, "
+          "max %.2fx (target <= 3x)" % (args.fault, args.nodes, statistics.median(ratios), min(ratios), max(ratios)))
     if seconds and all_node:
         print("median localisation %.1f s vs median all-node all-reduce %.1f s: %.2fx (target <= 3x); "
               "vs the healthy gate's whole wall time %.2fx" % (

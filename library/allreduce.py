@@ -94,6 +94,12 @@ options:
     description: Untimed iterations per size.
     type: int
     default: 2
+  run_id:
+    description:
+      - The gate run this launch belongs to (its run lock's id); set in the environment of torchrun and the ranks as
+        C(PREFLIGHT_RUN_ID), so a later run that takes over the lock of a dead run ends what it left on the node.
+    type: str
+    default: ""
   bandwidth_deadline:
     description:
       - Seconds the bandwidth stage may take, counted from its start on each rank (the controller derives it from

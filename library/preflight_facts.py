@@ -48,6 +48,17 @@ options:
       - Like the C(allreduce) task, the run is a probe that acts in check mode too and leaves nothing behind.
     type: dict
     default: {}
+  lock:
+    description:
+      - The gate's run lock, C({dir, run_id, controller, controller_pid, controller_start, user, lease_seconds,
+        live_runs}) from the C(inputs) decision (C(module_utils/preflight_lock.py)). Taken before anything is read
+        - a lease file in C(dir) named after the node's hostname, written under C(flock).
+      - A node another live run holds is reported in RV(busy) and nothing else runs on it; a lease whose run
+        expired, or whose C(ansible-playbook) no longer runs on this run's controller, is taken over and what that
+        run left on the node (its torchrun and ranks) is ended.
+      - Empty (the default; C(bringup.yml), C(healthcheck.yml)) takes no lock.
+    type: dict
+    default: {}
   selftest_error:
     description:
       - Name of a capability whose reader raises on purpose, to prove that one failing reader leaves the others'
@@ -98,6 +109,20 @@ early:
       C({launched=false, reason}) when the stages would not launch it (the controller then decides as usual).
   returned: when early_launch is given
   type: dict
+hangs:
+  description: Program to C({program, seconds, user}) of the training Python when it hung in this call.
+  returned: when it hung
+  type: dict
+lock:
+  description:
+    - With O(lock), C({state, path, lease, took_over, ended, why}) - C(state) is C(held), C(busy) or C(error) (the
+      lock directory could not be used; the run goes on unprotected).
+  returned: when lock is given
+  type: dict
+busy:
+  description: The same as RV(lock) when another run holds the node (C(lease) says which); nothing was read.
+  returned: when the node is busy
+  type: dict
 probes:
   description: With O(probes), capability name to its probe's result (and C(probe_errors), C(probe_elapsed)).
   returned: when probes are given
@@ -116,7 +141,8 @@ def launch_early(module, read):
     if not early:
         return {}
     try:
-        args, reason = early_launch_args(early["host"], early["settings"], early["node"], read)
+        args, reason = early_launch_args(early["host"], early["settings"], early["node"], read,
+                                         run_id=(module.params.get("lock") or {}).get("run_id") or "")
         if args is None:
             return {"early": {"launched": False, "reason": reason}}
         return {"early": dict(start_planned(args, early["worker_source"]), args=args)}

@@ -25,6 +25,8 @@ options:
       - The job user wanted on the node, C({user, named, python}) from C(preflight_settings). Job-side commands of
         the readers and probes (the training Python, the core crash, the ptrace attach) run as that account with a
         minimal environment; with none wanted and root, as C(nobody) when it can use the training Python.
+      - C(resolved) (the facts call's RV(job_user)) is taken as it is, and C(hangs) (program to C({seconds, user}),
+        the facts call's C(hangs)) are not run again - a training Python that hung once is not waited for twice.
     type: dict
     default: {}
   selftest_error:
@@ -39,6 +41,12 @@ options:
       - With C(cancel_marker), the run with that marker (one the facts call of a one-node run started early and the
         controller did not adopt) is killed first (SIGTERM, then SIGKILL), and what it left is collected.
     type: dict
+  release_lock:
+    description:
+      - C({dir, run_id}) - once everything else is done, remove this run's lease on the node (taken by the facts
+        call); another run's lease is left alone. Given when this is the run's last call on the node.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -62,6 +70,10 @@ job_user:
     - Who job-side commands ran as, C({name, uid, run_as, how, note}); C(how) is C(named), C(connecting), C(auto),
       C(auto_root), C(missing) or C(cannot_switch).
   returned: always
+  type: dict
+lock_released:
+  description: With O(release_lock), C({released, path, why}).
+  returned: when release_lock is given
   type: dict
 probes:
   description: Capability name to its probe's result (the shape is the capability's own).

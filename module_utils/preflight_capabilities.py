@@ -43,6 +43,7 @@ from ansible.module_utils import preflight_allreduce
 from ansible.module_utils import preflight_core_dumps
 from ansible.module_utils import preflight_debug_tools
 from ansible.module_utils import preflight_iommu
+from ansible.module_utils import preflight_lock as lock
 from ansible.module_utils import preflight_kernel_debug
 from ansible.module_utils import preflight_nic_discovery
 from ansible.module_utils import preflight_port_mesh
@@ -108,12 +109,12 @@ SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, s
 NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""),
                       probes=dict(type="dict", default={}), job=dict(type="dict", default={}))
 # preflight_facts of a one-node run also starts the all-reduce once its facts are read.
-FACTS_CALL_SPEC = dict(NODE_CALL_SPEC, early_launch=dict(type="dict", default={}))
+FACTS_CALL_SPEC = dict(NODE_CALL_SPEC, early_launch=dict(type="dict", default={}), lock=dict(type="dict", default={}))
 
 
 # preflight_probes also collects the background all-reduce once its probes are done (or cancels a run the
 # facts call started early that the controller did not adopt: ``cancel_marker``).
-PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"))
+PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"), release_lock=dict(type="dict", default={}))
 # Seconds the probes call waits for what a cancelled run left (its runner writes it once the tree is gone).
 CANCELLED_RESULT_WAIT = 10.0
 
@@ -126,6 +127,13 @@ def node_call(module, function_name, result_key, then=None):
 
     Job-side commands of the readers and probes run as the job user (``job``, see
     :func:`~ansible.module_utils.preflight_node.resolve_job_user`), returned as ``job_user``."""
+    taken = {}
+    if module.params.get("lock"):
+        # The gate's run lock first: a node another run holds is reported busy and nothing else runs on it.
+        taken = lock.acquire(module.params["lock"])
+        if taken["state"] == "busy":
+            module.exit_json(changed=False, busy=taken, lock=taken, errors={}, elapsed={}, job_user={},
+                             **{result_key: {}})
     ops = NodeOps(module)
     job_user = resolve_job_user(module.params.get("job"), ops)
     ops.job, ops.job_user = job_user, job_user["run_as"]
@@ -153,6 +161,14 @@ def node_call(module, function_name, result_key, then=None):
             data = {"checks": {"no_result": no_result(what, socket.gethostname().split(".")[0], job["results_file"],
                                                       waited, timeout)}}
         extra["job"] = dict(data, waited=waited)
+    if taken:
+        extra["lock"] = taken
+    if module.params.get("release_lock"):
+        # The run's last call on this node (a run that cannot localise): the node is free again.
+        extra["lock_released"] = lock.release(module.params["release_lock"])
+    if getattr(ops, "hangs", None):
+        # Handed to the run's next call on this node (``job["hangs"]``), which then does not wait for it again.
+        extra["hangs"] = ops.hangs
     module.exit_json(changed=False, errors=errors, elapsed=elapsed, job_user=job_user,
                      **dict(extra, **{result_key: results}))
 

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import json
 import os
+import socket
 import time
 
 from ansible.module_utils import preflight_capabilities as registry
@@ -43,6 +44,39 @@ def run_started():
         return time.time() - (uptime - ticks / float(os.sysconf("SC_CLK_TCK")))
     except (OSError, ValueError, IndexError):
         return time.time()
+
+
+def _start_ticks(pid, proc_root="/proc"):
+    """A process's start time in clock ticks since boot (with its pid, its identity: pids are reused)."""
+    with open("%s/%d/stat" % (proc_root, pid)) as handle:
+        return handle.read().rsplit(")", 1)[1].split()[19]
+
+
+def run_identity(proc_root="/proc"):
+    """``(run_id, pid, start)`` of this ``ansible-playbook`` run: the controller's hostname, the pid of the
+    parent of the worker an action plugin runs in, and its start tick; unique while the machine is up."""
+    pid = os.getppid()
+    try:
+        start = _start_ticks(pid, proc_root)
+    except (OSError, IndexError):
+        start = "0"
+    return "%s:%d:%s" % (socket.gethostname(), pid, start), pid, start
+
+
+def live_runs(proc_root="/proc"):
+    """The run ids (:func:`run_identity`) of every ``ansible-playbook`` alive on this controller now."""
+    host, found = socket.gethostname(), []
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        try:
+            with open("%s/%s/cmdline" % (proc_root, name), "rb") as handle:
+                argv = handle.read().split(b"\0")
+            if any(part.endswith(b"ansible-playbook") for part in argv[:2]):
+                found.append("%s:%s:%s" % (host, name, _start_ticks(int(name), proc_root)))
+        except (OSError, IndexError):
+            continue
+    return found
 
 
 def outcome(result):
@@ -125,11 +159,20 @@ class ClusterView(object):
         return lost
 
     def facts(self, host):
-        """``(facts, errors)`` of the node's one reader call, or ``(None, None)``."""
+        """``(facts, errors)`` of the node's one reader call, or ``(None, None)`` (also for a node another run
+        holds: nothing was read there)."""
         if self.outcome(host, "preflight_facts")[0] != "ok":
             return None, None
         result = self.result(host, "preflight_facts")
+        if result.get("busy"):
+            return None, None
         return result.get("facts") or {}, result.get("errors") or {}
+
+    def busy(self):
+        """``{host: lock result}`` of the nodes another run holds (``module_utils/preflight_lock.py``)."""
+        return {host: (self.result(host, "preflight_facts") or {})["busy"] for host in self.hosts
+                if self.outcome(host, "preflight_facts")[0] == "ok"
+                and (self.result(host, "preflight_facts") or {}).get("busy")}
 
     def read_hosts(self):
         return [host for host in self.hosts if self.facts(host)[0] is not None]

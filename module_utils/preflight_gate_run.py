@@ -23,12 +23,16 @@ import uuid
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.preflight_checks import failed, passed
+from ansible.module_utils.preflight_lock import RUN_ENV
 from ansible.module_utils.preflight_node import as_user, user_environment
 from ansible.module_utils.preflight_proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
                                                  environ_of, interruptible, kill_tree, pids_with_marker,
                                                  proc_stat, py_spy_dump_all, run_bounded)
 
 WORKER_NAME = "allreduce_worker.py"
+# Seconds a rank may stay stopped (SIGSTOP, state T) before the run is ended as failed; a py-spy dump stops a
+# rank only for a moment, and as a tracer (state t), which does not count.
+STOPPED_GRACE = 5.0
 # torchrun's failure summary: "rank      : 1 (local_rank: 1)" then "exitcode  : 3 (pid: 123)".
 _SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*(?:\[[^\]]*\])?\s*"
                          r"exitcode\s*:\s*(-?\d+)", re.S)
@@ -87,6 +91,9 @@ def build_env(params, scratch, account=None):
         # signatures read them; an operator's NCCL_DEBUG (node environment or env) wins.
         env.setdefault("NCCL_DEBUG", "INFO")
     env.update({str(key): str(value) for key, value in params["env"].items()})
+    if params.get("run_id"):
+        # The run lock ends what a dead run left on the node by this (module_utils/preflight_lock.py).
+        env[RUN_ENV] = params["run_id"]
     return env
 
 
@@ -344,6 +351,17 @@ def run_gate(params, host, role, scratch, marker):
                 stacks[rank] = entry
 
     failed_seen = []
+    stopped_since = {}
+
+    def stopped_too_long(pid):
+        # A rank held stopped (SIGSTOP) never moves again by itself, and its own watchdog is stopped with it.
+        now, live = time.monotonic(), live_ranks(pid, worker_path, marker)
+        for rank_pid, (_rank, state) in live.items():
+            if state == "T":
+                stopped_since.setdefault(rank_pid, now)
+            else:
+                stopped_since.pop(rank_pid, None)
+        return any(now - since >= STOPPED_GRACE for rank_pid, since in stopped_since.items() if rank_pid in live)
 
     def poll(pid):
         # A rank that failed lingers a moment (the worker's --linger) so the
@@ -352,15 +370,11 @@ def run_gate(params, host, role, scratch, marker):
         if failed_seen:
             return
         statuses = {data.get("status") for data in read_rank_files(out_dir).values()}
-        if not statuses & {"error", "wrong", "slow"}:
+        stopped = stopped_too_long(pid)
+        if not statuses & {"error", "wrong", "slow"} and not stopped:
             return
         failed_seen.append(True)
         take_stacks(pid)
-        if "slow" in statuses:
-            # Past the bandwidth deadline nothing more is learnt by waiting: the stacks say where the ranks
-            # were, the rank files what they reached; end the run now instead of at the hard timeout.
-            kill_tree(pid, marker=marker)
-            return
         # A stopped rank never acts on torchrun's SIGTERM, and torchrun waits 30 s before its SIGKILL:
         # with its stack (or its state) recorded, kill it now so the verdict does not wait for nothing.
         for rank_pid, (rank, state) in live_ranks(pid, worker_path, marker).items():
@@ -371,6 +385,11 @@ def run_gate(params, host, role, scratch, marker):
                     os.kill(rank_pid, signal.SIGKILL)
                 except OSError:
                     pass
+        if "slow" in statuses or stopped:
+            # Past the bandwidth deadline, or a rank held stopped: nothing more is learnt by waiting.  The
+            # stacks say where the ranks were, the rank files what they reached; end the run now instead of
+            # at the hard timeout.
+            kill_tree(pid, marker=marker)
 
     rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, scratch, account),
                                          cwd=scratch, stdout_path=log_path, marker=marker, on_timeout=take_stacks,
@@ -416,6 +435,7 @@ ARGUMENT_SPEC = dict(
     selftest_fault=dict(type="str", default="none", choices=["none", "exit", "hang", "corrupt"]),
     selftest_rank=dict(type="int", default=-1),
     background=dict(type="bool", default=False),
+    run_id=dict(type="str", default=""),
     results_file=dict(type="path"),
 )
 

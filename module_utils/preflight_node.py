@@ -42,13 +42,15 @@ class NodeOps(object):
         # parameter).  One that hangs at start-up (a sitecustomize importing torch, a hung file system
         # under its environment) hangs again for every reader and probe, each waiting out its own bound.
         # Only these are remembered: ssh or ssh-keyscan may time out toward one peer and not the next.
+        params = getattr(module, "params", None)
+        job = params.get("job") if isinstance(params, dict) else None
         if watch is None:
-            params = getattr(module, "params", None)
-            job = params.get("job") if isinstance(params, dict) else None
             watch = [job.get("python")] if isinstance(job, dict) else []
         self.watched = {str(program) for program in watch if program}
-        # program -> {program, seconds, user}: what timed out earlier in this call.
-        self.hangs = {}
+        # program -> {program, seconds, user}: what timed out earlier in this call, or in this run's earlier
+        # call on the node (``job["hangs"]``: the facts call's, handed to the probes call).
+        self.hangs = {str(key): dict(value) for key, value in ((job or {}).get("hangs") or {}).items()
+                      if isinstance(value, dict) and str(key) in self.watched}
 
     def which(self, name, paths=()):
         """Absolute path of program ``name`` (also searched in ``paths``), or None."""
@@ -108,6 +110,11 @@ def resolve_job_user(job, ops):
     account does not exist) or ``cannot_switch`` (another account wanted, and no root to switch).
     """
     job = job or {}
+    resolved = job.get("resolved")
+    if isinstance(resolved, dict) and resolved.get("how"):
+        # The facts call of this run resolved it on this node already (the probes call): never again, in
+        # particular never wait again for a training Python that hung there.
+        return dict(resolved)
     wanted = str(job.get("user") or "")
     euid = os.geteuid()
     me = _me()

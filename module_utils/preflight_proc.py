@@ -83,7 +83,12 @@ def descendants(root_pid, proc_root="/proc"):
 
 def pids_with_marker(marker, proc_root="/proc"):
     """Processes whose environment carries ``PREFLIGHT_RUN_MARKER=<marker>``."""
-    needle = ("%s=%s" % (MARKER_ENV, marker)).encode()
+    return pids_with_env(MARKER_ENV, marker, proc_root)
+
+
+def pids_with_env(name, value, proc_root="/proc"):
+    """Processes whose environment carries ``name=value``."""
+    needle = ("%s=%s" % (name, value)).encode()
     found = []
     for pid in all_pids(proc_root):
         environ = _read(os.path.join(proc_root, str(pid), "environ"), "rb")

@@ -14,13 +14,14 @@ controller decides afterwards; the controller adopts it only when its own decisi
 
 from __future__ import annotations
 
+import getpass
 import traceback
 
 from ansible.module_utils import preflight_capabilities as registry
 from ansible.module_utils.preflight_allreduce import (
     candidates, launch_plan, readiness, summarize, version_checks)
 from ansible.module_utils.preflight_checks import CheckError, decision, error, put
-from ansible.module_utils.preflight_cluster import ClusterView, without_gc
+from ansible.module_utils.preflight_cluster import ClusterView, live_runs, run_identity, without_gc
 from ansible.module_utils.preflight_pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
 from ansible.module_utils import preflight_localize as localize
 from ansible.module_utils import preflight_nic_discovery, preflight_port_mesh, preflight_ssh_trust
@@ -49,12 +50,36 @@ def _put(checks_by_host, host, capability, checks):
 
 
 def stage_inputs(view):
-    """Every node's settings must be valid before anything runs on any node."""
+    """Every node's settings must be valid before anything runs on any node.  Also this run's lock (the
+    ``lock`` argument of the gate's node calls, ``module_utils/preflight_lock.py``)."""
     invalid = sorted(host for host in view.hosts
                      if not (view.result(host, "preflight_settings") or {}).get("ok"))
     blockers = ["invalid settings on %s (see each node's <capability>.inputs check)" % ", ".join(invalid)] \
         if invalid else []
-    return decision(blockers=blockers, invalid_hosts=invalid)
+    return decision(blockers=blockers, invalid_hosts=invalid, lock={} if invalid else lock_args(view))
+
+
+# Seconds to open (or find dead) one SSH connection: ansible.cfg timeout plus ServerAlive 5 s x 3.
+CONNECT_BOUND = 25
+
+
+def lock_args(view):
+    """The run lock every node of the gate is taken with: this run's identity, the controller's live runs (so
+    a node can tell a dead run of this controller), and the lease, the run's own bound (facts, mesh, probes,
+    the all-node run, every localisation launch and the confirmation run)."""
+    first = view.hosts[0] if view.hosts else None
+    run = (view.settings.get(first) or {}).get(registry.RUN_ROLE) or {} if first else {}
+    if not first or not run.get("preflight_lock", True):
+        return {}
+    gate = (view.settings.get(first) or {}).get("allreduce") or {}
+    launch = float(gate.get("allreduce_hard_timeout") or 120) + float(gate.get("allreduce_stack_budget") or 20) \
+        + 60 + CONNECT_BOUND
+    lease = float(run.get("preflight_facts_timeout") or 60) + float(run.get("preflight_probes_timeout") or 120) \
+        + 120 + (2 * localize.MAX_ROUNDS + 2) * launch + 300
+    run_id, pid, start = run_identity()
+    return {"dir": run.get("preflight_lock_dir") or "/run/lock", "run_id": run_id, "controller": run_id.split(":")[0],
+            "controller_pid": pid, "controller_start": start, "user": getpass.getuser(), "lease_seconds": int(lease),
+            "live_runs": live_runs()}
 
 
 def stage_plan(view, probes=True):
@@ -165,22 +190,36 @@ def stage_launch(view):
                                                          "skip_reason": "the launch plan failed", "checks_by_host": {}}
     for host, checks in gate.pop("checks_by_host").items():
         _put(checks_by_host, host, "allreduce", checks)
+    run_id = ((view.result(view.hosts[0], "preflight_inputs") or {}).get("lock") or {}).get("run_id") or ""
+    for args in (gate.get("args_by_host") or {}).values():
+        args["run_id"] = run_id
     gate["early_by_host"] = _early_runs(view, gate, checks_by_host)
     reachable = [host for host in plan["hosts"] if host not in lost]
     return decision(ok=gate.get("launch", False), blockers=gate.get("blockers") or [],
-                    checks_by_host=checks_by_host, gate=gate, port_mesh=report, reachable=reachable, lost=lost)
+                    checks_by_host=checks_by_host, gate=gate, port_mesh=report, reachable=reachable, lost=lost,
+                    release_with_probes=not _may_localise(view, gate))
+
+
+def _may_localise(view, gate):
+    """Whether node calls may follow the probes call (localisation rounds, the confirmation run): the run lock
+    is then released by a task of its own at the end, else by the probes call."""
+    hosts = gate.get("hosts") or []
+    settings = view.capability_settings("allreduce", hosts[:1]).get(hosts[0]) if hosts else {}
+    return bool(gate.get("launch")) and len(hosts) >= 2 and bool(settings.get("allreduce_localize", True))
 
 
 # What the early launch of a one-node run needs of the settings: the stages up to the launch read no more.
 EARLY_CAPABILITIES = (registry.RUN_ROLE, "nic_discovery", "port_mesh", "allreduce")
 
 
-def early_launch_args(host, settings, node, facts_result):
+def early_launch_args(host, settings, node, facts_result, run_id=""):
     """On the node: the allreduce arguments the ``plan`` and ``launch`` stages give ``host`` when it is the
     only node of the run, as ``(args, reason)``; ``args`` is None (and ``reason`` says why) when they would
     not launch.  ``settings`` (of :data:`EARLY_CAPABILITIES`) and ``node`` are what ``preflight_settings``
-    gave the node; ``facts_result`` is the node's reader call (``facts``, ``errors``, ``job_user``)."""
-    host_vars = {"preflight_settings": {"settings": settings, "node": node}, "preflight_facts": facts_result}
+    gave the node; ``facts_result`` is the node's reader call (``facts``, ``errors``, ``job_user``); ``run_id``
+    the run lock's id, which the launch stage gives every launch."""
+    host_vars = {"preflight_settings": {"settings": settings, "node": node}, "preflight_facts": facts_result,
+                 "preflight_inputs": {"lock": {"run_id": run_id}}}
     task_vars = {"ansible_play_hosts_all": [host], "hostvars": {host: host_vars}, "ansible_forks": 1}
     host_vars["preflight_plan"] = decide("plan", task_vars, probes=False)
     launch = decide("launch", task_vars)

@@ -29,9 +29,10 @@ import tempfile
 
 from ansible.module_utils import preflight_capabilities as registry
 from ansible.module_utils.preflight_checks import (CheckError, RUN, add, blocked, capability_of, failed, node_status,
-                                                   passed)
+                                                   passed, warned)
 from ansible.module_utils.preflight_cluster import outcome
 from ansible.module_utils.preflight_task_start import node_said, start_fix
+from ansible.module_utils.preflight_verdict_file import RUN_OUTCOME_CHECKS
 
 VERDICT_FILE = "verdict.json"
 REQUIRED_KEYS = ("status", "hosts", "nodes", "healthy_hosts", "failed_hosts", "unreachable_hosts")
@@ -208,6 +209,7 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
                 "fix what the message names (a package mirror, a read-only /etc, a missing file), then re-run "
                 "bringup.yml; the other capabilities were applied"))
         stage_checks, lost = _stage_checks(host, records, stages)
+        busy = lock_checks(host, records.get(registry.STAGE_REGISTERS["facts"]), stage_checks)
         if lost:
             unreachable_hosts.append(host)
         if not stopped:
@@ -220,7 +222,10 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
         if not stopped:
             covered = {capability_of(key) for key in flat}
             for capability in capabilities:
-                if capability not in covered:
+                if capability not in covered and busy:
+                    _add(capability, "no_result", blocked("not checked on %s: %s" % (host, busy), "a node this run "
+                                                          "holds", "wait for that run to end, then re-run"))
+                elif capability not in covered:
                     _add(capability, "no_result", failed(
                         "no result from %s on %s: %s" % (capability, host,
                                                          _why_nothing(host, records, capability, stages)),
@@ -255,6 +260,7 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
         "failed_hosts": failed_hosts,
         "unverified_hosts": unverified,
         "warn_hosts": [host for host in hosts if nodes[host]["status"] == "warn"],
+        "busy_hosts": [host for host in hosts if "%s.busy" % RUN in nodes[host]["checks"]],
         "unreachable_hosts": unreachable_hosts,
         "nodes": nodes,
         "bound_seconds": bound_seconds,
@@ -269,6 +275,34 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
     return verdict
 
 
+def lock_checks(host, facts_result, checks):
+    """``preflight.lock`` (and ``preflight.busy``) from the facts call's run lock into ``checks`` (keyed
+    ``(capability, name)``); returns why the node is busy ("" when it is not): another run holds it, so
+    nothing was checked there and nothing there is blamed (``module_utils/preflight_lock.py``)."""
+    taken = (facts_result or {}).get("lock") if isinstance(facts_result, dict) else None
+    if not taken:
+        return ""
+    expected = "this run holds %s alone for the whole gate (its lease in %s)" % (host, os.path.dirname(
+        taken.get("path") or "/run/lock/x"))
+    if taken.get("state") == "busy":
+        why = "another preflight run holds it: %s" % taken.get("why")
+        checks[(RUN, "busy")] = blocked("%s is busy: %s; nothing was run on it by this run" % (host, why), expected,
+                                        "wait for that run to end (its verdict), then re-run the gate; if that run is "
+                                        "dead on another controller its lease expires by itself")
+        return why
+    if taken.get("state") == "error":
+        checks[(RUN, "lock")] = warned("the run lock could not be taken on %s: %s; a second run on this node "
+                                       "would not be detected" % (host, taken.get("why")), expected,
+                                       "make preflight_lock_dir a directory every account can write (a tmpfs such "
+                                       "as /run/lock) on %s" % host)
+        return ""
+    stale = taken.get("took_over")
+    took = ("; it took over the lease of run %s (%s) and ended %d process(es) that run left" % (
+        stale.get("run_id"), stale.get("why"), len(taken.get("ended") or []))) if stale else ""
+    checks[(RUN, "lock")] = passed("%s held by this run%s" % (host, took), expected)
+    return ""
+
+
 def hold_contradictions(nodes, localize):
     """A node the localisation proved good must not fail an all-reduce check: if one does, the decisions
     contradict each other (a defect).  Never drain a node on a contradiction: the failing checks are blocked
@@ -279,7 +313,7 @@ def hold_contradictions(nodes, localize):
         if not node:
             continue
         failing = sorted(name for name, check in node["checks"].items()
-                         if name.startswith("allreduce.") and check["status"] == "fail")
+                         if name.startswith(RUN_OUTCOME_CHECKS) and check["status"] == "fail")
         if not failing:
             continue
         for name in failing:
@@ -424,7 +458,9 @@ def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_
         if reports is not None:
             reports(verdict, run_dir)
         atomic_write(os.path.join(run_dir, filename), json.dumps(verdict, indent=2, sort_keys=True) + "\n")
-        if filename != VERDICT_FILE:
+        if filename != VERDICT_FILE or (verdict.get("hosts") and verdict.get("busy_hosts") == verdict["hosts"]):
+            # Not the gate's verdict, or one that checked nothing (every node held by another run): the last
+            # verdict that says something about the nodes stays the one a scheduler reads.
             return notes
         if os.path.lexists(tmp_link):
             os.unlink(tmp_link)

@@ -23,6 +23,12 @@ STATUSES = ("pass", "fail")
 HOST_LISTS = ("healthy_hosts", "failed_hosts", "unreachable_hosts")
 
 
+# The all-reduce checks that judge a node's ranks in a run: a node the localisation proved good must not fail
+# one of them (the port findings, allreduce.rendezvous and allreduce.master_port, are about a port, not the node).
+RUN_OUTCOME_CHECKS = ("allreduce.ranks", "allreduce.correctness", "allreduce.bandwidth", "allreduce.world_size",
+                      "allreduce.suspect_rank_", "allreduce.signatures", "allreduce.first_run", "allreduce.confirm")
+
+
 class VerdictError(ValueError):
     """The verdict cannot be trusted; the message is one line."""
 
@@ -73,7 +79,7 @@ def contradictions(verdict, nodes):
     for host in (verdict.get("localize") or {}).get("good") or []:
         checks = (nodes.get(host) or {}).get("checks") or {}
         failing = sorted(name for name, check in checks.items() if isinstance(check, dict)
-                         and name.startswith("allreduce.") and check.get("status") == "fail")
+                         and name.startswith(RUN_OUTCOME_CHECKS) and check.get("status") == "fail")
         if failing:
             found.append("node %s is proven good by the localisation and fails %s" % (host, ", ".join(failing)))
     return found

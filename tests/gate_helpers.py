@@ -104,12 +104,18 @@ def explain(result):
     """Context for an assertion message: the verdict's failure summary."""
     verdict = result.verdict or {}
     lines = [f"status={verdict.get('status')} failed={verdict.get('failed_hosts')} "
-             f"unreachable={verdict.get('unreachable_hosts')}"]
+             f"unverified={verdict.get('unverified_hosts')} unreachable={verdict.get('unreachable_hosts')}"]
     for host, node in (verdict.get("nodes") or {}).items():
         for name, check in sorted(node["checks"].items()):
-            if check["status"] == "fail":
-                lines.append(f"{host}/{name}: {check['found']} | fix: {check['fix']}")
+            if check["status"] == "fail" or (check.get("details") or {}).get("blocked"):
+                word = "FAIL" if check["status"] == "fail" else "blocked"
+                lines.append(f"{host}/{name} {word}: {check['found'][:400]} | fix: {check['fix']}")
     ar = verdict.get("allreduce") or {}
     lines.append(f"allreduce: status={ar.get('status')} reason={ar.get('reason')} "
-                 f"suspects={ar.get('suspects')}")
+                 f"suspects={ar.get('suspects')} confirm={ar.get('confirm')}")
+    localize = verdict.get("localize") or {}
+    if localize:
+        lines.append(f"localize: bad={localize.get('bad')} good={localize.get('good')} lost={localize.get('lost')} "
+                     f"unproven={localize.get('unproven')} rounds={localize.get('rounds_run')} "
+                     f"confirm={localize.get('confirm')}")
     return "\n".join(lines)

@@ -42,7 +42,11 @@ def run_playbook(tmp_path, playbook="preflight.yml", inventory=None, extravars=N
         limit=limit, timeout=timeout, quiet=True, cmdline=" ".join(cmdline) or None, event_handler=event_handler)
     events = list(run.events)
     stdout = run.stdout.read()
-    verdict_path = os.path.join(results_dir, "latest", "verdict.json")
+    # The run's own verdict, as the command line finds it (latest moves only with a verdict that checked a node).
+    written = [(item.get("event_data") or {}).get("res", {}).get("verdict_file") for item in events
+               if item.get("event") in ("runner_on_ok", "runner_on_failed")]
+    written = [path for path in written if isinstance(path, str) and path.endswith("/verdict.json")]
+    verdict_path = written[-1] if written else os.path.join(results_dir, "latest", "verdict.json")
     verdict = None
     if os.path.exists(verdict_path):
         with open(verdict_path) as handle:

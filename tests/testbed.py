@@ -470,6 +470,7 @@ class Testbed:
         self.ssh_key = None
         self.known_hosts = None
         self.cp_dir = None
+        self.lock_dir = None
         self._own_workdir = workdir is None
         self.owner_pid = os.getpid()
         self._launchers = {}
@@ -679,6 +680,12 @@ class Testbed:
             # A reused --workdir must not carry an earlier run's /etc changes.
             for sub in ("nodes", "controller"):
                 shutil.rmtree(os.path.join(self.workdir, sub), ignore_errors=True)
+        # The nodes share the host's /run: the bed's own lock directory keeps the gate's run locks (leases
+        # named after each node's hostname) apart from another bed's nodes of the same names, as every real
+        # node has its own /run/lock.  Writable by every account, like /run/lock.
+        self.lock_dir = os.path.join(self.workdir, "run-lock")
+        os.makedirs(self.lock_dir, exist_ok=True)
+        os.chmod(self.lock_dir, 0o1777)
         controller = os.path.join(self.workdir, "controller")
         os.makedirs(controller, mode=0o700, exist_ok=True)
         self.ssh_key = os.path.join(controller, "id_ed25519")
@@ -871,6 +878,7 @@ class Testbed:
                 "ansible_python_interpreter": self.training_python,
                 "preflight_training_python": self.training_python,
                 "preflight_node_addr": node.node_addr,
+                "preflight_lock_dir": self.lock_dir,
                 # The node's sshd runs with -f from the bed's directory, not /etc/ssh: ssh_trust finds
                 # that from the listening process, as on a real node.
             }

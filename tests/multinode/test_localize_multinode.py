@@ -90,7 +90,16 @@ def test_throttled_node_is_named_by_the_pair_rounds(bed, tmp_path):
         assert verdict["nodes"][name]["checks"]["allreduce.localize"]["status"] == "pass", explain(result)
         assert "allreduce.localize" not in [key for key, check in verdict["nodes"][name]["checks"].items()
                                             if check["status"] == "fail"]
-    assert node.name in verdict["failed_hosts"]
+    # Only the throttled node fails: the other three are proven together by the confirmation run (on the run's
+    # own port) and are exactly the nodes of the hostfile.
+    others = sorted(name for name in names if name != node.name)
+    assert verdict["failed_hosts"] == [node.name], explain(result)
+    assert sorted(verdict["healthy_hosts"]) == others and verdict["unverified_hosts"] == [], explain(result)
+    assert localize["confirm"]["status"] == "pass" and sorted(localize["confirm"]["hosts"]) == others
+    with open(verdict["run_dir"] + "/hosts.txt", encoding="utf-8") as handle:
+        assert sorted(line.strip() for line in handle if line.strip()) == others
+    for name in others:
+        assert verdict["nodes"][name]["checks"]["allreduce.first_run"]["status"] == "pass"
     all_node = task_seconds(result, "collect the all-reduce")
     print("\nlocalisation: %d round(s) in %s s (controller clock, first plan to conclusion); all-node run with "
           "the probes %s s; whole playbook %.1f s" % (localize["rounds_run"], localize["elapsed_seconds"], all_node,

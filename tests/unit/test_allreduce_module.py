@@ -211,9 +211,13 @@ def test_hung_rank_is_caught_by_collective_timeout_with_its_stack(run_module):
 
 
 @pytest.mark.timeout(180)
-def test_a_stopped_rank_is_killed_once_its_peer_failed_not_left_to_torchruns_30_s_grace(run_module, temp_dirs):
-    """SIGSTOP rank 1 in the bandwidth loop: rank 0 times out in its collective; the module takes the stacks and
-    kills the stopped rank at once (it never acts on torchrun's SIGTERM, which torchrun would wait 30 s on)."""
+@pytest.mark.parametrize("collective_timeout", [4, 60])
+def test_a_stopped_rank_is_killed_once_its_peer_failed_not_left_to_torchruns_30_s_grace(run_module, temp_dirs,
+                                                                                        collective_timeout):
+    """SIGSTOP rank 1 in the bandwidth loop: rank 0 times out in its collective (4 s), or, with a collective
+    timeout longer than that (60 s), the rank has been stopped for STOPPED_GRACE; either way the module takes the
+    stacks and kills the stopped rank at once (it never acts on torchrun's SIGTERM, which torchrun would wait 30 s
+    on), and the run ends long before the hard timeout."""
     import threading  # pylint: disable=import-outside-toplevel
     _system, scratch = temp_dirs
     stopped = []
@@ -240,14 +244,18 @@ def test_a_stopped_rank_is_killed_once_its_peer_failed_not_left_to_torchruns_30_
 
     stopper = threading.Thread(target=stop_rank_one, daemon=True)
     stopper.start()
-    result, failed = run_module(allreduce, module_args(timeout=4, hard_timeout=100, sizes=[4194304], iters=4000,
-                                                       scratch_dir=str(scratch)))
+    result, failed = run_module(allreduce, module_args(timeout=collective_timeout, hard_timeout=100,
+                                                       sizes=[4194304], iters=4000, scratch_dir=str(scratch)))
     stopper.join(10)
     assert stopped, "rank 1 was never seen in the bandwidth loop"
     assert not failed and result["timed_out"] is False
     by_rank = {r["rank"]: r for r in result["ranks"]}
     assert by_rank[1]["status"] == "hung" and by_rank[1]["process_state"] == "stopped (SIGSTOP)", by_rank[1]
-    assert by_rank[1]["stage"] == "bandwidth" and by_rank[1]["exitcode"] == -9, by_rank[1]
+    assert by_rank[1]["stage"] == "bandwidth", by_rank[1]
+    # With the long collective timeout the module ends the whole tree (torchrun too, so no summary line).
+    assert by_rank[1]["exitcode"] == -9 or (collective_timeout == 60 and by_rank[1]["exitcode"] is None), by_rank[1]
+    assert result["elapsed"] < 40, "ended at the stopped rank, not the 100 s hard timeout"
+    assert result["checks"]["ranks"]["status"] == "fail"
     # torchrun did not have to force it: the module had killed it already.
     assert "forcefully exiting via" not in result["log"], result["log"][-2000:]
     assert not leftovers(result)

@@ -194,8 +194,10 @@ def early_run(tmp_path):
     host_vars = run.hostvars["n1"]
     settings = {name: value for name, value in host_vars["preflight_settings"]["settings"].items()
                 if name in stages.EARLY_CAPABILITIES}
+    # The facts call gets the run lock's id from the inputs decision, as the launch stage does.
+    run_id = run.decide("inputs", "preflight_inputs")["lock"]["run_id"]
     args, reason = stages.early_launch_args("n1", settings, host_vars["preflight_settings"]["node"],
-                                            host_vars["preflight_facts"])
+                                            host_vars["preflight_facts"], run_id=run_id)
     assert args is not None, reason
     host_vars["preflight_facts"]["early"] = {"launched": True, "args": args, "results_file": "/r.json",
                                              "marker": "m1"}

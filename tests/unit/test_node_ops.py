@@ -138,3 +138,28 @@ def test_a_hung_training_python_is_waited_out_once_and_the_checks_after_it_are_b
     attach = checks["ptrace_attach"]
     assert is_blocked(attach) and attach["found"] == "not checked: %s hung for 1 s earlier (allreduce.python)" % python
     assert old_checks["ptrace_attach"]["status"] == "fail", "without the memory the probe waits and fails again"
+
+
+def test_the_runs_next_call_on_the_node_takes_the_job_user_and_the_hang_from_the_facts_call():
+    """The probes call gets what the facts call resolved (``job.resolved``) and what hung there
+    (``job.hangs``): it neither resolves the job user again nor waits for the hung Python a second time."""
+    import shutil
+
+    from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, NodeOps, resolve_job_user
+    python = _hanging_python()
+    try:
+        facts_call = NodeOps(_Module(python))
+        assert facts_call.run([python, "-c", "pass"], timeout=0.3)[0] == TIMEOUT_RC
+        resolved = {"name": "root", "uid": 0, "run_as": None, "how": "auto_root", "note": "nobody: it hung"}
+        module = _Module(python)
+        module.params["job"].update(resolved=resolved, hangs=facts_call.hangs)
+        probes_call = NodeOps(module)
+        started = time.monotonic()
+        assert resolve_job_user(module.params["job"], probes_call) == resolved
+        assert probes_call.run([python, "-c", "probe"], timeout=5)[0] == HUNG_EARLIER_RC
+        assert time.monotonic() - started < 0.1
+        # A hang of another program is not taken over (only the training Python is watched).
+        module.params["job"]["hangs"] = {"/usr/bin/ssh": {"program": "/usr/bin/ssh", "seconds": 1, "user": "x"}}
+        assert NodeOps(module).hangs == {}
+    finally:
+        shutil.rmtree(os.path.dirname(python))
