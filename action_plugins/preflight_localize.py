@@ -28,6 +28,7 @@ if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
 # pylint: disable=wrong-import-position
 from ansible.module_utils import preflight_gpu_pairs as gpu_pairs  # noqa: E402
 from ansible.module_utils import preflight_localize as localize  # noqa: E402
+from ansible.module_utils.preflight_allreduce import own_faults  # noqa: E402
 from ansible.module_utils.preflight_checks import error  # noqa: E402
 from ansible.module_utils.preflight_cluster import ClusterView, outcome as localize_outcome, without_gc  # noqa: E402
 
@@ -69,6 +70,8 @@ def start(view):
         state, message = view.outcome(host, "preflight_probes")
         if state != "ok":
             excluded[host] = "lost before the rounds (%s while collecting the all-reduce: %s)" % (state, message[:200])
+    for host, reason in own_faults({host: result for host, result in results.items() if host not in excluded}).items():
+        excluded[host] = "named by the all-node run itself: %s (allreduce.suspect_rank_*)" % reason
     hosts = [host for host in gate_hosts if host not in excluded]
     addr = dict(((view.result(first, "preflight_plan") or {}).get("nic") or {}).get("addr_by_host") or {})
     for host in hosts:

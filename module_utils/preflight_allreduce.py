@@ -543,6 +543,24 @@ def find_suspects(rank_rows, lost=()):
     return suspects
 
 
+# Suspects the all-node run names by evidence of their own, which a later run cannot disprove: wrong data (a
+# corruption may be intermittent), a rank that died by itself (an OOM kill, a crash), a rank held stopped.
+OWN_FAULTS = ("returned wrong all-reduce data", "died at stage", "process stopped")
+
+
+def own_faults(results_by_host):
+    """``{host: reason}`` of the nodes the all-node run names by their own ranks' evidence (:data:`OWN_FAULTS`);
+    ``results_by_host``: host -> the ``allreduce`` module's result.  Localisation leaves them out (they fail on
+    that evidence) and proves the others."""
+    rows = [dict(entry, host=host) for host, result in sorted(results_by_host.items()) if isinstance(result, dict)
+            for entry in result.get("ranks") or [] if isinstance(entry, dict)]
+    faults = {}
+    for suspect in find_suspects(rows):
+        if suspect["reason"].startswith(OWN_FAULTS):
+            faults.setdefault(suspect["host"], "rank %s %s" % (suspect["rank"], suspect["reason"]))
+    return faults
+
+
 def _missing_rows(host, plan):
     """Rank rows for a node whose result never came back."""
     args = plan["args_by_host"][host]

@@ -341,6 +341,9 @@ def confirm_plan(hosts, base_args_by_host, addr_by_host, master_port, floor):
     shape (as ``preflight_allreduce.summarize`` takes it), on the run's own master port and the first node as
     master, with a bandwidth deadline for its own world size."""
     args = group_args(base_args_by_host, hosts, addr_by_host[hosts[0]], master_port, floor)
+    for host in hosts:
+        # The gate's own minimum busbw applies, as it did to the all-node run (pairs leave it to the floors).
+        args[host]["min_busbw_gbps"] = base_args_by_host[host].get("min_busbw_gbps", 0)
     first = args[hosts[0]]
     return {"launch": True, "hosts": list(hosts), "master": hosts[0], "master_addr": first["master_addr"],
             "master_port": master_port, "nproc_per_node": first["nproc_per_node"],

@@ -325,7 +325,7 @@ def stage_final(view):
     nic_facts = view.capability_facts("nic_discovery", gate.get("hosts") or [])
     summary, gate_checks = summarize(gate, results, gate_lost, nic_facts=nic_facts, mesh_reached=mesh_reached)
     logs = {host: _logs(result) for host, result in results.items()}
-    gate_checks = _reconciled(view, first, summary, gate_checks, nic_facts, logs)
+    gate_checks = _reconciled(view, first, summary, gate_checks, nic_facts, logs, mesh_reached)
     for host, checks in gate_checks.items():
         _put(checks_by_host, host, "allreduce", checks)
     if gate.get("early_by_host"):
@@ -348,7 +348,7 @@ def _logs(result):
 CONFIRM_REGISTER = "allreduce_confirm"
 
 
-def _reconciled(view, first, summary, gate_checks, nic_facts, logs):
+def _reconciled(view, first, summary, gate_checks, nic_facts, logs, mesh_reached):
     """The all-node run's checks once localisation concluded and the nodes left were confirmed
     (``preflight_localize.reconcile``); the confirmation run's summary goes into ``summary["confirm"]`` and its
     logs into ``logs`` as ``<node>.confirm``.  Unchanged when nothing was localised."""
@@ -366,7 +366,7 @@ def _reconciled(view, first, summary, gate_checks, nic_facts, logs):
             logs["%s.confirm" % host] = _logs(result)
         else:
             lost[host] = "%s while running the confirmation all-reduce: %s" % (state, (message or "no ranks")[:300])
-    confirmed, confirm_checks = summarize(plan, results, lost, nic_facts=nic_facts)
+    confirmed, confirm_checks = summarize(plan, results, lost, nic_facts=nic_facts, mesh_reached=mesh_reached)
     summary["confirm"] = dict({key: confirmed.get(key) for key in (
         "hosts", "world_size", "planned_world_size", "master", "master_addr", "master_port", "sizes", "suspects",
         "correct")}, status=confirm["status"], reason=confirm.get("reason"), busbw_gbps=confirm.get("busbw_gbps"))

@@ -505,7 +505,8 @@ def test_throttled_link_fails_the_bandwidth_check_and_the_pair_rounds_name_the_n
 
     The all-node all-reduce is one ring, so every rank sees the same slow collective and the bandwidth
     check fails on every node; the pair rounds that follow (allreduce.localize) then name the node whose
-    link is slow, and only that one."""
+    link is slow, and only that one: the others pass one more all-node run together (the confirmation run,
+    with the same minimum busbw), so their slow first run was collateral and only the named node fails."""
     control = gate(bed, tmp_path / "control", extravars=SMALL_GATE)
     assert control.verdict["status"] == "pass", explain(control)
     assert control.verdict["allreduce"]["sizes"][-1]["busbw_gbps"] >= 0.02
@@ -520,20 +521,26 @@ def test_throttled_link_fails_the_bandwidth_check_and_the_pair_rounds_name_the_n
     v = result.verdict
     assert result.rc != 0 and v["status"] == "fail", explain(result)
     names = [n.name for n in bed.nodes]
-    assert v["failed_hosts"] == names, explain(result)
+    assert v["failed_hosts"] == [node.name], explain(result)
+    assert v["healthy_hosts"] == [name for name in names if name != node.name], explain(result)
     ar = v["allreduce"]
     # The collective itself completed with exact results; only its speed fails.
     assert ar["launched"] is True and ar["status"] == "pass" and ar["correct"] is True
     assert ar["suspects"] == []
     assert ar["sizes"][-1]["busbw_gbps"] < 0.02
+    assert ar["confirm"]["status"] == "pass" and ar["confirm"]["sizes"][-1]["busbw_gbps"] >= 0.02, ar["confirm"]
     for name in names:
-        expected = {"allreduce.bandwidth", "allreduce.localize"} if name == node.name else {"allreduce.bandwidth"}
+        expected = {"allreduce.bandwidth", "allreduce.localize"} if name == node.name else set()
         assert failing(result, name).keys() == expected, explain(result)
         check = v["nodes"][name]["checks"]["allreduce.bandwidth"]
         assert name in check["found"] and "1048576 bytes" in check["found"]
         assert check["expected"] == "busbw >= 0.020 GB/s"
         busbw = float(re.search(r"busbw ([\d.]+) GB/s", check["found"]).group(1))
-        assert busbw < 0.02
+        # The named node keeps its slow all-node run; the others carry the confirmation run's measurement.
+        assert (busbw < 0.02) is (name == node.name), check
+        if name != node.name:
+            first_run = v["nodes"][name]["checks"]["allreduce.first_run"]
+            assert first_run["status"] == "pass" and "below" in first_run["found"], first_run
     named = v["nodes"][node.name]["checks"]["allreduce.localize"]
     assert node.name in named["found"] and named["fix"], named
     assert 1 <= len(v["localize"]["rounds"]) <= 3, v["localize"]

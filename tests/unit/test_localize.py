@@ -560,3 +560,27 @@ def test_a_verdict_with_a_node_proven_good_and_failed_by_the_all_reduce_holds_it
     assert nodes["n0"]["status"] == "unverified"
     assert nodes["n0"]["checks"]["preflight.contract"]["details"]["blocked"]
     assert preflight_verdict_file.contradictions(contradicting, nodes) == []
+
+
+@pytest.mark.parametrize("row, named", [
+    ({"status": "died", "exitcode": -9, "stage": "bandwidth"}, "died at stage bandwidth with exit code -9"),
+    ({"status": "wrong", "correct": False, "correctness": {"wrong": 3}, "stage": "done"}, "wrong all-reduce data"),
+    ({"status": "hung", "process_state": "stopped (SIGSTOP)", "stage": "init"}, "process stopped"),
+    ({"status": "error", "error": "Connection reset by peer", "stage": "bandwidth"}, None),
+])
+def test_a_node_the_all_node_run_names_by_its_own_evidence_is_left_out_of_the_rounds(row, named):
+    """A rank that died by itself, returned wrong data or was held stopped names its node: the rounds and the
+    confirmation run go over the others (a later run cannot disprove an intermittent fault)."""
+    action = _action()
+    from ansible.module_utils.preflight_cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    names = hosts(4)
+    jobs = {host: {"ranks": [dict(ranks(ok=False)[0], rank=2 * index + local) for local in (0, 1)]}
+            for index, host in enumerate(names)}
+    jobs["n2"]["ranks"][1] = dict(jobs["n2"]["ranks"][1], **row)
+    planned = action.start(ClusterView(_task_vars(names, jobs)))
+    excluded = planned["state"]["excluded"]
+    if named:
+        assert list(excluded) == ["n2"] and named in excluded["n2"], excluded
+        assert "n2" not in planned["state"]["hosts"] and "n2" not in planned["first_args_by_host"]
+    else:
+        assert excluded == {} and "n2" in planned["state"]["hosts"]
