@@ -29,6 +29,8 @@ from ansible.module_utils.preflight_privilege import needs_root
 from ansible.module_utils.preflight_localize import bandwidth_deadline
 from ansible.module_utils.preflight_gpu_pairs import QUERY_ARGV as GPU_QUERY_ARGV, parse_query_gpu
 from ansible.module_utils.preflight_net import find_port_holder
+from ansible.module_utils.preflight_proc import environ_of
+from ansible.module_utils.preflight_lock import RUN_ENV
 from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of
 from ansible.module_utils.preflight_nic import usable_fabrics
 from ansible.module_utils.preflight_signatures import match as match_signatures, transport as signature_transport
@@ -178,6 +180,11 @@ def port_state(port, proc_root, addr="0.0.0.0"):
             holder = find_port_holder(port, proc_root)
             who = ("by pid %s (%s)" % (holder["pid"], holder["comm"])) if holder and holder.get("pid") else (
                 "by an unknown process")
+            run = environ_of(holder["pid"], proc_root).get(RUN_ENV) if holder and holder.get("pid") else None
+            if run:
+                # The store of another preflight run's torchrun (a run without the lock, or another lock dir).
+                who += ", the rendezvous store of another preflight run (%s)" % run
+                holder = dict(holder, run_id=run)
             return {"free": False, "detail": "port %d on %s is already in use %s" % (port, addr, who),
                     "holder": holder}
         return {"free": False, "detail": "binding %s:%d failed: %s" % (addr, port, exc), "holder": None}

@@ -119,3 +119,33 @@ def explain(result):
                      f"unproven={localize.get('unproven')} rounds={localize.get('rounds_run')} "
                      f"confirm={localize.get('confirm')}")
     return "\n".join(lines)
+
+
+def trusted_bed(request, tmp_path_factory, **options):
+    """A module's bed (``testbed_fixture``) whose nodes answer DNS at once and trust each other over ssh (the
+    real bringup.yml, ssh_trust only): what every gate test on the bed starts from."""
+    # pylint: disable=import-outside-toplevel
+    from playbook import run_playbook
+    from testbed import testbed_fixture
+    bed = testbed_fixture(request, **options)
+    for node in bed.nodes:
+        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
+    directory = tmp_path_factory.mktemp("bringup")
+    inventory = bed.write_inventory(path=str(directory / "inventory.yml"))
+    result = run_playbook(directory, playbook="bringup.yml", inventory=inventory, timeout=600,
+                          extravars={"preflight_bringup_capabilities": ["ssh_trust"]})
+    assert result.rc == 0, result.stdout[-3000:]
+    return bed
+
+
+def assert_no_gate_processes(bed, seconds=30):
+    """Every node of the bed free of gate processes within ``seconds`` (a killed tree takes a moment)."""
+    import time  # pylint: disable=import-outside-toplevel
+    deadline = time.monotonic() + seconds
+    leftovers = {}
+    while time.monotonic() < deadline:
+        leftovers = {node.name: pids for node in bed.nodes for pids in [gate_processes(bed, node)] if pids}
+        if not leftovers:
+            return
+        time.sleep(0.5)
+    assert not leftovers, f"gate processes left on the nodes: {leftovers}"

@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from gate_helpers import REPLACE_FILE, RESOLV_CONF, explain
+from gate_helpers import explain, trusted_bed
 from playbook import run_playbook
-from testbed import testbed_fixture
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -26,17 +25,7 @@ SMALL_GATE = {"allreduce_sizes": [1048576], "allreduce_iters": 3, "allreduce_war
 
 @pytest.fixture(scope="module")
 def bed(request, tmp_path_factory):
-    bed = testbed_fixture(request, nodes=NODES)
-    for node in bed.nodes:
-        # A resolver that answers at once, inside the node's own /etc.
-        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
-    # The gate audits node-to-node SSH trust too: bring it up with the real bringup.yml for that only.
-    directory = tmp_path_factory.mktemp("bringup")
-    inventory = bed.write_inventory(path=str(directory / "inventory.yml"))
-    result = run_playbook(directory, playbook="bringup.yml", inventory=inventory, timeout=600,
-                          extravars={"preflight_bringup_capabilities": ["ssh_trust"]})
-    assert result.rc == 0, result.stdout[-3000:]
-    return bed
+    return trusted_bed(request, tmp_path_factory, nodes=NODES)
 
 
 def task_seconds(result, substring):

@@ -25,9 +25,8 @@ import time
 
 import pytest
 
-from gate_helpers import REPLACE_FILE, RESOLV_CONF, explain, gate_processes, rank_processes, send_signal
+from gate_helpers import assert_no_gate_processes, explain, rank_processes, send_signal, trusted_bed
 from playbook import run_playbook
-from testbed import testbed_fixture
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -43,15 +42,7 @@ STOP_GATE = {"allreduce_sizes": [1048576], "allreduce_iters": 3, "allreduce_warm
 
 @pytest.fixture(scope="module")
 def bed(request, tmp_path_factory):
-    bed = testbed_fixture(request, nodes=NODES)
-    for node in bed.nodes:
-        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
-    directory = tmp_path_factory.mktemp("bringup")
-    inventory = bed.write_inventory(path=str(directory / "inventory.yml"))
-    result = run_playbook(directory, playbook="bringup.yml", inventory=inventory, timeout=600,
-                          extravars={"preflight_bringup_capabilities": ["ssh_trust"]})
-    assert result.rc == 0, result.stdout[-3000:]
-    return bed
+    return trusted_bed(request, tmp_path_factory, nodes=NODES)
 
 
 @pytest.fixture(autouse=True)
@@ -59,14 +50,7 @@ def clean_bed(bed):
     yield
     for node in bed.nodes:
         bed.tc(node, ["qdisc", "del", "dev", "eth0", "root"], check=False)
-    deadline = time.monotonic() + 30
-    leftovers = {}
-    while time.monotonic() < deadline:
-        leftovers = {node.name: pids for node in bed.nodes for pids in [gate_processes(bed, node)] if pids}
-        if not leftovers:
-            break
-        time.sleep(0.5)
-    assert not leftovers, f"gate processes left on the nodes: {leftovers}"
+    assert_no_gate_processes(bed)
 
 
 def gate(bed, tmp_path, extravars):

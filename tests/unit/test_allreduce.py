@@ -135,6 +135,24 @@ def test_port_holder_is_named(tmp_path):
     assert "port %d" % port in facts["port"]["detail"] and "pid %d" % os.getpid() in facts["port"]["detail"]
 
 
+def test_a_port_held_by_another_preflight_runs_store_says_so(tmp_path):
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    from ansible.module_utils.preflight_lock import RUN_ENV  # pylint: disable=import-outside-toplevel
+    code = ("import socket, sys, time\ns = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(1)\n"
+            "print(s.getsockname()[1], flush=True)\ntime.sleep(30)\n")
+    store = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, **{RUN_ENV: "ctl:4242:77"}))
+    try:
+        port = int(store.stdout.readline())
+        facts = read(tmp_path, port=port)
+    finally:
+        store.kill()
+        store.wait()
+    assert facts["port"]["free"] is False and facts["port"]["holder"]["run_id"] == "ctl:4242:77"
+    assert "the rendezvous store of another preflight run (ctl:4242:77)" in facts["port"]["detail"]
+
+
 def test_gpus_with_cpu_torch_fail_and_gpu_build_picks_nccl(tmp_path):
     for name in ("nvidia0", "nvidia1", "nvidiactl"):
         (tmp_path / name).write_text("")
