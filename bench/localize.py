@@ -122,6 +122,11 @@ def run_bench(args, bed, workdir):
         rows.append({"rounds": localize.get("rounds_run"), "seconds": localize.get("elapsed_seconds"),
                      "all_node": all_node, "named": named, "healthy_wall": healthy_wall,
                      "throttled_wall": throttled_wall, "alone": alone})
+        for item in localize.get("rounds") or []:
+            print("  round %d: %s" % (item["round"], "; ".join(
+                "%s %s step %d %s %s%s" % (launch["kind"], "+".join(launch["hosts"]), launch["step"], launch["verdict"],
+                                          launch["busbw_gbps"], " (%s)" % launch["why"] if launch.get("why") else "")
+                for launch in item["launches"])), flush=True)
         print("run %d: failed %s, healthy %d of %d (the others %s), confirmation run %s; verdict %.2fx the healthy "
               "gate's seconds" % (run + 1, throttled["failed_hosts"], len(throttled["healthy_hosts"]), len(others),
                                   "all proven" if alone else "NOT all proven",

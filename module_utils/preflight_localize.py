@@ -139,11 +139,16 @@ def _median(values):
 def graded(rounds, floor):
     """Every launch of ``rounds`` with its final ``verdict``: pass, slow, fail or lost (floors applied).
 
-    The relative floor compares a pair with the median of every pair that
-    completed so far, so it needs two pairs or more to mean anything."""
+    The relative floor compares a pair with the median of round 1's pairs (of every pair that completed so
+    far while round 1 has fewer than two), so it needs two pairs or more to mean anything."""
     launches = [dict(launch, round=item["round"]) for item in rounds for launch in item["launches"]]
     pair_bw = [launch["busbw_gbps"] for launch in launches
                if launch["kind"] == "pair" and launch["status"] == "done" and launch.get("busbw_gbps") is not None]
+    # The reference is round 1's disjoint pairs when there are two or more: later rounds retest the suspects
+    # again and again, and their slow pairs would drag the median down to them.
+    first = [launch["busbw_gbps"] for launch in launches if launch["round"] == 1 and launch["kind"] == "pair"
+             and launch["status"] == "done" and launch.get("busbw_gbps") is not None]
+    pair_bw = first if len(first) >= 2 else pair_bw
     median = _median(pair_bw) if len(pair_bw) >= 2 else None
     relative = floor["relative"] * median if median and floor["relative"] else 0
     for launch in launches:
@@ -158,6 +163,8 @@ def graded(rounds, floor):
             elif busbw is not None and launch["kind"] == "pair" and relative and busbw < relative:
                 verdict, why = "slow", "busbw %.4f GB/s below %.2f x the median pair %.4f GB/s = %.4f GB/s" % (
                     busbw, floor["relative"], median, relative)
+                # Weak evidence: on a loaded machine or a noisy fabric the pairs spread by 2x and more.
+                launch["weak"] = True
         launch["verdict"], launch["why"] = verdict, why
     return launches, median
 
@@ -193,11 +200,15 @@ def judge(hosts, rounds, floor):
         failing = [launch for launch in pairs if launch["verdict"] in ("fail", "slow")]
         # Retested: it failed outright with a node proven good in an earlier round, or it failed or was slow with
         # two different nodes proven good.  Slow alone is never named on one pair: a loaded machine or a noisy
-        # link makes one pair slow now and then, and a healthy node must not be blamed for that.
-        retested = any(launch["verdict"] == "fail"
-                       and launch["round"] > proven.get(_partner(launch, host), MAX_ROUNDS + 1)
-                       for launch in failing) \
-            or len({_partner(launch, host) for launch in failing} & set(proven)) >= 2
+        # link makes one pair slow now and then, and a healthy node must not be blamed for that.  Slow only
+        # against the median pair (weak) counts only with a partner proven in an earlier round: two noisy pairs
+        # in a row (round 1's partner proven later) must not name a healthy node.
+        after_proof = [launch for launch in failing
+                       if launch["round"] > proven.get(_partner(launch, host), MAX_ROUNDS + 1)]
+        strong = [launch for launch in failing if not launch.get("weak")] + [
+            launch for launch in after_proof if launch.get("weak")]
+        retested = any(launch["verdict"] == "fail" for launch in after_proof) \
+            or len({_partner(launch, host) for launch in strong} & set(proven)) >= 2
         if loop_bad or retested:
             states[host] = "bad"
             kinds[host] = "node" if loop_bad else ("network" if loops else "unknown")

@@ -584,3 +584,34 @@ def test_a_node_the_all_node_run_names_by_its_own_evidence_is_left_out_of_the_ro
         assert "n2" not in planned["state"]["hosts"] and "n2" not in planned["first_args_by_host"]
     else:
         assert excluded == {} and "n2" in planned["state"]["hosts"]
+
+
+def test_a_healthy_node_slow_against_the_median_in_two_rounds_running_is_not_named_while_a_throttled_one_is():
+    """The 8-node bench's case: n2 throttled far below the absolute floor, and n4 merely below 0.7 x the median
+    pair in rounds 1 and 2 (a loaded 2-core machine; its round-1 partner is proven only in round 2).  n2 is named
+    in two rounds; n4 is retested once more against a node proven earlier, passes, and is never named."""
+    names = hosts(8)
+    floor = {"absolute": 0.01, "relative": 0.7}
+    addr = {host: "198.18.200.%d" % index for index, host in enumerate(names)}
+    base = base_args(names)
+    rounds = []
+    for round_no in range(1, loc.MAX_ROUNDS + 1):
+        if round_no > 1 and not loc.ambiguous(names, rounds, floor):
+            break
+        planned = loc.plan_round(round_no, names, rounds, base, addr, PORT, floor)
+        results = [{}, {}]
+        for launch in planned["launches"]:
+            for host in launch["hosts"]:
+                if launch["kind"] == "loopback":
+                    bw = LOOP_BW
+                elif "n2" in launch["hosts"]:
+                    bw = SLOW_BW / 10
+                elif "n4" in launch["hosts"] and round_no <= 2:
+                    bw = GOOD_BW * 0.5
+                else:
+                    bw = GOOD_BW
+                results[launch["step"]][host] = {"ranks": ranks(busbw=bw)}
+        rounds.append(loc.record(planned, results))
+    summary, checks = loc.conclude(names, rounds, floor, "test", elapsed=0)
+    assert summary["bad"] == ["n2"], summary
+    assert "n4" in summary["good"] and status(checks, "n4") == "pass", summary
