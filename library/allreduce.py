@@ -107,6 +107,13 @@ options:
         taken and the run ends at once, with the busbw each rank reached. 0 leaves only O(hard_timeout).
     type: float
     default: 0
+  check_elements:
+    description:
+      - Elements (float32) of the correctness all-reduce; 0 keeps the worker's 1048576 (4 MiB). The localisation's
+        pair and single-node runs use fewer (their question is speed, the all-node and confirmation runs prove the
+        data).
+    type: int
+    default: 0
   min_busbw_gbps:
     description: Minimum bus bandwidth in GB/s at the largest size; 0 reports without gating.
     type: float

@@ -61,6 +61,8 @@ def build_argv(params, worker_path, out_dir, role, log_dir):
     ]
     if params.get("bandwidth_deadline"):
         argv += ["--bandwidth-deadline", str(params["bandwidth_deadline"])]
+    if params.get("check_elements"):
+        argv += ["--check-elements", str(params["check_elements"])]
     if params["selftest_fault"] != "none":
         argv += ["--selftest-fault", params["selftest_fault"], "--selftest-rank", str(params["selftest_rank"])]
     return argv
@@ -422,6 +424,7 @@ ARGUMENT_SPEC = dict(
     iters=dict(type="int", default=5),
     warmup=dict(type="int", default=2),
     bandwidth_deadline=dict(type="float", default=0),
+    check_elements=dict(type="int", default=0),
     min_busbw_gbps=dict(type="float", default=0),
     role=dict(type="str"),
     run_as=dict(type="str"),

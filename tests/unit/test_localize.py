@@ -20,7 +20,7 @@ def hosts(count):
 def base_args(names):
     return {host: {"python": "/usr/bin/python3", "nnodes": len(names), "node_rank": index, "nproc_per_node": 2,
                    "master_addr": "198.18.200.0", "master_port": PORT, "backend": "gloo", "timeout": 30,
-                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1, "bandwidth_deadline": 0,
+                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1, "bandwidth_deadline": 0, "check_elements": 0,
                    "min_busbw_gbps": 0, "socket_ifname": "eth0", "role": host, "run_as": "", "env": {"A": "1"},
                    "keep_scratch": False, "selftest_fault": "none", "selftest_rank": -1, "wait_timeout": 200}
             for index, host in enumerate(names)}
@@ -213,6 +213,8 @@ def test_pairs_and_loopbacks_get_a_deadline_for_their_own_world_size():
     assert alone["bandwidth_deadline"] == loc.bandwidth_deadline(
         base["n1"]["sizes"], base["n1"]["iters"], base["n1"]["warmup"], nproc, 0.01, 5)
     assert alone["bandwidth_deadline"] < pair["n1"]["bandwidth_deadline"]
+    # The rounds ask about speed: a smaller (still exact) correctness check than the all-node run's.
+    assert pair["n1"]["check_elements"] == alone["check_elements"] == loc.ROUND_CHECK_ELEMENTS
 
 
 def test_a_launch_ended_at_its_deadline_is_slow_at_the_busbw_it_reached():
@@ -483,6 +485,7 @@ def test_the_conclusion_plans_a_confirmation_run_over_the_nodes_left_on_the_runs
     assert set(args) == {"n0", "n1", "n3"} and [args[h]["node_rank"] for h in ("n0", "n1", "n3")] == [0, 1, 2]
     assert {a["nnodes"] for a in args.values()} == {3} and {a["master_port"] for a in args.values()} == {PORT}
     assert {a["selftest_fault"] for a in args.values()} == {"none"}
+    assert {a["check_elements"] for a in args.values()} == {0}, "the confirmation checks the data in full"
     assert plan["world_size"] == 3 * base_args(names)["n0"]["nproc_per_node"]
 
 
