@@ -8,6 +8,7 @@ hard-linked copy (same file system, no extra space).  ``/opt`` is shared with th
 """
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,15 @@ def _runs_as(user, python):
         return subprocess.run(["runuser", "-u", user, "--", python, "-c", "import torch"], cwd="/",
                               capture_output=True, timeout=120).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def account_exists(name):
+    """Whether ``name`` is an account on this machine."""
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
         return False
 
 

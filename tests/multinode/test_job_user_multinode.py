@@ -10,14 +10,13 @@ py-spy running as pfjob, for real.  One bed serves the module.
 
 import json
 import os
-import pwd
 import threading
 import time
 
 import pytest
 
 from gate_helpers import cmdline, proc_state
-from job_env import job_python
+from job_env import account_exists, job_python
 from playbook import run_playbook
 from testbed import testbed_fixture
 
@@ -104,21 +103,13 @@ def py_spy_witness():
 
 @pytest.fixture(scope="module")
 def bed(request):
-    python = job_python(JOB_USER if _account_exists(JOB_USER) else "nobody")
+    python = job_python(JOB_USER if account_exists(JOB_USER) else "nobody")
     if python is None:
         pytest.skip("no Python with torch that an unprivileged account can run on this machine")
     bed = testbed_fixture(request, nodes=NODES, private_dirs=("/etc", "/home"), training_python=python)
     for node in bed.nodes:
         bed.run(node, ["useradd", "--create-home", "--shell", "/bin/bash", JOB_USER], check=True)
     return bed
-
-
-def _account_exists(name):
-    try:
-        pwd.getpwnam(name)
-        return True
-    except KeyError:
-        return False
 
 
 def _uid_on(bed, node):

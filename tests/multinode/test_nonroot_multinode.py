@@ -11,12 +11,11 @@ preflight.yml over one bed:
 """
 
 import os
-import pwd
 import subprocess
 
 import pytest
 
-from job_env import job_python
+from job_env import account_exists, job_python
 from playbook import run_playbook
 from testbed import TRAINING_PYTHON, testbed_fixture
 
@@ -37,17 +36,9 @@ def _runs_as_login_would(python):
     return done.returncode == 0
 
 
-def _account_exists(name):
-    try:
-        pwd.getpwnam(name)
-        return True
-    except KeyError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def bed(request):
-    python = job_python(LOGIN if _account_exists(LOGIN) else "nobody")
+    python = job_python(LOGIN if account_exists(LOGIN) else "nobody")
     if python is None:
         pytest.skip("no Python with torch that an unprivileged account can run on this machine")
     # /root private too: the bed's sshd then reads ~/.ssh/authorized_keys, which the login's own is.
