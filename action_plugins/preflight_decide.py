@@ -2,22 +2,15 @@
 """Every cross-node decision of the preflight, made once on the controller.
 
 Its documentation lives in ``library/preflight_decide.py``; the stages themselves are pure functions of the
-registered results in ``hostvars``, in ``module_utils/preflight_stages.py``.
+registered results in ``hostvars``, in ``cluster_preflight/stages.py``.
 """
 
 from __future__ import annotations
 
-import os
-
-import ansible.module_utils
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
-
-from ansible.module_utils.preflight_stages import STAGES, decide  # noqa: E402  pylint: disable=wrong-import-position
+from cluster_preflight.stages import STAGES, decide
 
 
 class ActionModule(ActionBase):

@@ -2,7 +2,7 @@
 """Controller-side diagnosis of a running job: group the ranks of every node, name the suspects, write the report.
 
 Its documentation lives in ``library/preflight_diagnose.py``; the grouping is
-``module_utils/preflight_diagnose.py`` (:func:`diagnose`, unit-tested); the files are written with
+``module_utils/preflight_node/diagnose.py`` (:func:`diagnose`, unit-tested); the files are written with
 the verdict's helpers (0750 directories, 0640 files, atomic).
 """
 
@@ -12,19 +12,12 @@ import datetime
 import json
 import os
 
-import ansible.module_utils
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
-
-# pylint: disable=wrong-import-position
-from ansible.module_utils.preflight_cluster import ClusterView  # noqa: E402
-from ansible.module_utils.preflight_diagnose import diagnose, label  # noqa: E402
-from ansible.module_utils.preflight_verdict import (atomic_write, prepare_results_dir,  # noqa: E402
-                                                    prepare_run_dir)
+from cluster_preflight.cluster import ClusterView
+from preflight_node.diagnose import diagnose, label
+from cluster_preflight.accounting import atomic_write, prepare_results_dir, prepare_run_dir
 
 REPORT_FILE = "diagnose.json"
 

@@ -2,7 +2,7 @@
 """Plan and conclude the localisation rounds of a failed or slow all-reduce, on the controller.
 
 Its documentation lives in ``library/preflight_localize.py``; the logic is in
-``module_utils/preflight_localize.py`` (pure functions, unit-tested).  Called
+``cluster_preflight/localize.py`` (pure functions, unit-tested).  Called
 once with ``start: true`` after the all-node run was collected, then once after
 each round (``roles/allreduce/tasks/localize.yml``): it folds the round's
 results (registered as ``allreduce_localize_first`` and
@@ -13,24 +13,17 @@ play: what it finds is a check on a node.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 
-import ansible.module_utils
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
-
-# pylint: disable=wrong-import-position
-from ansible.module_utils import preflight_gpu_pairs as gpu_pairs  # noqa: E402
-from ansible.module_utils import preflight_localize as localize  # noqa: E402
-from ansible.module_utils.preflight_allreduce import own_faults  # noqa: E402
-from ansible.module_utils.preflight_checks import error  # noqa: E402
-from ansible.module_utils.preflight_cluster import ClusterView, outcome as localize_outcome, without_gc  # noqa: E402
+from cluster_preflight import gpu_pairs
+from cluster_preflight import localize
+from cluster_preflight.capabilities.allreduce import own_faults
+from preflight_node.checks import error
+from cluster_preflight.cluster import ClusterView, outcome as localize_outcome, without_gc
 
 REGISTER = "allreduce_localize"
 STEP_REGISTERS = ("allreduce_localize_first", "allreduce_localize_second")

@@ -14,23 +14,17 @@ from __future__ import annotations
 
 import os
 
-import ansible.module_utils
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
+from cluster_preflight import capabilities as registry
+from cluster_preflight.cluster import run_started
 
-from ansible.module_utils import preflight_capabilities as registry  # noqa: E402  pylint: disable=wrong-import-position
-from ansible.module_utils.preflight_cluster import run_started  # noqa: E402  pylint: disable=wrong-import-position
-from ansible.module_utils.preflight_stages import (  # noqa: E402  pylint: disable=wrong-import-position
-    EARLY_CAPABILITIES)
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ROLES = os.path.join(PROJECT, "roles")
-WORKER = os.path.join(ROLES, "allreduce", "files", "allreduce_worker.py")
 
 
 def _problem(role, name, found, expected, fix):
@@ -39,7 +33,7 @@ def _problem(role, name, found, expected, fix):
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("capabilities", "local_probes", "early_launch"))
+    _VALID_ARGS = frozenset(("capabilities", "local_probes"))
     _requires_connection = False
 
     def _role_files(self, role):
@@ -113,16 +107,8 @@ class ActionModule(ActionBase):
                     if args is not None:
                         local_probes[name] = args
         run = settings.get(registry.RUN_ROLE) or {}
-        early_launch = {}
-        if not errors and boolean(self._task.args.get("early_launch", False)) and run.get("preflight_early_launch") \
-                and len(task_vars.get("ansible_play_hosts_all") or []) == 1 and "allreduce" in read_args:
-            # The run's only node: its facts call starts the all-reduce (module_utils/preflight_stages.py).
-            with open(WORKER, encoding="utf-8") as handle:
-                worker_source = handle.read()
-            early_launch = {"host": node["name"], "node": node, "worker_source": worker_source,
-                            "settings": {name: settings[name] for name in EARLY_CAPABILITIES if name in settings}}
         python = (settings.get("allreduce") or {}).get("allreduce_python")
-        result.update(job=registry.job_user_wanted(run, node, python), early_launch=early_launch, changed=False,
+        result.update(job=registry.job_user_wanted(run, node, python), changed=False,
                       ok=not errors, errors=errors, settings=settings, node=node, read_args=read_args,
                       local_probes=local_probes, capabilities=wanted, started=run_started(),
                       healthcheck_budget=run.get("preflight_healthcheck_budget") or 30,

@@ -2,7 +2,7 @@
 """Controller-side verdict: account for every targeted node, write the run directory.
 
 Its documentation lives in ``library/preflight_verdict.py``; the logic is in
-``module_utils/preflight_verdict.py`` (pure functions, unit-tested).  Fails
+``cluster_preflight/accounting.py`` (pure functions, unit-tested).  Fails
 the task, and so the play, unless the verdict is ``pass``.
 """
 
@@ -14,20 +14,13 @@ import getpass
 import os
 import time
 
-import ansible.module_utils
 from ansible.plugins.action import ActionBase
 
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
-
-# pylint: disable=wrong-import-position
-from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
-from ansible.module_utils.preflight_cluster import ClusterView, without_gc  # noqa: E402
-from ansible.module_utils.preflight_localize import MAX_ROUNDS  # noqa: E402  pylint: disable=wrong-import-position
-from ansible.module_utils.preflight_outputs import write_outputs  # noqa: E402  pylint: disable=wrong-import-position
-from ansible.module_utils.preflight_verdict import (build_verdict, failure_lines, summary_line,  # noqa: E402
-                                                    write_run_dir)
+from cluster_preflight import capabilities as registry
+from cluster_preflight.cluster import ClusterView, without_gc
+from cluster_preflight.localize import MAX_ROUNDS
+from cluster_preflight.outputs import write_outputs
+from cluster_preflight.accounting import build_verdict, failure_lines, summary_line, write_run_dir
 
 KINDS = {
     # kind: (decisions in order, node stages, capabilities that apply, verdict file)

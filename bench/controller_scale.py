@@ -24,10 +24,10 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "unit", "fixtures", "nic"))
 
 import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import (module_utils on the path)
-from ansible.module_utils import preflight_capabilities as registry  # noqa: E402
-from ansible.module_utils.preflight_pairs import peers_by_host  # noqa: E402
-from ansible.module_utils.preflight_cluster import without_gc  # noqa: E402
-from ansible.module_utils.preflight_verdict import build_verdict, failure_lines, write_run_dir  # noqa: E402
+from cluster_preflight import capabilities as registry  # noqa: E402
+from cluster_preflight.pairs import peers_by_host  # noqa: E402
+from cluster_preflight.cluster import without_gc  # noqa: E402
+from cluster_preflight.accounting import build_verdict, failure_lines, write_run_dir  # noqa: E402
 from capability_helpers import role_settings  # noqa: E402
 from fake_ops import LocalOps  # noqa: E402
 from fake_sysfs import cluster_node  # noqa: E402

@@ -26,16 +26,10 @@ requirements:
 
 import os
 
-import ansible.module_utils
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if os.path.join(PROJECT, "module_utils") not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(os.path.join(PROJECT, "module_utils"))
-
-# pylint: disable=wrong-import-position
-from ansible.module_utils.preflight_verdict_file import VerdictError, load  # noqa: E402
+from cluster_preflight.verdict_file import VerdictError, load
 
 VERDICT_ACTION = "preflight_verdict"
 PLAYBOOKS = ("preflight.yml", "bringup.yml", "healthcheck.yml")

@@ -2,24 +2,19 @@
 """The verdict file of a run as a typed value, and the exit code it stands for.
 
 The checks that decide whether a verdict file can be trusted are
-``module_utils/preflight_verdict_file.py``'s (the same ones ``scripts/verdict`` and the summary
+``cluster_preflight/verdict_file.py``'s (the same ones ``scripts/verdict`` and the summary
 callback use); this module only gives their result a type.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from .verdict_file import VerdictError, load, problems
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULE_UTILS = os.path.join(ROOT, "module_utils")
-# As scripts/verdict: the validator is standard library only, imported without Ansible.
-if MODULE_UTILS not in sys.path:
-    sys.path.append(MODULE_UTILS)
-# pylint: disable=wrong-import-position
-from preflight_verdict_file import VerdictError, load, problems  # noqa: E402
 
 __all__ = ["EXIT_PASS", "EXIT_WARN", "EXIT_FAIL", "EXIT_UNKNOWN", "EXIT_USAGE", "EXIT_INTERRUPTED", "EXIT_MEANING",
            "Finding", "Verdict", "VerdictError", "exit_code", "load_verdict", "verdict_from_dict"]

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Run this node's share of a multi-node torch all-reduce gate under a hard bound."""
 
 from __future__ import annotations
@@ -181,15 +184,19 @@ options:
 attributes:
   check_mode:
     support: full
-    details: The gate is a probe; it runs in check mode too and leaves nothing behind on the node.
+    description:
+      - The gate is a probe and runs the same in check mode; C(changed) is always false. Its scratch directory is
+        removed at the end (unless O(keep_scratch)); with O(background) the results file stays until
+        C(job_wait) reads and removes it.
   diff_mode:
     support: none
+    description: Nothing is configured, so there is nothing to diff.
 notes:
   - The scratch directory is removed unless O(keep_scratch) is set.
   - Give the task an C(async) time of at least O(hard_timeout) + O(stack_budget) + 15 s, so that the module
     always reports before the wrapper kills it.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -296,8 +303,8 @@ import socket
 import uuid
 
 from ansible.module_utils.basic import AnsibleModule
-# The run itself (module_utils/preflight_gate_run.py) is shared with the one-node early launch of preflight_facts.
-from ansible.module_utils.preflight_gate_run import ARGUMENT_SPEC, bounded_run, check_params, start_in_background
+# The run itself is in module_utils/preflight_node/gate_run.py.
+from ansible.module_utils.preflight_node.gate_run import ARGUMENT_SPEC, bounded_run, check_params, start_in_background
 
 
 def main():

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Prove that a crashing process leaves a core file where kernel.core_pattern says."""
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ description:
     lacks, a missing C(sleep) or a hard core limit of 0 are findings of the probe; here an unknown O(run_as)
     and a non-positive O(timeout) fail the task as bad arguments."
 version_added: "1.0.0"
-author: Cluster preflight maintainers
+author:
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   core_pattern:
     description: The pattern to expect. Defaults to the running C(<proc_root>/sys/kernel/core_pattern).
@@ -63,6 +67,7 @@ attributes:
         creates and removes one core file and one temporary directory. Nothing persists.
   diff_mode:
     support: none
+    description: Nothing persists, so there is nothing to diff.
 notes:
   - Only the kernel side is proven (pattern, directory, dump permission); the limits a login session
     gets come from pam_limits (see the C(limits_dropin) module) and are returned as RV(session_rlimit_core)
@@ -125,8 +130,8 @@ child_pid:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import preflight_core_dumps as core_dumps
-from ansible.module_utils.preflight_node import NodeOps
+from ansible.module_utils.preflight_node import core_dumps
+from ansible.module_utils.preflight_node.ops import NodeOps
 
 # Returned only when the probe got that far (see RETURN).
 OPTIONAL = ("child_pid", "expected_path", "core_file", "core_removed", "destination")

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Find a running training job's processes on this node and take their stacks, in one module call."""
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ description:
   - Optionally runs C(gdb -batch -ex 'thread apply all bt') on the newest core file in O(core_dir), bounded by
     O(core_timeout).
   - Only reads. The controller (action C(preflight_diagnose)) groups the ranks of every node by the innermost
-    frame of their main thread and names the suspects. The logic is in C(module_utils/preflight_diagnose.py).
+    frame of their main thread and names the suspects. The logic is in C(module_utils/preflight_node/diagnose.py).
 version_added: "1.0.0"
 options:
   pattern:
@@ -62,15 +65,16 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Only reads C(/proc) and a core file, and runs py-spy and gdb, which read; the same in check mode.
+    description: Only reads C(/proc) and a core file, and runs py-spy and gdb, which read; the same in check mode.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to diff.
 notes:
   - Give the task a C(timeout) of at least O(stack_budget) + O(core_timeout) + 30 s.
   - py-spy needs ptrace rights over the process as its owner (C(kernel.yama.ptrace_scope) 0, or 1 with
     C(CAP_SYS_PTRACE)); a dump that fails says why and makes that rank a suspect only if its peers were dumped.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -125,8 +129,8 @@ core:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_diagnose import read, user_uid, validate
-from ansible.module_utils.preflight_node import NodeOps
+from ansible.module_utils.preflight_node.diagnose import read, user_uid, validate
+from ansible.module_utils.preflight_node.ops import NodeOps
 
 
 def main():

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ensure kernel arguments in the grub defaults (drop-in or in-place edit)."""
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ description:
   - A file that would change and is a symlink is refused before anything is written, in check mode too; the
     task fails naming the link and its target, and nothing is written over the link (which would replace it)
     or through it (its target may be shared or managed elsewhere).
-  - Reads, decides and judges with the functions of C(module_utils/preflight_grub.py) that the preflight audit's
+  - Reads, decides and judges with the functions of C(module_utils/preflight_node/grub.py) that the preflight audit's
     C(iommu) decider also runs, so an audit reports exactly what bring-up would change; the files are written
     only outside check mode.
 version_added: "1.0.0"
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   args:
     description:
@@ -123,12 +126,14 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Computes the same result and diff; writes no file, takes no backup, runs no command.
+    description: Computes the same result and diff; writes no file, takes no backup, runs no command.
   diff_mode:
     support: full
-    details: One before/after pair per changed file (a list when more than one file changes).
+    description: One before/after pair per changed file (a list when more than one file changes).
   platform:
+    support: full
     platforms: posix
+    description: Linux with GRUB 2 (C(/etc/default/grub) and its C(grub.d) drop-ins).
 notes:
   - A reboot is needed for a new kernel command line to take effect; this module never reboots.
   - On RHEL 8 and later with BLS entries, grub2-mkconfig also rewrites the kernel options of the entries when
@@ -240,8 +245,8 @@ written:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_files import fail_write, refuse_symlinks, write_atomic
-from ansible.module_utils.preflight_grub import (
+from ansible.module_utils.preflight_node.files import fail_write, refuse_symlinks, write_atomic
+from ansible.module_utils.preflight_node.grub import (
     AUTO_UPDATE_COMMANDS, CMDLINE_VARIABLES, argument_problems, cmdline_check, grub_check, plan, read_cmdline,
     read_files, reboot_required, rooted, running_args, wanted_args)
 

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Wait for an Ansible async job on this node and return its result, in one module call."""
 
 from __future__ import annotations
@@ -44,12 +47,16 @@ options:
     required: true
 attributes:
   check_mode:
-    support: full
-    details: Reads the job's result file and removes it, leaving the node as it was before the job.
+    support: partial
+    description: Runs in check mode, and acts there as in a normal run.
+    details:
+      - It reads the job's result file and removes it in check mode too, leaving the node as it was before the
+        job. C(changed) is always false.
   diff_mode:
     support: none
+    description: Nothing is configured, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -84,8 +91,8 @@ checks:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_checks import NAME_RE
-from ansible.module_utils.preflight_jobs import no_result, read_finished, wait_for  # noqa: F401 (read_finished: tests)
+from ansible.module_utils.preflight_node.checks import NAME_RE
+from ansible.module_utils.preflight_node.jobs import no_result, read_finished, wait_for  # noqa: F401 (read_finished: tests)
 
 
 def main():

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Keep the cluster's host keys in a managed block of the system-wide known_hosts file."""
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ description:
     the command to accept the new key, until the node is listed in O(accept_changed)."
   - Lines of nodes listed in O(keep_nodes) that have no entry this run (unreachable) are kept as they
     are; lines of any other node without an entry are dropped.
-  - The entries are the output of C(plan) in C(module_utils/preflight_ssh_trust.py) (role variable
+  - The entries are the output of C(plan) in C(module_utils/preflight_node/ssh_trust.py) (role variable
     C(ssh_trust_known_hosts_entries)); the preflight audit compares each node's block with the same
     function this module writes with, so bring-up and audit cannot disagree.
   - The file is replaced atomically (temp file in the same directory, then rename); O(backup) keeps a
     copy first. A file with a BEGIN marker but no END (or two blocks) is refused, not guessed at.
 version_added: "1.0.0"
-author: Cluster preflight maintainers
+author:
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   path:
     description: The known_hosts file.
@@ -176,10 +180,10 @@ diff:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_files import refuse_symlinks, write_atomic
-from ansible.module_utils.preflight_ssh import (MARKER, SshTrustError, join_block, markers, plan_block, read_text,
+from ansible.module_utils.preflight_node.files import refuse_symlinks, write_atomic
+from ansible.module_utils.preflight_node.ssh import (MARKER, SshTrustError, join_block, markers, plan_block, read_text,
                                                 rooted, sha256_text, split_block)
-from ansible.module_utils.preflight_ssh_trust import known_hosts_check
+from ansible.module_utils.preflight_node.ssh_trust import known_hosts_check
 
 
 def main():

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ensure or audit a pam_limits drop-in (for example core dumps unlimited)."""
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ description:
     found, expected and fix.
     A missing C(limits.d), PAM directory or unreadable limits file is a finding, not an error.
 version_added: "1.0.0"
-author: Cluster preflight maintainers
+author:
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   path:
     description:
@@ -170,9 +174,9 @@ diff:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import preflight_limits as limits
-from ansible.module_utils.preflight_files import refuse_symlinks
-from ansible.module_utils.preflight_sysctl import rooted, write_dropin
+from ansible.module_utils.preflight_node import limits
+from ansible.module_utils.preflight_node.files import refuse_symlinks
+from ansible.module_utils.preflight_node.sysctl import rooted, write_dropin
 
 
 def main():

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """List the GPUs and accelerators of a node from sysfs (read-only)."""
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ description:
     example the ASPEED BMC VGA, C(0x1a03)) is listed as C(other) and counted in none of the vendor counts.
   - Changes nothing; runs the same in check mode. A node without a PCI bus in sysfs has no GPU (a note says so);
     a bus that exists but cannot be read fails the task, saying what to check.
-  - The scan is the reader the preflight audit's C(iommu) capability runs (C(module_utils/preflight_iommu.py)).
+  - The scan is the reader the preflight audit's C(iommu) capability runs (C(module_utils/preflight_node/iommu.py)).
 version_added: "1.0.0"
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   sysfs_root:
     description: Where sysfs is mounted; a fake tree for tests.
@@ -37,13 +40,17 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Read-only; behaves the same in check mode.
+    description: Read-only; behaves the same in check mode.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to diff.
   facts:
     support: full
+    description: The summary (RV(gpus), RV(count) and the per-vendor counts) is also returned as the fact C(preflight_pci_gpus).
   platform:
+    support: full
     platforms: linux
+    description: Linux; reads the PCI devices in sysfs (O(sysfs_root)).
 """
 
 EXAMPLES = r"""
@@ -116,9 +123,9 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-# The scan is the iommu capability's reader (module_utils/preflight_iommu.py); this module is its face
+# The scan is the iommu capability's reader (module_utils/preflight_node/iommu.py); this module is its face
 # for roles and ad-hoc use.
-from ansible.module_utils.preflight_iommu import normalise_id, read_pci, scan  # noqa: F401 (scan: public name)
+from ansible.module_utils.preflight_node.iommu import normalise_id, read_pci, scan  # noqa: F401 (scan: public name)
 
 
 def main():

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module port_probe: a real TCP mesh test of the rendezvous port."""
 
 from __future__ import annotations
@@ -104,14 +107,15 @@ attributes:
     support: none
     description: Nothing is changed, so there is nothing to diff.
   platform:
+    support: full
     platforms: posix
     description: Linux (reads C(/proc)).
 notes:
   - All nodes must run the task at the same time (one task over all hosts, enough C(forks)).
   - The controller combines every node's RV(results) with C(mesh_summary) from
-    C(module_utils/preflight_net.py) to name a node that no peer can reach.
+    C(module_utils/preflight_node/net.py) to name a node that no peer can reach.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -215,7 +219,7 @@ listen:
       choices: [ok, in_use, addr_not_available, error, disabled]
     detail: {description: One sentence for a human., type: str}
     holder:
-      description: Process holding the port when O(listen.status=in_use) (C(pid), C(pids), C(comm),
+      description: Process holding the port when RV(listen.status=in_use) (C(pid), C(pids), C(comm),
         C(inode), C(addr), C(state)); null otherwise. C(pid) is null when the owner is not visible.
       type: dict
 checks:
@@ -236,7 +240,7 @@ import threading
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_net import (
+from ansible.module_utils.preflight_node.net import (
     classify_errno,
     describe_holder,
     errno_name,

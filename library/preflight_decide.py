@@ -1,6 +1,11 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Documentation of the preflight_decide action (action_plugins/preflight_decide.py)."""
+
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -17,10 +22,7 @@ description:
     background when C(forks) is smaller than the number of nodes) and every node's probe arguments.
   - C(launch) blames the nodes that break the port mesh and plans the one all-reduce launch over the nodes that
     are still reachable, ready and not blamed (a node lost before the launch is left out, so its peers are
-    still proven). A run the facts call of a one-node run started early is adopted when its arguments are
-    exactly the planned ones, else cancelled and the node fails C(allreduce.early_launch).
-  - The stages are pure functions in C(module_utils/preflight_stages.py); the early launch runs C(plan) and
-    C(launch) on the node over its own facts.
+    still proven).
   - C(local) (C(healthcheck.yml)) judges every node alone on its own facts and node-local probes, no peer and no
     all-reduce.
   - C(final) runs every capability's decider over its facts and probe results and summarises the all-reduce,
@@ -39,11 +41,12 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Decides only; writes nothing.
+    description: Decides only, on the controller; writes nothing, the same in check mode.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -82,8 +85,7 @@ probe_args_by_host:
   type: dict
 gate:
   description:
-    - (launch) The all-reduce launch, C(launch), C(hosts), C(master), C(world_size), C(args_by_host), and
-      C(early_by_host) (C({results_file, adopted, cancel_marker}) of a run a one-node facts call started early).
+    - (launch) The all-reduce launch, C(launch), C(hosts), C(master), C(world_size), and C(args_by_host).
   returned: when stage is launch
   type: dict
 allreduce:

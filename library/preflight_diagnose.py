@@ -1,6 +1,11 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Documentation of the preflight_diagnose action (action_plugins/preflight_diagnose.py)."""
+
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -18,7 +23,7 @@ description:
     directory 0750 and the files 0640 (the verdict's writers). Does not move C(results/latest), which is the
     gate's verdict.
   - Succeeds when the report is written, suspects or not (they are findings), unless O(fail_on_suspect).
-    The logic is in C(module_utils/preflight_diagnose.py).
+    The logic is in C(module_utils/preflight_node/diagnose.py).
 version_added: "1.0.0"
 options:
   results_dir:
@@ -39,11 +44,12 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Writes only the run directory on the controller, never on a node.
+    description: Runs the same in check mode; writes only the run directory on the controller, never on a node.
   diff_mode:
     support: none
+    description: Nothing on a node is changed, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

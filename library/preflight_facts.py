@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read every capability's facts on a node in one module call."""
 
 from __future__ import annotations
@@ -35,23 +38,10 @@ options:
         minimal environment; with none wanted and root, as C(nobody) when it can use the training Python.
     type: dict
     default: {}
-  early_launch:
-    description:
-      - "For a run whose only node is this one: C({host, settings, node, worker_source}) from C(preflight_settings).
-        Once every reader ran, the module runs the controller's own C(plan) and C(launch) stages
-        (C(module_utils/preflight_stages.py)) on these facts and, when they would launch, starts this node's
-        all-reduce in the background at once, as the C(allreduce) task would (RV(early))."
-      - "The controller recomputes the decision and adopts the run only when its arguments are identical;
-        otherwise the probes call cancels it and the node gets C(allreduce.early_launch)."
-      - Empty (the default, and in every run of more than one node, whose port mesh must pass first) starts
-        nothing.
-      - Like the C(allreduce) task, the run is a probe that acts in check mode too and leaves nothing behind.
-    type: dict
-    default: {}
   lock:
     description:
       - The gate's run lock, C({dir, run_id, controller, controller_pid, controller_start, user, lease_seconds,
-        live_runs}) from the C(inputs) decision (C(module_utils/preflight_lock.py)). Taken before anything is read
+        live_runs}) from the C(inputs) decision (C(module_utils/preflight_node/lock.py)). Taken before anything is read
         - a lease file in C(dir) named after the node's hostname, written under C(flock).
       - A node another live run holds is reported in RV(busy) and nothing else runs on it; a lease whose run
         expired, or whose C(ansible-playbook) no longer runs on this run's controller, is taken over and what that
@@ -68,13 +58,14 @@ options:
 attributes:
   check_mode:
     support: full
-    details:
-      - Reads only; the one-node early launch (O(early_launch)) is a probe that runs in check mode too, as the
-        C(allreduce) task does, and leaves nothing behind.
+    description:
+      - Runs the same in check mode. The readers only read; with O(lock) the lease is taken (written) in check mode
+        too, and the probes of O(probes) act as they do in C(preflight_probes), leaving nothing that persists.
   diff_mode:
     support: none
+    description: Nothing is configured, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -103,12 +94,6 @@ elapsed:
   description: Capability name to the seconds its reader took.
   returned: always
   type: dict
-early:
-  description:
-    - With O(early_launch), C({launched, results_file, marker, args}) of the run started in the background, or
-      C({launched=false, reason}) when the stages would not launch it (the controller then decides as usual).
-  returned: when early_launch is given
-  type: dict
 hangs:
   description: Program to C({program, seconds, user}) of the training Python when it hung in this call.
   returned: when it hung
@@ -130,30 +115,11 @@ probes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_capabilities import FACTS_CALL_SPEC, node_call
-from ansible.module_utils.preflight_gate_run import start_planned
-from ansible.module_utils.preflight_stages import early_launch_args
-
-
-def launch_early(module, read):
-    """The one-node early launch (O(early_launch)) over what the readers found: C({early: ...})."""
-    early = module.params["early_launch"]
-    if not early:
-        return {}
-    try:
-        args, reason = early_launch_args(early["host"], early["settings"], early["node"], read,
-                                         run_id=(module.params.get("lock") or {}).get("run_id") or "")
-        if args is None:
-            return {"early": {"launched": False, "reason": reason}}
-        return {"early": dict(start_planned(args, early["worker_source"]), args=args)}
-    except Exception as exc:  # pylint: disable=broad-except
-        # Never worse than no early launch: the controller then plans and launches as usual.
-        return {"early": {"launched": False, "reason": "the early launch raised %s: %s" % (type(exc).__name__, exc)}}
+from ansible.module_utils.preflight_node.facts import FACTS_CALL_SPEC, node_call
 
 
 def main():
-    node_call(AnsibleModule(argument_spec=FACTS_CALL_SPEC, supports_check_mode=True), "read", "facts",
-              then=launch_early)
+    node_call(AnsibleModule(argument_spec=FACTS_CALL_SPEC, supports_check_mode=True), "read", "facts")
 
 
 if __name__ == "__main__":

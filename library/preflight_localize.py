@@ -1,6 +1,11 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Documentation of the preflight_localize action (action_plugins/preflight_localize.py)."""
+
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -24,7 +29,7 @@ description:
   - Once concluded, the nodes left (neither named bad nor lost) are planned for one more all-node all-reduce on the
     run's own master port (C(confirm_args_by_host)); with O(confirm), the call after that run folds its outcome in
     (C(localize.confirm)) - a pass proves them together, anything else leaves them unverified, never healthy.
-  - The logic is in C(module_utils/preflight_localize.py).
+  - The logic is in C(cluster_preflight/localize.py).
 version_added: "1.0.0"
 options:
   start:
@@ -38,11 +43,12 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Plans only; it contacts no node.
+    description: Plans only, on the controller; it contacts no node, the same in check mode.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -78,7 +84,7 @@ gpu_slots_by_host:
   description:
     - Node to the list of C(allreduce) arguments of its GPU pair launches in this round, run one after another
       (C(CUDA_VISIBLE_DEVICES) of two GPUs, alone over C(lo)). Only for a node named for a node fault with two
-      GPUs or more on backend nccl (C(module_utils/preflight_gpu_pairs.py)); empty otherwise.
+      GPUs or more on backend nccl (C(cluster_preflight/gpu_pairs.py)); empty otherwise.
   returned: when needed
   type: dict
 checks_by_host:

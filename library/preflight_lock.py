@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Release the gate's run lock on a node."""
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ DOCUMENTATION = r"""
 module: preflight_lock
 short_description: Release the gate's run lock (its lease) on a node at the end of the run
 description:
-  - The facts call of C(preflight.yml) takes every node with a lease (C(module_utils/preflight_lock.py)); this
+  - The facts call of C(preflight.yml) takes every node with a lease (C(module_utils/preflight_node/lock.py)); this
     module, the run's last call on a node that took part in more than one node's run, removes it again so the
     next run finds the node free. A one-node run releases it in its probes call instead.
   - Only this run's lease is removed (the run id must match), under C(flock); another run's lease is left alone.
@@ -25,14 +28,16 @@ options:
     required: true
 attributes:
   check_mode:
-    support: full
+    support: partial
+    description: Runs in check mode, and acts there as in a normal run.
     details:
       - The lease is run-time state of the gate (a tmpfs file the gate itself created), not configuration - it is
-        removed in check mode too, so an audit leaves nothing behind.
+        removed in check mode too, so an audit leaves nothing behind. C(changed) is always false.
   diff_mode:
     support: none
+    description: Nothing is configured, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -59,7 +64,7 @@ why:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_lock import release
+from ansible.module_utils.preflight_node.lock import release
 
 
 def main():

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Run every capability's acting probe on a node in one module call."""
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ options:
         the facts call's C(hangs)) are not run again - a training Python that hung once is not waited for twice.
     type: dict
     default: {}
+  probes:
+    description:
+      - Not used by the playbooks; accepted because this call shares its arguments with C(preflight_facts), where
+        it names the probes that run after the readers. Leave it empty.
+      - Given, the probes it names (capability name to probe arguments) run once more after those of
+        O(capabilities); their results are not returned (RV(probes) holds those of O(capabilities)), only
+        C(probe_errors) and C(probe_elapsed).
+    type: dict
+    default: {}
   selftest_error:
     description: Name of a capability whose probe raises on purpose (tests of the isolation). Empty normally.
     type: str
@@ -38,8 +50,6 @@ options:
       - Once the probes are done, wait (bounded) for a background job on this node and return its result as
         RV(job); C(results_file) (required), C(timeout) seconds (required), C(poll) seconds (0.1), C(what) (a name
         for messages). The all-reduce started with C(background) is collected this way, in the same call.
-      - With C(cancel_marker), the run with that marker (one the facts call of a one-node run started early and the
-        controller did not adopt) is killed first (SIGTERM, then SIGKILL), and what it left is collected.
     type: dict
   release_lock:
     description:
@@ -50,11 +60,15 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Probes act (a crashing child, ssh logins) but change nothing that persists; they run in an audit.
+    description:
+      - Probes act (a crashing child, ssh logins) but change nothing that persists; they run in an audit (check
+        mode) too. With O(wait_for) the job's result file is removed once read, and with O(release_lock) this
+        run's lease is removed, in check mode too.
   diff_mode:
     support: none
+    description: Nothing is configured, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -96,7 +110,7 @@ job:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_capabilities import PROBES_CALL_SPEC, node_call
+from ansible.module_utils.preflight_node.facts import PROBES_CALL_SPEC, node_call
 
 
 def main():

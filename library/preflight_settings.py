@@ -1,6 +1,11 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Documentation of the preflight_settings action (action_plugins/preflight_settings.py)."""
+
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -27,20 +32,15 @@ options:
     description: Also return the arguments of the node-local probes (RV(local_probes)), for C(healthcheck.yml).
     type: bool
     default: false
-  early_launch:
-    description:
-      - When the play targets one node and C(preflight_early_launch) is true, return what its facts call needs to
-        start the all-reduce itself (RV(early_launch)).
-    type: bool
-    default: false
 attributes:
   check_mode:
     support: full
-    details: Reads the project's role files only.
+    description: Reads the project's role files only, on the controller; the same in check mode.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -73,12 +73,6 @@ read_args:
   type: dict
 local_probes:
   description: With O(local_probes), capability name to the arguments of its node-local probe.
-  returned: always
-  type: dict
-early_launch:
-  description:
-    - With O(early_launch) and one node, C({host, node, settings, worker_source}) for the O(early_launch) option of
-      C(preflight_facts); empty otherwise.
   returned: always
   type: dict
 facts_timeout:

@@ -1,6 +1,11 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Documentation of the preflight_verdict action (action_plugins/preflight_verdict.py)."""
+
+from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
@@ -20,7 +25,7 @@ description:
     neither moves C(latest).
   - Fails the task (so C(ansible-playbook) exits non-zero) unless the verdict is C(pass); the message lists every
     failing or blocked check as node / check / found / expected / fix. The logic is in
-    C(module_utils/preflight_verdict.py).
+    C(cluster_preflight/accounting.py).
 version_added: "1.0.0"
 options:
   kind:
@@ -47,11 +52,12 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Writes only the run directory on the controller, never on a node.
+    description: Runs the same in check mode; writes only the run directory on the controller, never on a node.
   diff_mode:
     support: none
+    description: Nothing on a node is changed, so there is nothing to diff.
 author:
-  - Cluster preflight maintainers
+  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""
@@ -64,7 +70,7 @@ EXAMPLES = r"""
 RETURN = r"""
 outputs:
   description:
-    - File name to path of what other tools read, written next to the verdict before it (module_utils/preflight_outputs.py)
+    - File name to path of what other tools read, written next to the verdict before it (cluster_preflight/outputs.py)
       C(junit.xml) (one test case per node and check), C(preflight.prom) (node_exporter textfile format),
       C(hostfile) (C(host slots=N) of the healthy nodes), C(hosts.txt) and C(hosts.csv).
   returned: when the verdict was written

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Each listed user's own key pair for node-to-node logins, and that user's keys from every node authorized."""
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ description:
     following a link and checked again (owner, mode), as a new file owned by the user, mode 0600,
     renamed over the old one.
   - The same rules as the preflight's audit (C(ssh_dir_refusal) and C(plan_authorized_keys) in
-    C(module_utils/preflight_ssh.py)), so bring-up and audit judge alike.
+    C(module_utils/preflight_node/ssh.py)), so bring-up and audit judge alike.
 version_added: "1.1.0"
-author: Cluster preflight maintainers
+author:
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   users:
     description: The users that get a pair of their own on this node.
@@ -139,9 +143,9 @@ import re
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_checks import failed, passed
-from ansible.module_utils.preflight_node import NodeOps
-from ansible.module_utils.preflight_ssh import (SshTrustError, UnsafeDirectory, authorized_line, open_ssh_dir,
+from ansible.module_utils.preflight_node.checks import failed, passed
+from ansible.module_utils.preflight_node.ops import NodeOps
+from ansible.module_utils.preflight_node.ssh import (SshTrustError, UnsafeDirectory, authorized_line, open_ssh_dir,
                                                 parse_public_key, plan_authorized_keys, private_key_state,
                                                 read_in_dir, rooted, ssh_dir_refusal, tighten_private_key,
                                                 user_ssh_state, write_in_dir)

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read this node's own SSH host public keys and the names it calls itself by."""
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ description:
     needed.
   - Never fails for a finding; a node with no readable host key, no sshd configuration or no sshd at all
     gets a failing C(ssh_host_keys) check that says so.
-  - The same reader as the preflight's (C(read) of C(module_utils/preflight_ssh_trust.py)).
+  - The same reader as the preflight's (C(read) of C(module_utils/preflight_node/ssh_trust.py)).
 version_added: "1.0.0"
-author: Cluster preflight maintainers
+author:
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   sshd_config:
     description:
@@ -60,6 +64,7 @@ attributes:
     description: Only reads, in check mode too; RV(check_mode) tells the caller whether the run is an audit.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to diff.
 """
 
 EXAMPLES = r"""
@@ -90,6 +95,19 @@ keys:
   elements: dict
   sample:
     - {type: ssh-ed25519, public_key: "ssh-ed25519 AAAAC3...", fingerprint: "SHA256:8mbU...", path: /etc/ssh/ssh_host_ed25519_key.pub}
+  contains:
+    type:
+      description: The key type, for example C(ssh-ed25519).
+      type: str
+    public_key:
+      description: The public key as C(TYPE BASE64), without comment.
+      type: str
+    fingerprint:
+      description: The key's C(SHA256:) fingerprint.
+      type: str
+    path:
+      description: The file the key was read from (or the private key it was derived from with C(ssh-keygen -y)).
+      type: str
 host_key_files:
   description: The private key paths considered, in order.
   returned: always
@@ -126,9 +144,9 @@ checks:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node import NodeOps
-from ansible.module_utils.preflight_ssh import host_key_sources, read_host_keys
-from ansible.module_utils.preflight_ssh_trust import host_keys_check
+from ansible.module_utils.preflight_node.ops import NodeOps
+from ansible.module_utils.preflight_node.ssh import host_key_sources, read_host_keys
+from ansible.module_utils.preflight_node.ssh_trust import host_keys_check
 
 
 def main():

@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """From this node, ssh to every peer with host-key checking on and classify what happens."""
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ description:
     configuration). Scanned keys are compared, never trusted or written."
   - C(UpdateHostKeys=no) keeps ssh from writing any known_hosts file; nothing on the node changes.
   - Never fails for a finding. The same code runs in the preflight's probe (C(probe) of
-    C(module_utils/preflight_ssh_trust.py)), which reports the same findings per node as C(ssh_trust.mesh),
+    C(module_utils/preflight_node/ssh_trust.py)), which reports the same findings per node as C(ssh_trust.mesh),
     C(ssh_trust.login), C(ssh_trust.client_config) and C(ssh_trust.pdsh).
 version_added: "1.0.0"
-author: Cluster preflight maintainers
+author:
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   peers:
     description: The nodes to ssh to.
@@ -147,6 +151,7 @@ attributes:
     description: Only connects and reads; runs the same in check mode.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to diff.
 """
 
 EXAMPLES = r"""
@@ -195,10 +200,10 @@ checks:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_checks import worst
-from ansible.module_utils.preflight_node import NodeOps
-from ansible.module_utils.preflight_ssh import forbidden_ssh_options, run_mesh
-from ansible.module_utils.preflight_ssh_trust import (client_config_check, pdsh_check, peer_host_key_check,
+from ansible.module_utils.preflight_node.checks import worst
+from ansible.module_utils.preflight_node.ops import NodeOps
+from ansible.module_utils.preflight_node.ssh import forbidden_ssh_options, run_mesh
+from ansible.module_utils.preflight_node.ssh_trust import (client_config_check, pdsh_check, peer_host_key_check,
                                                       peer_login_check, served_keys_check)
 
 

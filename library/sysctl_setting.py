@@ -1,5 +1,8 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+
+# Copyright: Contributors to the cluster preflight project
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ensure or audit one kernel setting: now (/proc/sys) and at every boot."""
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ description:
     when a drop-in cannot be written (read-only C(/etc), no permission) or is a symlink (see O(dropin)), or
     when the kernel refuses the new value, each with found, expected and fix.
 version_added: "1.0.0"
-author: Cluster preflight maintainers
+author:
+  - Cluster preflight contributors (@cluster-preflight)
 options:
   name:
     description: Key, dotted (C(kernel.yama.ptrace_scope)) or with slashes (C(kernel/yama/ptrace_scope)).
@@ -214,9 +218,9 @@ import errno
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils import preflight_corepattern as corepattern
-from ansible.module_utils import preflight_sysctl as sysctl
-from ansible.module_utils.preflight_files import refuse_symlinks
+from ansible.module_utils.preflight_node import corepattern
+from ansible.module_utils.preflight_node import sysctl
+from ansible.module_utils.preflight_node.files import refuse_symlinks
 
 
 def _validate(module, key, desired, dropin, search):

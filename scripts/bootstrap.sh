@@ -48,6 +48,18 @@ bootstrap_venv() {
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "bootstrap: pip install failed" >&2; return 1; }
     echo "$want" >"$stamp"
   fi
+  # The project's own two packages (pyproject.toml: preflight_node, the node layer, and cluster_preflight,
+  # the controller), editable, so plugins, the CLI and scripts import them from this checkout.
+  local project_stamp="$PREFLIGHT_VENV/.stamp-project"
+  local project_want
+  project_want="$( (cat "$PREFLIGHT_ROOT/pyproject.toml"; echo "$PREFLIGHT_ROOT") | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$project_stamp" 2>/dev/null)" != "$project_want" ]; then
+    echo "bootstrap: installing the project's packages into $PREFLIGHT_VENV (editable)" >&2
+    "$PREFLIGHT_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+      -e "$PREFLIGHT_ROOT" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "bootstrap: installing the project failed" >&2; return 1; }
+    echo "$project_want" >"$project_stamp"
+  fi
   export PATH="$PREFLIGHT_VENV/bin:$PATH"
   export VIRTUAL_ENV="$PREFLIGHT_VENV"
 }

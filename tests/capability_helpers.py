@@ -5,7 +5,7 @@ import json
 import os
 
 import yaml
-from ansible.module_utils import preflight_checks
+from preflight_node import checks as preflight_checks
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from fake_ops import FakeOps
 

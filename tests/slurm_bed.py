@@ -35,8 +35,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "module_utils"))
-import preflight_slurm  # noqa: E402  pylint: disable=wrong-import-position
+from cluster_preflight import slurm as preflight_slurm  # noqa: E402  pylint: disable=wrong-import-position
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "scontrol", "sinfo")
 SLURMD_PORT = 6818

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from playbook import run_playbook
-from ansible.module_utils import preflight_proc
+from preflight_node import proc as preflight_proc
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -40,8 +40,6 @@ def test_default_inventory_passes_with_a_full_verdict(tmp_path):
     assert [row["size_bytes"] for row in ar["sizes"]] == [1048576, 4194304, 16777216]
     assert all(row["busbw_gbps"] > 0 and row["algbw_gbps"] > 0 for row in ar["sizes"])
     assert ar["versions"]["torch"].startswith("2.13")
-    # The only node's facts call started the all-reduce, and the launch stage adopted that run.
-    assert ar["launched_early"] == ["localhost"]
     log = open(os.path.join(result.results_dir, "latest", "localhost.log")).read()
     assert "]:preflight: world_size=2 backend=gloo" in log
     assert "PREFLIGHT PASS" in result.stdout and "verdict.json" in result.stdout
@@ -115,11 +113,8 @@ def test_invalid_variables_are_rejected_before_anything_runs(tmp_path, extravars
 def test_switches_typed_the_way_users_type_them_work(tmp_path):
     """-e passes strings: "false" must switch a capability off, not fail every node."""
     result = run_playbook(tmp_path, extravars={"debug_tools_enabled": "false", "iommu_enabled": "no",
-                                               "preflight_early_launch": "false",
                                                "preflight_master_port": str(free_port())})
     assert result.rc == 0, result.stdout[-3000:]
-    # Without the early launch the launch task starts the run, after the plan.
-    assert "launched_early" not in result.verdict["allreduce"]
     assert result.verdict["allreduce"]["status"] == "pass"
     checks = result.verdict["nodes"]["localhost"]["checks"]
     assert checks["debug_tools.enabled"]["status"] == "skipped"

@@ -238,19 +238,17 @@ def test_limit_to_two_nodes_gives_a_verdict_over_exactly_those_and_exit_code_zer
     assert verdict["allreduce"]["world_size"] == 2 * RANKS_PER_NODE
 
 
-def test_one_node_run_killed_after_its_facts_call_started_the_ranks_is_named_not_passed(bed, tmp_path):
-    """A run limited to one node starts its ranks from the facts call (the early launch, over ssh);
-    the node dies while they run: the verdict fails it as lost, and nothing passes."""
+def test_one_node_run_killed_while_its_ranks_run_is_named_not_passed(bed, tmp_path):
+    """A run limited to one node; the node dies while its ranks run: the verdict fails it as lost, and
+    nothing passes."""
     node = bed.nodes[1]
-    strike = Strike(bed, node, FACTS_TASK, "runner_on_ok", kill_node_once_its_ranks_run)
+    strike = Strike(bed, node, LAUNCH_TASK, "runner_on_ok", kill_node_once_its_ranks_run)
     result = run(bed, tmp_path, extravars=FAST, limit=node.name, event_handler=strike)
     strike.finish()
     assert_lost_and_named(result, node, ("while running the probes", "while waiting for the all-reduce"))
     verdict = result.verdict
     assert verdict["hosts"] == [node.name] and verdict["healthy_hosts"] == []
     gate = verdict["allreduce"]
-    # The launch stage adopted the run the facts call had started; it then gave no result.
-    assert gate["launched_early"] == [node.name], explain(result)
     assert gate["status"] == "fail" and {item["host"] for item in gate["suspects"]} == {node.name}
     assert verdict["nodes"][node.name]["checks"]["core_dumps.no_result"]["status"] == "fail"
 

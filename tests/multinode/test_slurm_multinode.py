@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from ansible.module_utils import preflight_slurm
+from cluster_preflight import slurm as preflight_slurm
 from slurm_bed import ROOT, slurm_fixture
 from testbed import testbed_fixture
 

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from ansible.module_utils import preflight_allreduce as ar
+from cluster_preflight.capabilities import allreduce as ar
+from preflight_node import allreduce as node_ar
 from fake_ops import LocalOps
 
 VENV_PYTHON = sys.executable
@@ -40,7 +41,7 @@ def read(tmp_path, python=VENV_PYTHON, port=None, **overrides):
     args.update(dev_root=str(tmp_path), sysfs_root=str(tmp_path))
     if port:
         args["master_port"] = port
-    return ar.read(args, LocalOps())
+    return node_ar.read(args, LocalOps())
 
 
 # -- settings -----------------------------------------------------------------
@@ -138,7 +139,7 @@ def test_port_holder_is_named(tmp_path):
 def test_a_port_held_by_another_preflight_runs_store_says_so(tmp_path):
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
-    from ansible.module_utils.preflight_lock import RUN_ENV  # pylint: disable=import-outside-toplevel
+    from preflight_node.lock import RUN_ENV  # pylint: disable=import-outside-toplevel
     code = ("import socket, sys, time\ns = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(1)\n"
             "print(s.getsockname()[1], flush=True)\ntime.sleep(30)\n")
     store = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -437,7 +438,7 @@ def test_a_lost_node_gets_no_signature_check():
 
 
 def test_nccl_debug_info_is_set_for_nccl_unless_the_operator_chose_a_level(monkeypatch):
-    from ansible.module_utils import preflight_gate_run as allreduce
+    from preflight_node import gate_run as allreduce
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
     params = {"socket_ifname": "", "env": {}, "backend": "nccl"}
     assert allreduce.build_env(params, "/s")["NCCL_DEBUG"] == "INFO"
@@ -585,18 +586,18 @@ def test_read_gpus_asks_nvidia_smi_only_on_a_node_with_two_nvidia_gpus():
         listing = handle.read()
     smi = "/usr/bin/nvidia-smi"
     ops = FakeOps(programs={"nvidia-smi": smi}, commands={(smi,): (0, listing, "")})
-    gpus, problem = ar.read_gpus({"nvidia": 8, "amd": 0}, ops)
+    gpus, problem = node_ar.read_gpus({"nvidia": 8, "amd": 0}, ops)
     assert problem is None and len(gpus) == 8 and gpus[5]["bus_id"] == "00000000:AB:00.0"
     assert ops.calls == [[smi, "--query-gpu=index,pci.bus_id,uuid,name", "--format=csv,noheader"]]
     # A CPU node (or one GPU): nothing is run.
     cpu = FakeOps(programs={"nvidia-smi": smi}, commands={(smi,): (0, listing, "")})
-    assert ar.read_gpus({"nvidia": 0, "amd": 0}, cpu) == ([], None) and cpu.calls == []
+    assert node_ar.read_gpus({"nvidia": 0, "amd": 0}, cpu) == ([], None) and cpu.calls == []
     # What a node may lack is a fact, never an exception.
-    assert ar.read_gpus({"nvidia": 2, "amd": 0}, FakeOps()) == ([], "nvidia-smi is not on PATH")
+    assert node_ar.read_gpus({"nvidia": 2, "amd": 0}, FakeOps()) == ([], "nvidia-smi is not on PATH")
     broken = FakeOps(programs={"nvidia-smi": smi}, commands={(smi,): (9, "", "NVIDIA-SMI has failed")})
-    assert ar.read_gpus({"nvidia": 2, "amd": 0}, broken)[1] == "nvidia-smi exited 9: NVIDIA-SMI has failed"
+    assert node_ar.read_gpus({"nvidia": 2, "amd": 0}, broken)[1] == "nvidia-smi exited 9: NVIDIA-SMI has failed"
     garbled = FakeOps(programs={"nvidia-smi": smi}, commands={(smi,): (0, "not a listing\n", "")})
-    assert ar.read_gpus({"nvidia": 2, "amd": 0}, garbled)[1].startswith("unreadable nvidia-smi output")
+    assert node_ar.read_gpus({"nvidia": 2, "amd": 0}, garbled)[1].startswith("unreadable nvidia-smi output")
 
 
 @pytest.mark.parametrize("rc, seconds, earlier", [(124, 20, False), (125, 30.0, True)])
@@ -608,7 +609,7 @@ def test_a_hung_training_python_is_one_failure_naming_it_and_the_fix(tmp_path, r
         ops.hangs = {"/venv/bin/python": {"program": "/venv/bin/python", "seconds": 30.0, "user": "nobody"}}
     args = ar.read_args(settings(allreduce_python="/venv/bin/python"), {"name": "n1"})
     args.update(dev_root=str(tmp_path), sysfs_root=str(tmp_path))
-    facts = ar.read(args, ops)
+    facts = node_ar.read(args, ops)
     assert facts["python_hang"] == {"seconds": seconds, "user": "nobody" if earlier else "trainer", "earlier": earlier}
     checks, ready = ar.readiness("n1", facts, settings())
     assert not ready and checks["python"]["status"] == "fail" and "torch" not in checks

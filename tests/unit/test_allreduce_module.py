@@ -12,8 +12,8 @@ import time
 import pytest
 
 import allreduce
-from ansible.module_utils import preflight_gate_run as gate_run
-from ansible.module_utils import preflight_proc
+from preflight_node import gate_run
+from preflight_node import proc as preflight_proc
 
 WORKER = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "allreduce", "files", "allreduce_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -534,33 +534,3 @@ def test_sigkill_of_the_module_group_still_kills_the_tree_and_removes_scratch(tm
     while entries(system) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert entries(system) == [], "the guard removed the scratch directory"
-
-
-@pytest.mark.timeout(60)
-def test_a_run_started_early_and_not_adopted_is_cancelled_by_the_probes_call(run_module, fakes, temp_dirs, tmp_path):
-    import preflight_probes  # library/preflight_probes.py
-    args = fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40, results_file=str(tmp_path / "r.json"))
-    worker = args.pop("worker_source")
-    started = gate_run.start_planned(args, worker)
-    assert started["launched"] and started["results_file"] == str(tmp_path / "r.json")
-    pids = tree_pids(fakes)
-    assert len(pids) == 4
-    # What the probes call gets for a node whose early run the launch stage did not adopt (no launch planned).
-    result, failed = run_module(preflight_probes, {"capabilities": {}, "wait_for": {
-        "results_file": started["results_file"], "timeout": 0, "what": "the all-reduce",
-        "cancel_marker": started["marker"]}})
-    assert not failed
-    assert all_dead(pids), "the cancelled tree is gone"
-    # The runner outlived its tree and wrote what the killed run left, long before the hard timeout.
-    job = result["job"]
-    assert job["checks"]["ranks"]["status"] == "fail" and not job["timed_out"], job
-    assert job["waited"] < 40
-    assert not os.path.exists(started["results_file"]), "read and removed like any other result"
-    assert gate_run.cancel(started["marker"]) == []
-
-
-def test_a_planned_run_the_module_would_refuse_is_not_started(fakes, tmp_path):
-    args = fake_args(fakes, nproc_per_node=0, results_file=str(tmp_path / "r.json"))
-    started = gate_run.start_planned(args, args.pop("worker_source"))
-    assert started == {"launched": False, "reason": "nproc_per_node must be at least 1, got 0"}
-    assert not (tmp_path / "r.json").exists()

@@ -12,8 +12,8 @@ import pytest
 
 import limits_dropin
 import sysctl_setting
-from ansible.module_utils import preflight_checks
-from ansible.module_utils import preflight_core_dumps as core_dumps
+from preflight_node import checks as preflight_checks
+from preflight_node import core_dumps
 from fake_ops import FakeOps, LocalOps
 from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
                                 write)

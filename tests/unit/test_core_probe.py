@@ -7,7 +7,7 @@ import resource
 import pytest
 
 import core_probe
-from ansible.module_utils import preflight_core_dumps
+from preflight_node import core_dumps as preflight_core_dumps
 
 CORE_PATTERN = "/proc/sys/kernel/core_pattern"
 CORE_USES_PID = "/proc/sys/kernel/core_uses_pid"
@@ -127,7 +127,7 @@ def test_pattern_read_from_proc_root(run_module, tmp_path):
 
 
 def test_hard_limit_zero_fails_before_crashing_anything(run_module, monkeypatch):
-    # The probe itself lives in module_utils/preflight_core_dumps.py (shared with the capability).
+    # The probe itself lives in module_utils/preflight_node/core_dumps.py (shared with the capability).
     monkeypatch.setattr(preflight_core_dumps.os, "geteuid", lambda: 1000)
     monkeypatch.setattr(preflight_core_dumps.resource, "getrlimit", lambda _which: (0, 0))
     result, failed = run_module(core_probe, {"core_pattern": "/tmp/core-%e.%p"})

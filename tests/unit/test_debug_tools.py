@@ -10,8 +10,8 @@ import sys
 import pytest
 import yaml
 
-from ansible.module_utils import preflight_checks
-from ansible.module_utils import preflight_debug_tools as tools
+from preflight_node import checks as preflight_checks
+from preflight_node import debug_tools as tools
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, typed_settings
 

@@ -5,12 +5,11 @@ import importlib.util
 import os
 import sys
 
-from ansible.module_utils import preflight_capabilities as registry
+from cluster_preflight import capabilities as registry
 from capability_helpers import role_settings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nic"))
 from fake_sysfs import cluster_node  # noqa: E402  pylint: disable=wrong-import-position
-from ansible.module_utils import preflight_stages as stages  # noqa: E402  pylint: disable=wrong-import-position
 
 PLUGIN = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_decide.py")
 spec = importlib.util.spec_from_file_location("preflight_decide_action", PLUGIN)
@@ -36,7 +35,7 @@ def node(index):
 
 
 def facts(tmp_path, index):
-    from ansible.module_utils import preflight_nic_discovery
+    from preflight_node import nic_discovery as preflight_nic_discovery
     from fake_ops import FakeOps
     tree = cluster_node(tmp_path / ("n%d" % index), index=index)
     nics = preflight_nic_discovery.read({"sysfs_root": tree.sys, "proc_root": tree.proc, "addr_source": "proc",
@@ -188,69 +187,27 @@ def test_a_gate_that_failed_or_gave_no_result_on_a_node_makes_it_the_suspect(tmp
     assert "no result from the all-reduce on n2" in reasons["n2"]
 
 
-def early_run(tmp_path):
-    """A one-node run whose facts call launched early with the arguments the node's own stages gave it."""
+def test_a_one_node_run_is_planned_and_launched_by_the_controller(tmp_path):
     run = Run(tmp_path, hosts=["n1"])
-    host_vars = run.hostvars["n1"]
-    settings = {name: value for name, value in host_vars["preflight_settings"]["settings"].items()
-                if name in stages.EARLY_CAPABILITIES}
-    # The facts call gets the run lock's id from the inputs decision, as the launch stage does.
-    run_id = run.decide("inputs", "preflight_inputs")["lock"]["run_id"]
-    args, reason = stages.early_launch_args("n1", settings, host_vars["preflight_settings"]["node"],
-                                            host_vars["preflight_facts"], run_id=run_id)
-    assert args is not None, reason
-    host_vars["preflight_facts"]["early"] = {"launched": True, "args": args, "results_file": "/r.json",
-                                             "marker": "m1"}
-    return run, args
-
-
-def test_a_one_node_run_launched_early_is_adopted_by_the_launch_stage(tmp_path):
-    run, args = early_run(tmp_path)
-    assert args["nnodes"] == 1 and args["run_as"] == "trainer" and args["socket_ifname"] == "ib0"
     run.decide("inputs", "preflight_inputs")
     run.decide("plan", "preflight_plan")
     launch = run.decide("launch", "preflight_launch")
-    assert launch["ok"] and launch["gate"]["args_by_host"]["n1"] == args
-    assert launch["gate"]["early_by_host"] == {"n1": {"results_file": "/r.json", "adopted": True, "cancel_marker": ""}}
-    assert "early_launch" not in launch["checks_by_host"].get("n1", {}).get("allreduce", {})
+    args = launch["gate"]["args_by_host"]["n1"]
+    assert launch["ok"] and args["nnodes"] == 1 and args["run_as"] == "trainer" and args["socket_ifname"] == "ib0"
     run.register("n1", "preflight_probes", {"probes": {}, "errors": {}, "job": {"ranks": [
         {"rank": local, "local_rank": local, "status": "ok", "stage": "done", "correct": True, "bandwidth": [],
          "error": None} for local in (0, 1)],
         "checks": {"ranks": {"status": "pass", "found": "ok", "expected": "ok", "fix": ""}}, "log": ""}})
     final = run.decide("final", "preflight_final")
-    assert final["allreduce"]["status"] == "pass" and final["allreduce"]["launched_early"] == ["n1"]
+    assert final["allreduce"]["status"] == "pass"
 
 
-def test_an_early_run_the_launch_stage_decides_otherwise_is_cancelled_and_named(tmp_path):
-    run, args = early_run(tmp_path)
-    run.hostvars["n1"]["preflight_facts"]["early"]["args"] = dict(args, master_port=6001)
-    run.decide("inputs", "preflight_inputs")
-    run.decide("plan", "preflight_plan")
-    launch = run.decide("launch", "preflight_launch")
-    assert launch["gate"]["early_by_host"]["n1"] == {"results_file": "/r.json", "adopted": False,
-                                                     "cancel_marker": "m1"}
-    check = launch["checks_by_host"]["n1"]["allreduce"]["early_launch"]
-    assert check["status"] == "fail" and "master_port planned 6000, started 6001" in check["found"]
-    assert "preflight_early_launch=false" in check["fix"]
-
-
-def test_an_early_run_on_a_node_the_launch_stage_does_not_launch_is_cancelled(tmp_path):
-    run, _args = early_run(tmp_path)
-    # The facts the controller holds say the port is taken: it launches nothing there.
+def test_a_one_node_run_whose_rendezvous_port_is_taken_launches_nothing(tmp_path):
+    run = Run(tmp_path, hosts=["n1"])
     run.hostvars["n1"]["preflight_facts"]["facts"]["allreduce"]["port"] = {
         "free": False, "detail": "port 6000 is held by pid 7 (python)", "holder": 7}
     run.decide("inputs", "preflight_inputs")
     run.decide("plan", "preflight_plan")
     launch = run.decide("launch", "preflight_launch")
-    assert not launch["gate"]["launch"] and launch["gate"]["early_by_host"]["n1"]["cancel_marker"] == "m1"
-    assert "launches nothing on the node" in launch["checks_by_host"]["n1"]["allreduce"]["early_launch"]["found"]
-
-
-def test_the_node_side_stages_launch_nothing_where_the_controller_would_not(tmp_path):
-    run = Run(tmp_path, hosts=["n1"])
-    host_vars = run.hostvars["n1"]
-    host_vars["preflight_facts"]["facts"]["allreduce"]["port"] = {
-        "free": False, "detail": "port 6000 is held by pid 7 (python)", "holder": 7}
-    args, reason = stages.early_launch_args("n1", host_vars["preflight_settings"]["settings"],
-                                            host_vars["preflight_settings"]["node"], host_vars["preflight_facts"])
-    assert args is None and "rendezvous port is taken" in reason
+    assert not launch["gate"]["launch"] and "n1" not in launch["gate"]["args_by_host"]
+    assert "rendezvous port is taken" in launch["gate"]["skip_reason"]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ansible.module_utils import preflight_diagnose as diag
+from preflight_node import diagnose as diag
 
 SLEEP = (
     'Process 24316: /usr/bin/python3 sleeper.py\n'

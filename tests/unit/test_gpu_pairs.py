@@ -1,4 +1,4 @@
-"""Localisation over the GPUs of one node in pair rounds (module_utils/preflight_gpu_pairs.py).
+"""Localisation over the GPUs of one node in pair rounds (cluster_preflight/gpu_pairs.py).
 
 A fake node answers every planned slot from the ``allreduce`` arguments alone (the GPUs in the slot's
 ``CUDA_VISIBLE_DEVICES``) under a fault model: a bad GPU makes its rank fail (and its partner's abort), a slow
@@ -10,9 +10,10 @@ import os
 
 import pytest
 
-from ansible.module_utils import preflight_gpu_pairs as gp
-from ansible.module_utils import preflight_localize as loc
-from ansible.module_utils.preflight_checks import node_status, normalize
+from cluster_preflight import gpu_pairs as gp
+from preflight_node import gpus as nvsmi
+from cluster_preflight import localize as loc
+from preflight_node.checks import node_status, normalize
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "nvidia_smi")
 GOOD_BW, SLOW_BW = 180.0, 40.0
@@ -30,7 +31,7 @@ def fixture(name):
 
 def node_gpus(count=8):
     """The first ``count`` GPUs of the recorded 8-GPU H100 node."""
-    return gp.parse_query_gpu(fixture("query_gpu_8.csv"))[:count]
+    return nvsmi.parse_query_gpu(fixture("query_gpu_8.csv"))[:count]
 
 
 def base_args():
@@ -88,11 +89,11 @@ def status(check):
 
 
 def test_query_argv():
-    assert gp.QUERY_ARGV == ["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid,name", "--format=csv,noheader"]
+    assert nvsmi.QUERY_ARGV == ["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid,name", "--format=csv,noheader"]
 
 
 def test_parse_the_8_gpu_h100_node():
-    gpus = gp.parse_query_gpu(fixture("query_gpu_8.csv"))
+    gpus = nvsmi.parse_query_gpu(fixture("query_gpu_8.csv"))
     assert [gpu["index"] for gpu in gpus] == list(range(8))
     assert [gpu["bus_id"] for gpu in gpus] == H100_BUS
     assert {gpu["name"] for gpu in gpus} == {"NVIDIA H100 80GB HBM3"}
@@ -101,11 +102,11 @@ def test_parse_the_8_gpu_h100_node():
 
 
 def test_parse_the_4_and_1_gpu_nodes():
-    four = gp.parse_query_gpu(fixture("query_gpu_4.csv"))  # ends with a blank line
+    four = nvsmi.parse_query_gpu(fixture("query_gpu_4.csv"))  # ends with a blank line
     assert [(gpu["index"], gpu["bus_id"]) for gpu in four] == [
         (0, "00000000:01:00.0"), (1, "00000000:41:00.0"), (2, "00000000:81:00.0"), (3, "00000000:C1:00.0")]
     assert four[0]["name"] == "NVIDIA A100-SXM4-40GB"
-    one = gp.parse_query_gpu(fixture("query_gpu_1.csv"))
+    one = nvsmi.parse_query_gpu(fixture("query_gpu_1.csv"))
     assert one == [{"index": 0, "bus_id": "00000000:00:1E.0", "uuid": "GPU-699f071a-5fd8-4665-a9df-dec6baecde5b",
                     "name": "Tesla T4"}]
 
@@ -113,15 +114,15 @@ def test_parse_the_4_and_1_gpu_nodes():
 def test_parse_tolerates_blank_lines_spaces_and_bus_id_forms():
     text = ("\n  1 ,0000:2a:00.0 ,  GPU-5d96cf7f-265b-4da9-8f0c-26ef4243ed52 , NVIDIA H100 80GB HBM3  \n\n"
             "0,18:00.0,GPU-566bf9d7-c55a-45f8-91a6-e55e9b9b1325,NVIDIA H100 80GB HBM3\n   \n")
-    gpus = gp.parse_query_gpu(text)
+    gpus = nvsmi.parse_query_gpu(text)
     assert [(gpu["index"], gpu["bus_id"], gpu["name"]) for gpu in gpus] == [
         (0, "00000000:18:00.0", "NVIDIA H100 80GB HBM3"), (1, "00000000:2A:00.0", "NVIDIA H100 80GB HBM3")]
-    assert gp.sysfs_address("00000000:2A:00.0") == "0000:2a:00.0"
+    assert nvsmi.sysfs_address("00000000:2A:00.0") == "0000:2a:00.0"
 
 
 def test_parse_no_devices_is_no_gpu():
-    assert gp.parse_query_gpu(fixture("query_gpu_none.txt")) == []
-    assert gp.parse_query_gpu("") == []
+    assert nvsmi.parse_query_gpu(fixture("query_gpu_none.txt")) == []
+    assert nvsmi.parse_query_gpu("") == []
 
 
 @pytest.mark.parametrize("text,line,why", [
@@ -141,7 +142,7 @@ def test_parse_no_devices_is_no_gpu():
 ])
 def test_parse_errors_name_the_line_and_the_problem(text, line, why):
     with pytest.raises(ValueError) as caught:
-        gp.parse_query_gpu(text)
+        nvsmi.parse_query_gpu(text)
     message = str(caught.value)
     assert "line %d is malformed" % line in message and why in message
     assert "index, pci.bus_id, uuid, name" in message
@@ -155,9 +156,9 @@ def test_parse_errors_name_the_line_and_the_problem(text, line, why):
     ("gloo", node_gpus(8), "backend gloo"),
     (None, node_gpus(8), "backend unset"),
     ("nccl", [], "CPU node"),
-    ("nccl", gp.parse_query_gpu(fixture("query_gpu_none.txt")), "CPU node"),
+    ("nccl", nvsmi.parse_query_gpu(fixture("query_gpu_none.txt")), "CPU node"),
     ("gloo", 0, "backend gloo"),
-    ("nccl", gp.parse_query_gpu(fixture("query_gpu_1.csv")), "only one GPU"),
+    ("nccl", nvsmi.parse_query_gpu(fixture("query_gpu_1.csv")), "only one GPU"),
     ("nccl", 1, "only one GPU"),
 ])
 def test_off_with_a_reason(backend, gpus, why):
@@ -174,7 +175,7 @@ def test_on_with_nccl_and_two_gpus_or_more(gpus):
 
 
 def test_fewer_than_two_gpus_plan_nothing_and_conclude_not_applicable():
-    one = gp.parse_query_gpu(fixture("query_gpu_1.csv"))
+    one = nvsmi.parse_query_gpu(fixture("query_gpu_1.csv"))
     assert gp.plan_round(1, one, [], base_args(), PORT, FLOOR) == {"round": 1, "launches": [], "slots": []}
     summary, check = gp.conclude(NODE, one, [], FLOOR, "test")
     assert check["status"] == "not_applicable" and "only one GPU" in check["found"] and summary["applies"] is False
@@ -216,7 +217,7 @@ def test_one_bad_gpu_among_3_to_7_is_named_in_at_most_three_rounds(count, bad):
 
 
 def test_one_bad_gpu_on_the_recorded_4_gpu_node():
-    gpus = gp.parse_query_gpu(fixture("query_gpu_4.csv"))
+    gpus = nvsmi.parse_query_gpu(fixture("query_gpu_4.csv"))
     summary, check, _plans = localise(gpus, {"bad": {2}})
     assert summary["bad"] == [2]
     assert "GPU 2 (PCI 00000000:81:00.0, NVIDIA A100-SXM4-40GB, GPU-d1784030-35c9-48c4-a68d-c8f46a423cf9)" \

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 import grub_cmdline
-from ansible.module_utils import preflight_grub as pg
-from ansible.module_utils import preflight_iommu
+from preflight_node import grub as pg
+from preflight_node import iommu as preflight_iommu
 from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -434,7 +434,7 @@ def test_iommu_role_in_check_and_apply_mode(tmp_path, update_script):
     """The role on a fake AMD node: check mode writes nothing and the audit reports drift; bring-up fixes it.
 
     The role only writes; the checks come from the audit's reader and decider
-    (module_utils/preflight_iommu.py) on the same node.
+    (module_utils/preflight_node/iommu.py) on the same node.
     """
     sysfs = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:c1:00.0"
     sysfs.mkdir(parents=True)

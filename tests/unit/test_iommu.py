@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 import grub_cmdline
-from ansible.module_utils import preflight_checks
-from ansible.module_utils import preflight_grub
-from ansible.module_utils import preflight_iommu as iommu
+from preflight_node import checks as preflight_checks
+from preflight_node import grub as preflight_grub
+from preflight_node import iommu
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, typed_settings
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from ansible.module_utils import preflight_core_dumps
-from ansible.module_utils import preflight_kernel_debug
+from preflight_node import core_dumps as preflight_core_dumps
+from preflight_node import kernel_debug as preflight_kernel_debug
 from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -6,8 +6,8 @@ import os
 import pytest
 
 import sysctl_setting
-from ansible.module_utils import preflight_kernel_debug as kernel_debug
-from ansible.module_utils import preflight_sysctl
+from preflight_node import kernel_debug
+from preflight_node import sysctl as preflight_sysctl
 from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
                                 write)
 
@@ -416,7 +416,7 @@ def test_the_real_probe_attaches_to_a_non_child_process_of_the_same_user(user):
 def test_a_training_python_that_hung_blocks_the_attach_check_or_fails_it_where_it_hung_now(tmp_path, rc, status):
     from fake_ops import FakeOps
 
-    from ansible.module_utils.preflight_checks import is_blocked
+    from preflight_node.checks import is_blocked
     ops = FakeOps(commands={("/venv/bin/python",): (rc, "", "not run: /venv/bin/python hung for 30 s earlier")})
     ops.job, ops.job_user = {"name": "alice", "python": "/venv/bin/python"}, "alice"
     ops.hangs = {"/venv/bin/python": {"program": "/venv/bin/python", "seconds": 30.0, "user": "nobody"}}
@@ -457,7 +457,7 @@ def test_a_reader_without_root_refused_a_file_is_blocked_never_failed(tmp_path, 
 def test_a_ptrace_probe_that_could_not_switch_to_the_job_user_is_blocked_never_passed():
     """Another job user wanted and no root to switch: the probe ran as the login, so even an attach that
     worked says nothing of the job user's view (needs root, node unverified)."""
-    from ansible.module_utils.preflight_kernel_debug import attach_check
+    from preflight_node.kernel_debug import attach_check
 
     result = attach_check("n1", {"user": "pfuser", "uid": 1000, "yama_scope": None, "attached": True,
                                  "unswitched": "alice"})

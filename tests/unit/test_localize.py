@@ -1,4 +1,4 @@
-"""Localisation of a failed or slow all-reduce in pair rounds (module_utils/preflight_localize.py).
+"""Localisation of a failed or slow all-reduce in pair rounds (cluster_preflight/localize.py).
 
 A fake cluster answers every planned launch from a fault model (a node fault fails every run of the node,
 a network fault fails its pairs but not its run alone over lo, a slow link completes at a low busbw, a lost
@@ -6,8 +6,8 @@ node gives no result); the rounds are driven the way action_plugins/preflight_lo
 
 import pytest
 
-from ansible.module_utils import preflight_localize as loc
-from ansible.module_utils.preflight_checks import node_status
+from cluster_preflight import localize as loc
+from preflight_node.checks import node_status
 
 GOOD_BW, SLOW_BW, LOOP_BW = 0.1, 0.002, 0.5
 PORT = 6000
@@ -348,7 +348,7 @@ def _task_vars(names, jobs):
 def test_action_skips_a_healthy_run_and_plans_a_slow_one():
     action = _action()
     names = hosts(4)
-    from ansible.module_utils.preflight_cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
     healthy = action.start(ClusterView(_task_vars(names, {host: {"ranks": ranks()} for host in names})))
     assert healthy["needed"] is False and "checks_by_host" not in healthy
     task_vars = _task_vars(names, {host: {"ranks": ranks(busbw=SLOW_BW)} for host in names})
@@ -380,7 +380,7 @@ def test_action_skips_a_healthy_run_and_plans_a_slow_one():
 
 def _gpus():
     import os  # pylint: disable=import-outside-toplevel
-    from ansible.module_utils.preflight_gpu_pairs import parse_query_gpu  # pylint: disable=import-outside-toplevel
+    from preflight_node.gpus import parse_query_gpu  # pylint: disable=import-outside-toplevel
     path = os.path.join(os.path.dirname(__file__), "fixtures", "nvidia_smi", "query_gpu_8.csv")
     with open(path, encoding="utf-8") as handle:
         return parse_query_gpu(handle.read())
@@ -389,7 +389,7 @@ def _gpus():
 def _drive(task_vars, names, node_fault, bad_gpu):
     """Answer every planned launch from the registers the tasks would fill, until the action is done."""
     action = _action()
-    from ansible.module_utils.preflight_cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
     outcome, gpu_rounds = action.start(ClusterView(task_vars)), 0
     while not outcome["done"]:
         for host in names:
@@ -492,7 +492,7 @@ def test_the_conclusion_plans_a_confirmation_run_over_the_nodes_left_on_the_runs
 @pytest.mark.parametrize("confirmed, status", [(True, "pass"), (False, "slow")])
 def test_the_confirmation_run_is_folded_in_and_proves_an_unproven_node_only_when_it_passed(confirmed, status):
     action = _action()
-    from ansible.module_utils.preflight_cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
     names = hosts(4)
     task_vars = _gpu_task_vars(names, "gloo", [])
     done, _gpu_rounds = _drive(task_vars, names, "n2", bad_gpu=None)
@@ -542,7 +542,7 @@ def test_reconcile_no_node_named_and_a_passing_confirmation_is_a_warn_failed_the
 
 
 def test_reconcile_a_failed_confirmation_leaves_the_nodes_unverified_never_blamed_nor_healthy():
-    from ansible.module_utils.preflight_checks import node_status  # pylint: disable=import-outside-toplevel
+    from preflight_node.checks import node_status  # pylint: disable=import-outside-toplevel
     confirm_checks = {host: {"ranks": loc.failed("slow again", "done", "see")} for host in ("n0", "n1", "n3")}
     out = loc.reconcile(_first_run_checks(), _conclusion("slow"), confirm_checks)
     for host in ("n0", "n1", "n3"):
@@ -552,8 +552,8 @@ def test_reconcile_a_failed_confirmation_leaves_the_nodes_unverified_never_blame
 
 
 def test_a_verdict_with_a_node_proven_good_and_failed_by_the_all_reduce_holds_it_and_says_so():
-    from ansible.module_utils import preflight_verdict  # pylint: disable=import-outside-toplevel
-    from ansible.module_utils import preflight_verdict_file  # pylint: disable=import-outside-toplevel
+    from cluster_preflight import accounting as preflight_verdict  # pylint: disable=import-outside-toplevel
+    from cluster_preflight import verdict_file as preflight_verdict_file  # pylint: disable=import-outside-toplevel
     nodes = {"n0": {"status": "fail", "checks": {"allreduce.ranks": loc.failed("hung", "done", "drain n0"),
                                                  "allreduce.localize": loc.passed("n0 proven good", "x")}}}
     contradicting = {"localize": {"good": ["n0"]}}
@@ -575,7 +575,7 @@ def test_a_node_the_all_node_run_names_by_its_own_evidence_is_left_out_of_the_ro
     """A rank that died by itself, returned wrong data or was held stopped names its node: the rounds and the
     confirmation run go over the others (a later run cannot disprove an intermittent fault)."""
     action = _action()
-    from ansible.module_utils.preflight_cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
     names = hosts(4)
     jobs = {host: {"ranks": [dict(ranks(ok=False)[0], rank=2 * index + local) for local in (0, 1)]}
             for index, host in enumerate(names)}

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from ansible.module_utils import preflight_nic as pn
-from ansible.module_utils import preflight_nic_discovery as nd
+from preflight_node import nic as pn
+from preflight_node import nic_discovery as nd
 from fake_ops import LocalOps
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nic"))

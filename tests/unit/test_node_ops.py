@@ -1,9 +1,9 @@
-"""How readers and probes run commands on a node (module_utils/preflight_node.py)."""
+"""How readers and probes run commands on a node (module_utils/preflight_node/ops.py)."""
 
 import os
 import time
 
-from ansible.module_utils.preflight_node import NOT_FOUND_RC, TIMEOUT_RC, run_bounded_command
+from preflight_node.ops import NOT_FOUND_RC, TIMEOUT_RC, run_bounded_command
 
 
 def test_output_of_a_command_that_is_slow_to_print_is_kept():
@@ -77,7 +77,7 @@ def _hanging_python():
 def test_a_watched_program_that_hung_is_not_run_again_in_the_same_call():
     import shutil
 
-    from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, NodeOps, hang_of
+    from preflight_node.ops import HUNG_EARLIER_RC, NodeOps, hang_of
     python = _hanging_python()
     try:
         ops = NodeOps(_Module(python))
@@ -100,9 +100,10 @@ def test_a_watched_program_that_hung_is_not_run_again_in_the_same_call():
 def _node_call(ops, python, monkeypatch):
     """What one healthcheck node call does with the training Python: choose the job user, the allreduce
     reader, the ptrace probe; then the controller's deciders.  Returns (seconds, checks)."""
-    from ansible.module_utils import preflight_allreduce as ar
-    from ansible.module_utils import preflight_kernel_debug as kd
-    from ansible.module_utils import preflight_node as pn
+    from cluster_preflight.capabilities import allreduce as controller_ar
+    from preflight_node import allreduce as ar
+    from preflight_node import kernel_debug as kd
+    from preflight_node import ops as pn
     monkeypatch.setattr(pn, "JOB_USER_PROBE_TIMEOUT", 1)
     monkeypatch.setattr(ar, "PROBE_TIMEOUT", 1)
     started = time.monotonic()
@@ -112,7 +113,7 @@ def _node_call(ops, python, monkeypatch):
                      "dev_root": "/nonexistent", "sysfs_root": "/nonexistent", "proc_root": "/proc"}, ops)
     probe = kd.probe({"proc_root": "/proc", "timeout": 1}, ops)
     seconds = time.monotonic() - started
-    checks, ready = ar.readiness("n1", facts, {"allreduce_env": {}})
+    checks, ready = controller_ar.readiness("n1", facts, {"allreduce_env": {}})
     attach = kd.attach_check("n1", probe)
     return seconds, dict(checks, ptrace_attach=attach), ready
 
@@ -120,8 +121,8 @@ def _node_call(ops, python, monkeypatch):
 def test_a_hung_training_python_is_waited_out_once_and_the_checks_after_it_are_blocked(monkeypatch):
     import shutil
 
-    from ansible.module_utils.preflight_checks import is_blocked
-    from ansible.module_utils.preflight_node import NodeOps
+    from preflight_node.checks import is_blocked
+    from preflight_node.ops import NodeOps
     python = _hanging_python()
     try:
         once, checks, ready = _node_call(NodeOps(_Module(python)), python, monkeypatch)
@@ -145,7 +146,7 @@ def test_the_runs_next_call_on_the_node_takes_the_job_user_and_the_hang_from_the
     (``job.hangs``): it neither resolves the job user again nor waits for the hung Python a second time."""
     import shutil
 
-    from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, NodeOps, resolve_job_user
+    from preflight_node.ops import HUNG_EARLIER_RC, NodeOps, resolve_job_user
     python = _hanging_python()
     try:
         facts_call = NodeOps(_Module(python))

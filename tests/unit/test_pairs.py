@@ -1,10 +1,10 @@
-"""Which peers each node checks in the port and ssh meshes (module_utils/preflight_pairs.py)."""
+"""Which peers each node checks in the port and ssh meshes (cluster_preflight/pairs.py)."""
 
 import pytest
 
-from ansible.module_utils import preflight_pairs as pairs
-from ansible.module_utils import preflight_port_mesh as pm
-from ansible.module_utils import preflight_ssh_trust as st
+from cluster_preflight import pairs
+from preflight_node import port_mesh as pm
+from preflight_node import ssh_trust as st
 from capability_helpers import role_settings
 
 

@@ -3,7 +3,7 @@ forks than nodes), and whom the results blame."""
 
 import pytest
 
-from ansible.module_utils import preflight_port_mesh as pm
+from preflight_node import port_mesh as pm
 
 
 def settings(**overrides):

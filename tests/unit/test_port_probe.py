@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import port_probe
-from ansible.module_utils import preflight_net as net
+from preflight_node import net
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from ansible.module_utils import preflight_checks as pc
+from preflight_node import checks as pc
 
 
 def test_fail_requires_fix():

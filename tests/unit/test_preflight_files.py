@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from ansible.module_utils import basic
-from ansible.module_utils import preflight_files as pf
+from preflight_node import files as pf
 
 
 class Exit(Exception):

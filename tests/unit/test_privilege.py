@@ -1,8 +1,8 @@
 """What a reader without root could not observe: blocked ("needs root"), never failed; a comparison with a
-fallback never passes (module_utils/preflight_privilege.py, and blocked()'s fix)."""
+fallback never passes (module_utils/preflight_node/privilege.py, and blocked()'s fix)."""
 
-from ansible.module_utils import preflight_checks as pc
-from ansible.module_utils import preflight_privilege as pp
+from preflight_node import checks as pc
+from preflight_node import privilege as pp
 
 DENIED = "/etc/sysctl.d/99-x.conf cannot be read: Permission denied"
 

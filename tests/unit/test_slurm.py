@@ -1,4 +1,4 @@
-"""module_utils/preflight_slurm.py: the drain reason, the prefix rule, what scontrol and sinfo print
+"""cluster_preflight/slurm.py: the drain reason, the prefix rule, what scontrol and sinfo print
 (recorded from Slurm 22.05.8 here), the plan that applies a verdict, and scripts/slurm-drain against a
 recording stand-in for scontrol and sinfo."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ansible.module_utils import preflight_slurm as ps
+from cluster_preflight import slurm as ps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -16,8 +16,8 @@ import pytest
 import known_hosts_block
 import ssh_host_keys
 import ssh_mesh
-from ansible.module_utils import preflight_ssh as ps
-from ansible.module_utils import preflight_ssh_trust
+from preflight_node import ssh as ps
+from preflight_node import ssh_trust as preflight_ssh_trust
 
 KH = "/etc/ssh/ssh_known_hosts"
 BEGIN, END = ps.markers()

@@ -1,4 +1,4 @@
-"""The ssh_trust capability (module_utils/preflight_ssh_trust.py): validate, read on sandbox roots
+"""The ssh_trust capability (module_utils/preflight_node/ssh_trust.py): validate, read on sandbox roots
 with FakeOps, plan and decide from tables of node facts, probe with FakeOps (ssh rc/stderr
 classifications), and the writer (known_hosts_block) agreeing with the audit because both use
 the same plan and the same block functions."""
@@ -11,9 +11,9 @@ import struct
 import pytest
 
 import known_hosts_block
-from ansible.module_utils import preflight_checks as pc
-from ansible.module_utils import preflight_ssh as ps
-from ansible.module_utils import preflight_ssh_trust as st
+from preflight_node import checks as pc
+from preflight_node import ssh as ps
+from preflight_node import ssh_trust as st
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, role_yaml, write
 

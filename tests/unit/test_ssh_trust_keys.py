@@ -14,11 +14,11 @@ import time
 import pytest
 
 import ssh_cluster_key
-from ansible.module_utils import preflight_ssh as ps
-from ansible.module_utils import preflight_ssh_trust as st
+from preflight_node import ssh as ps
+from preflight_node import ssh_trust as st
 from capability_helpers import write
 from fake_ops import FakeOps, LocalOps
-from ansible.module_utils import preflight_checks as pc
+from preflight_node import checks as pc
 from test_ssh_trust_capability import (KEYS, LISTENER, NODES3, assert_contract, cluster, decide_all, facts, fake_key,
                                        fp, in_sync, probe_result, settings, synced_block, synced_users)
 

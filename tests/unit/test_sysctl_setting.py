@@ -7,7 +7,7 @@ import os
 import pytest
 
 import sysctl_setting
-from ansible.module_utils import preflight_sysctl as ps
+from preflight_node import sysctl as ps
 
 SYSCTL_CONF = (
     "# /etc/sysctl.conf - Configuration file for setting system variables\n"

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from ansible.module_utils import preflight_capabilities as registry
-from ansible.module_utils import preflight_verdict as pv
-from ansible.module_utils.preflight_checks import failed, passed, warned
-from ansible.module_utils.preflight_verdict_file import problems
+from cluster_preflight import capabilities as registry
+from cluster_preflight import accounting as pv
+from preflight_node.checks import failed, passed, warned
+from cluster_preflight.verdict_file import problems
 
 STAGES = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes")
 OK = {"changed": False}
@@ -423,7 +423,7 @@ def test_the_action_reports_a_results_dir_it_cannot_write(tmp_path, monkeypatch)
 
 
 def test_cli_says_why_a_private_verdict_cannot_be_read(tmp_path, monkeypatch):
-    from ansible.module_utils import preflight_verdict_file as vf
+    from cluster_preflight import verdict_file as vf
     pv.write_run_dir(passing_verdict("r1"), {}, str(tmp_path), str(tmp_path / "r1"))
 
     def refuse(*_args, **_kwargs):
@@ -435,7 +435,7 @@ def test_cli_says_why_a_private_verdict_cannot_be_read(tmp_path, monkeypatch):
 
 def test_the_bound_counts_the_localisation_rounds_the_confirmation_run_and_every_gpu_pair_launch():
     import importlib.util
-    from ansible.module_utils.preflight_cluster import ClusterView
+    from cluster_preflight.cluster import ClusterView
     spec = importlib.util.spec_from_file_location("preflight_verdict_action_bound", ACTION)
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible.module_utils.preflight_nic import gather_nics, parse_ip_addr_json, parse_override, select_interface
+from .nic import gather_nics, parse_ip_addr_json, parse_override, select_interface
 
 CAPABILITY = "nic_discovery"
 IP_TIMEOUT = 10

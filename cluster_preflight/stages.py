@@ -6,10 +6,6 @@ registered results in ``hostvars``.  Each stage reads them for every node the pl
 ``{ok, blockers, checks_by_host, ...plan}``; ``checks_by_host`` maps a node to ``{capability: {name: check}}``.
 A stage never fails the play: what blocks the gate is a blocker, what went wrong on a node is a check on
 that node.
-
-The one-node early launch of ``preflight_facts`` runs the same ``plan`` and ``launch`` stages on the node,
-over its own settings and facts (:func:`early_launch_args`), so the run it starts is the one the
-controller decides afterwards; the controller adopts it only when its own decision is identical.
 """
 
 from __future__ import annotations
@@ -17,14 +13,16 @@ from __future__ import annotations
 import getpass
 import traceback
 
-from ansible.module_utils import preflight_capabilities as registry
-from ansible.module_utils.preflight_allreduce import (
+from cluster_preflight import capabilities as registry
+from cluster_preflight.capabilities.allreduce import (
     candidates, launch_plan, readiness, summarize, version_checks)
-from ansible.module_utils.preflight_checks import CheckError, decision, error, put
-from ansible.module_utils.preflight_cluster import ClusterView, live_runs, run_identity, without_gc
-from ansible.module_utils.preflight_pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
-from ansible.module_utils import preflight_localize as localize
-from ansible.module_utils import preflight_nic_discovery, preflight_port_mesh, preflight_ssh_trust
+from preflight_node.checks import CheckError, decision, error, put
+from cluster_preflight.cluster import ClusterView, live_runs, run_identity, without_gc
+from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
+from cluster_preflight import localize
+from preflight_node import nic_discovery as preflight_nic_discovery
+from preflight_node import port_mesh as preflight_port_mesh
+from preflight_node import ssh_trust as preflight_ssh_trust
 
 STAGES = ("inputs", "plan", "launch", "final", "local")
 
@@ -51,7 +49,7 @@ def _put(checks_by_host, host, capability, checks):
 
 def stage_inputs(view):
     """Every node's settings must be valid before anything runs on any node.  Also this run's lock (the
-    ``lock`` argument of the gate's node calls, ``module_utils/preflight_lock.py``)."""
+    ``lock`` argument of the gate's node calls, ``module_utils/preflight_node/lock.py``)."""
     invalid = sorted(host for host in view.hosts
                      if not (view.result(host, "preflight_settings") or {}).get("ok"))
     blockers = ["invalid settings on %s (see each node's <capability>.inputs check)" % ", ".join(invalid)] \
@@ -193,7 +191,6 @@ def stage_launch(view):
     run_id = ((view.result(view.hosts[0], "preflight_inputs") or {}).get("lock") or {}).get("run_id") or ""
     for args in (gate.get("args_by_host") or {}).values():
         args["run_id"] = run_id
-    gate["early_by_host"] = _early_runs(view, gate, checks_by_host)
     reachable = [host for host in plan["hosts"] if host not in lost]
     return decision(ok=gate.get("launch", False), blockers=gate.get("blockers") or [],
                     checks_by_host=checks_by_host, gate=gate, port_mesh=report, reachable=reachable, lost=lost,
@@ -206,62 +203,6 @@ def _may_localise(view, gate):
     hosts = gate.get("hosts") or []
     settings = view.capability_settings("allreduce", hosts[:1]).get(hosts[0]) if hosts else {}
     return bool(gate.get("launch")) and len(hosts) >= 2 and bool(settings.get("allreduce_localize", True))
-
-
-# What the early launch of a one-node run needs of the settings: the stages up to the launch read no more.
-EARLY_CAPABILITIES = (registry.RUN_ROLE, "nic_discovery", "port_mesh", "allreduce")
-
-
-def early_launch_args(host, settings, node, facts_result, run_id=""):
-    """On the node: the allreduce arguments the ``plan`` and ``launch`` stages give ``host`` when it is the
-    only node of the run, as ``(args, reason)``; ``args`` is None (and ``reason`` says why) when they would
-    not launch.  ``settings`` (of :data:`EARLY_CAPABILITIES`) and ``node`` are what ``preflight_settings``
-    gave the node; ``facts_result`` is the node's reader call (``facts``, ``errors``, ``job_user``); ``run_id``
-    the run lock's id, which the launch stage gives every launch."""
-    host_vars = {"preflight_settings": {"settings": settings, "node": node}, "preflight_facts": facts_result,
-                 "preflight_inputs": {"lock": {"run_id": run_id}}}
-    task_vars = {"ansible_play_hosts_all": [host], "hostvars": {host: host_vars}, "ansible_forks": 1}
-    host_vars["preflight_plan"] = decide("plan", task_vars, probes=False)
-    launch = decide("launch", task_vars)
-    gate = launch.get("gate") or {}
-    args = (gate.get("args_by_host") or {}).get(host)
-    if not gate.get("launch") or args is None:
-        return None, gate.get("skip_reason") or "; ".join(launch.get("blockers") or []) or "not planned"
-    return args, ""
-
-
-def _early_runs(view, gate, checks_by_host):
-    """``{host: {results_file, adopted, cancel_marker}}`` of the runs a one-node facts call started early.
-
-    A run is adopted when this stage gives its node exactly the arguments it started with; otherwise it is
-    a defect: the probes call cancels the run by its marker (``cancel_marker``, empty for an adopted run),
-    nothing is launched over it, and the node gets ``allreduce.early_launch``."""
-    runs = {}
-    for host in view.read_hosts():
-        early = (view.result(host, "preflight_facts") or {}).get("early") or {}
-        if not early.get("launched"):
-            continue
-        planned = (gate.get("args_by_host") or {}).get(host) if gate.get("launch") else None
-        adopted = planned is not None and planned == early.get("args")
-        runs[host] = {"results_file": early.get("results_file"), "adopted": adopted,
-                      "cancel_marker": "" if adopted else early.get("marker") or ""}
-        if not adopted:
-            _put(checks_by_host, host, "allreduce", {"early_launch": error(
-                "allreduce", "the all-reduce the facts call started early on %s differs from the launch this run "
-                "decided (%s); it was cancelled and nothing was launched over it" % (
-                    host, _differing(planned, early.get("args"))),
-                "a defect of the preflight: report it with the verdict file; -e preflight_early_launch=false "
-                "launches after the plan instead")})
-    return runs
-
-
-def _differing(planned, started):
-    """What differs between the planned and the started arguments, for a finding."""
-    if planned is None:
-        return "this run launches nothing on the node"
-    started = started or {}
-    return "; ".join("%s planned %r, started %r" % (key, planned.get(key), started.get(key))
-                     for key in sorted(set(planned) | set(started)) if planned.get(key) != started.get(key))
 
 
 def stage_final(view):
@@ -328,9 +269,6 @@ def stage_final(view):
     gate_checks = _reconciled(view, first, summary, gate_checks, nic_facts, logs, mesh_reached)
     for host, checks in gate_checks.items():
         _put(checks_by_host, host, "allreduce", checks)
-    if gate.get("early_by_host"):
-        # Nodes whose run their facts call started (a one-node run), adopted by the launch stage.
-        summary["launched_early"] = sorted(host for host, run in gate["early_by_host"].items() if run["adopted"])
     # Versions across every node that was read (reader facts, then what the ranks ran): needs all nodes.
     torch_hosts = [host for host in view.read_hosts() if view.facts(host)[0].get("allreduce") is not None]
     versions = _guarded(checks_by_host, torch_hosts, "allreduce", version_checks, torch_hosts,

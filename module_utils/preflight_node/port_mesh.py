@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 
-from ansible.module_utils.preflight_checks import blocked, not_applicable
-from ansible.module_utils.preflight_net import mesh_checks
+from .checks import blocked, not_applicable
+from .net import mesh_checks
 
 CAPABILITY = "port_mesh"
 # Seconds between two fork batches starting their background probes.
@@ -44,7 +44,7 @@ def plan(hosts, nic_plan, settings_by_host, forks, pairing=None):
     """Who probes, with what arguments.
 
     ``hosts``: the nodes still in the run, in inventory order; ``pairing``: host -> the peers
-    it checks (``module_utils/preflight_pairs.py``; every other node when None).  Returns a
+    it checks (``cluster_preflight/pairs.py``; every other node when None).  Returns a
     decision with ``run`` (false for fewer than two nodes or no interface), ``hosts``,
     ``async_seconds`` (0 = in the foreground) and ``args_by_host``.
     """

@@ -34,7 +34,7 @@ import re
 import socket
 import struct
 
-from ansible.module_utils.preflight_checks import failed, not_applicable, passed, skipped, warned
+from .checks import failed, not_applicable, passed, skipped, warned
 
 ARPHRD_ETHER = 1
 ARPHRD_INFINIBAND = 32

@@ -26,7 +26,7 @@ import os
 import socket
 import time
 
-from ansible.module_utils.preflight_proc import kill_tree, pids_with_env
+from .proc import kill_tree, pids_with_env
 
 RUN_ENV = "PREFLIGHT_RUN_ID"
 LOCK_DIR = "/run/lock"

@@ -29,8 +29,8 @@ import os
 import socket
 import time
 
-from ansible.module_utils.preflight_checks import failed, passed, skipped
-from ansible.module_utils.preflight_proc import socket_owners
+from .checks import failed, passed, skipped
+from .proc import socket_owners
 
 RESULTS = ("open", "refused", "timeout", "no_route", "unreachable", "wrong_host", "error")
 

@@ -14,7 +14,7 @@ import json
 import os
 
 try:
-    from ansible.module_utils.preflight_checks import NODE_STATUSES, STATUSES as CHECK_STATUSES
+    from preflight_node.checks import NODE_STATUSES, STATUSES as CHECK_STATUSES
 except ImportError:  # scripts/verdict, without Ansible: module_utils/ is on its path
     from preflight_checks import NODE_STATUSES, STATUSES as CHECK_STATUSES
 

@@ -34,7 +34,7 @@ applied to pairs.  Either turns a working but slow link into a named node.
 
 from __future__ import annotations
 
-from ansible.module_utils.preflight_checks import blocked, failed, passed, warned
+from preflight_node.checks import blocked, failed, passed, warned
 
 MAX_ROUNDS = 3
 LOOPBACK_ADDR = "127.0.0.1"

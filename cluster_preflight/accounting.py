@@ -27,12 +27,12 @@ import shutil
 import stat
 import tempfile
 
-from ansible.module_utils import preflight_capabilities as registry
-from ansible.module_utils.preflight_checks import (CheckError, RUN, add, blocked, capability_of, failed, node_status,
+from cluster_preflight import capabilities as registry
+from preflight_node.checks import (CheckError, RUN, add, blocked, capability_of, failed, node_status,
                                                    passed, warned)
-from ansible.module_utils.preflight_cluster import outcome
-from ansible.module_utils.preflight_task_start import node_said, start_fix
-from ansible.module_utils.preflight_verdict_file import RUN_OUTCOME_CHECKS
+from cluster_preflight.cluster import outcome
+from cluster_preflight.task_start import node_said, start_fix
+from cluster_preflight.verdict_file import RUN_OUTCOME_CHECKS
 
 VERDICT_FILE = "verdict.json"
 REQUIRED_KEYS = ("status", "hosts", "nodes", "healthy_hosts", "failed_hosts", "unreachable_hosts")
@@ -278,7 +278,7 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
 def lock_checks(host, facts_result, checks):
     """``preflight.lock`` (and ``preflight.busy``) from the facts call's run lock into ``checks`` (keyed
     ``(capability, name)``); returns why the node is busy ("" when it is not): another run holds it, so
-    nothing was checked there and nothing there is blamed (``module_utils/preflight_lock.py``)."""
+    nothing was checked there and nothing there is blamed (``module_utils/preflight_node/lock.py``)."""
     taken = (facts_result or {}).get("lock") if isinstance(facts_result, dict) else None
     if not taken:
         return ""

@@ -31,12 +31,12 @@ import subprocess
 import tempfile
 import time
 
-from ansible.module_utils import preflight_corepattern as corepattern
-from ansible.module_utils import preflight_limits as limits
-from ansible.module_utils import preflight_sysctl as sysctl
+from . import corepattern
+from . import limits
+from . import sysctl
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.preflight_checks import check, failed, not_applicable, passed, skipped, warned
-from ansible.module_utils.preflight_privilege import (BECOME_FIX, assumed, block_refused, file_errors, needs_root,
+from .checks import check, failed, not_applicable, passed, skipped, warned
+from .privilege import (BECOME_FIX, assumed, block_refused, file_errors, needs_root,
                                                       privileged, refused)
 
 CAPABILITY = "core_dumps"

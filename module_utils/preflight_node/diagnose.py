@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 
-from ansible.module_utils.preflight_proc import cmdline_of, environ_of, proc_stat, py_spy_dump_all
+from .proc import cmdline_of, environ_of, proc_stat, py_spy_dump_all
 
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
 # python -m <module> forms of the launchers.

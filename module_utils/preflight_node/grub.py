@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible.module_utils.preflight_checks import check, passed, warned
+from .checks import check, passed, warned
 
 CMDLINE_VARIABLES = ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT")
 
@@ -482,7 +482,7 @@ def parse_proc_cmdline(text):
 
 
 # --- Reading the files, planning the change, judging the result ---------------------------------------
-# Shared by the writer (library/grub_cmdline.py) and the decider (module_utils/preflight_iommu.py), so an
+# Shared by the writer (library/grub_cmdline.py) and the decider (module_utils/preflight_node/iommu.py), so an
 # audit reports exactly what bring-up would change.
 
 DROPIN_HEADER = (

@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import re
 
-from ansible.module_utils.preflight_checks import check, not_applicable, passed
-from ansible.module_utils.preflight_sysctl import read_text, rooted
+from .checks import check, not_applicable, passed
+from .sysctl import read_text, rooted
 
 MAN = "see man limits.conf"
 LIMITS_CONF = "/etc/security/limits.conf"

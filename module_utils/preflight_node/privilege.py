@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 import os
 
-from ansible.module_utils.preflight_checks import blocked, warned
+from .checks import blocked, warned
 
 NEEDS_ROOT = "needs root: "
 BECOME_FIX = "set preflight_become: true (or connect as root)"

@@ -16,7 +16,7 @@ and one test file ``tests/unit/test_<name>.py``.  The file provides:
     the JSON-safe arguments ``read`` needs on ``node`` (see :func:`node_info`);
     None when the capability is switched off.
 ``read(args, ops) -> facts``  (node, inside ``library/preflight_facts.py``)
-    pure reads, commands only through ``ops`` (``module_utils/preflight_node.py``).
+    pure reads, commands only through ``ops`` (``module_utils/preflight_node/ops.py``).
     What a node may lack (no sshd config, no Yama, no torch) is a fact, never
     an exception; an exception is recorded as ``<name>.error``.
 ``probe_args(settings, node, plan) -> dict or None`` and ``probe(args, ops)``  (optional)
@@ -35,22 +35,15 @@ also expose ``plan``/``report`` functions used by ``action_plugins/preflight_dec
 
 from __future__ import annotations
 
-import socket
-import time
-import traceback
+from preflight_node import core_dumps as preflight_core_dumps
+from preflight_node import debug_tools as preflight_debug_tools
+from preflight_node import iommu as preflight_iommu
+from preflight_node import kernel_debug as preflight_kernel_debug
+from preflight_node import nic_discovery as preflight_nic_discovery
+from preflight_node import port_mesh as preflight_port_mesh
+from preflight_node import ssh_trust as preflight_ssh_trust
 
-from ansible.module_utils import preflight_allreduce
-from ansible.module_utils import preflight_core_dumps
-from ansible.module_utils import preflight_debug_tools
-from ansible.module_utils import preflight_iommu
-from ansible.module_utils import preflight_lock as lock
-from ansible.module_utils import preflight_kernel_debug
-from ansible.module_utils import preflight_nic_discovery
-from ansible.module_utils import preflight_port_mesh
-from ansible.module_utils import preflight_ssh_trust
-from ansible.module_utils.preflight_gate_run import cancel
-from ansible.module_utils.preflight_jobs import no_result, wait_for
-from ansible.module_utils.preflight_node import NodeOps, resolve_job_user
+from . import allreduce as preflight_allreduce
 
 # The order of the verdict and of the audit: the gate's inputs first.
 ORDER = (
@@ -99,99 +92,6 @@ def job_user_wanted(run_settings, node, python=""):
     connecting = node.get("user") if node.get("user") not in (None, "", "root") else ""
     return {"user": named or connecting, "named": bool(named),
             "python": str(python or run_settings.get("preflight_training_python") or "")}
-
-
-SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, so it raises on purpose"
-
-
-# The options of the two node calls, preflight_facts (readers, and in a node-local run the probes too) and
-# preflight_probes (probes).
-NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""),
-                      probes=dict(type="dict", default={}), job=dict(type="dict", default={}))
-# preflight_facts of a one-node run also starts the all-reduce once its facts are read.
-FACTS_CALL_SPEC = dict(NODE_CALL_SPEC, early_launch=dict(type="dict", default={}), lock=dict(type="dict", default={}))
-
-
-# preflight_probes also collects the background all-reduce once its probes are done (or cancels a run the
-# facts call started early that the controller did not adopt: ``cancel_marker``).
-PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"), release_lock=dict(type="dict", default={}))
-# Seconds the probes call waits for what a cancelled run left (its runner writes it once the tree is gone).
-CANCELLED_RESULT_WAIT = 10.0
-
-
-def node_call(module, function_name, result_key, then=None):
-    """The body of a node call: every capability's ``function_name`` through :func:`run_all`, returned
-    under ``result_key`` with ``errors`` and ``elapsed``; then, with ``wait_for``
-    (``{results_file, timeout, poll, what, cancel_marker}``), the background job's result as ``job``.
-    ``then(module, result)``, given, adds to the result once every reader ran (the early launch).
-
-    Job-side commands of the readers and probes run as the job user (``job``, see
-    :func:`~ansible.module_utils.preflight_node.resolve_job_user`), returned as ``job_user``."""
-    taken = {}
-    if module.params.get("lock"):
-        # The gate's run lock first: a node another run holds is reported busy and nothing else runs on it.
-        taken = lock.acquire(module.params["lock"])
-        if taken["state"] == "busy":
-            module.exit_json(changed=False, busy=taken, lock=taken, errors={}, elapsed={}, job_user={},
-                             **{result_key: {}})
-    ops = NodeOps(module)
-    job_user = resolve_job_user(module.params.get("job"), ops)
-    ops.job, ops.job_user = job_user, job_user["run_as"]
-    results, errors, elapsed = run_all(function_name, module.params["capabilities"], ops,
-                                       module.params["selftest_error"])
-    extra = {}
-    if module.params.get("probes"):
-        # A node-local run: the probes that need no peer, in the same call as the readers.
-        probes, probe_errors, probe_elapsed = run_all("probe", module.params["probes"], ops,
-                                                      module.params["selftest_error"])
-        extra.update(probes=probes, probe_errors=probe_errors, probe_elapsed=probe_elapsed)
-    if then is not None:
-        extra.update(then(module, {"facts": results, "errors": errors, "job_user": job_user}))
-    job = module.params.get("wait_for")
-    if job:
-        timeout = float(job["timeout"])
-        if job.get("cancel_marker"):
-            # Its tree is gone once this returns; its runner then writes what the run left (its file removed
-            # once read, like any other).
-            cancel(job["cancel_marker"])
-            timeout = max(timeout, CANCELLED_RESULT_WAIT)
-        data, waited = wait_for(job["results_file"], timeout, float(job.get("poll") or 0.1))
-        if data is None:
-            what = job.get("what") or "the background job"
-            data = {"checks": {"no_result": no_result(what, socket.gethostname().split(".")[0], job["results_file"],
-                                                      waited, timeout)}}
-        extra["job"] = dict(data, waited=waited)
-    if taken:
-        extra["lock"] = taken
-    if module.params.get("release_lock"):
-        # The run's last call on this node (a run that cannot localise): the node is free again.
-        extra["lock_released"] = lock.release(module.params["release_lock"])
-    if getattr(ops, "hangs", None):
-        # Handed to the run's next call on this node (``job["hangs"]``), which then does not wait for it again.
-        extra["hangs"] = ops.hangs
-    module.exit_json(changed=False, errors=errors, elapsed=elapsed, job_user=job_user,
-                     **dict(extra, **{result_key: results}))
-
-
-def run_all(function_name, capabilities, ops, selftest_error=""):
-    """On the node: call ``function_name`` (``read`` or ``probe``) of each capability with its args.
-
-    Each capability is its own failure domain: one that raises is recorded in
-    ``errors`` (``{found, traceback}``) and the others still run.  Returns
-    ``(results, errors, elapsed)``, each keyed by capability name.
-    """
-    results, errors, elapsed = {}, {}, {}
-    for name, args in capabilities.items():
-        started = time.monotonic()
-        try:
-            if name == selftest_error:
-                raise RuntimeError(SELFTEST_MESSAGE)
-            results[name] = getattr(get(name), function_name)(args, ops)
-        except Exception as exc:  # pylint: disable=broad-except
-            errors[name] = {"found": "%s: %s" % (type(exc).__name__, exc),
-                            "traceback": traceback.format_exc()[-2000:]}
-        elapsed[name] = round(time.monotonic() - started, 3)
-    return results, errors, elapsed
 
 
 RUN_ROLE = "preflight"

@@ -1,10 +1,10 @@
 # -*- coding: utf-8 -*-
 """The gate's run on one node: torchrun under a hard bound, stacks of hung ranks, the node's result.
 
-Shared by ``library/allreduce.py`` (the launch task, and the localisation rounds) and the one-node early
-launch of ``library/preflight_facts.py``.  :data:`ARGUMENT_SPEC` is the allreduce module's options;
-:func:`check_params` what the spec cannot say; :func:`start_in_background` the detached run that writes its
-result to a file ``job_wait`` (or the probes call) reads; :func:`cancel` ends such a run by its marker.
+Run by ``library/allreduce.py`` (the launch task, the localisation rounds, the confirmation run).
+:data:`ARGUMENT_SPEC` is the allreduce module's options; :func:`check_params` what the spec cannot say;
+:func:`start_in_background` the detached run that writes its result to a file ``job_wait`` (or the probes
+call) reads.
 """
 
 from __future__ import annotations
@@ -16,16 +16,13 @@ import re
 import pwd
 import shutil
 import signal
-import socket
 import tempfile
 import time
-import uuid
 
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.preflight_checks import failed, passed
-from ansible.module_utils.preflight_lock import RUN_ENV
-from ansible.module_utils.preflight_node import as_user, user_environment
-from ansible.module_utils.preflight_proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
+from .checks import failed, passed
+from .lock import RUN_ENV
+from .ops import as_user, user_environment
+from .proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
                                                  environ_of, interruptible, kill_tree, pids_with_marker,
                                                  proc_stat, py_spy_dump_all, run_bounded)
 
@@ -94,7 +91,7 @@ def build_env(params, scratch, account=None):
         env.setdefault("NCCL_DEBUG", "INFO")
     env.update({str(key): str(value) for key, value in params["env"].items()})
     if params.get("run_id"):
-        # The run lock ends what a dead run left on the node by this (module_utils/preflight_lock.py).
+        # The run lock ends what a dead run left on the node by this (module_utils/preflight_node/lock.py).
         env[RUN_ENV] = params["run_id"]
     return env
 
@@ -549,36 +546,3 @@ def start_in_background(params, host, marker):
         _write_json(results_file, outcome)
     finally:
         os._exit(0)
-
-
-
-
-def start_planned(args, worker_source):
-    """Start the run ``args`` (a launch plan's arguments for this node) in the background, as the launch task
-    would: ``{launched, results_file, marker}``, or ``{launched: false, reason}`` when they do not pass the
-    module's own checks."""
-    params = {name: value for name, value in args.items() if name in ARGUMENT_SPEC}
-    # The launch task omits an empty interface or job user, so the module's defaults apply.
-    for name in ("socket_ifname", "run_as"):
-        if not params.get(name):
-            params.pop(name, None)
-    params.update(worker_source=worker_source, background=True)
-    checked = ArgumentSpecValidator(ARGUMENT_SPEC).validate(params)
-    problems = list(checked.error_messages)
-    if not problems:
-        problems = check_params(checked.validated_parameters)
-    if problems:
-        return {"launched": False, "reason": "; ".join(problems)}
-    params = checked.validated_parameters
-    marker = uuid.uuid4().hex
-    results_file = start_in_background(params, params["role"] or socket.gethostname().split(".")[0], marker)
-    return {"launched": True, "results_file": results_file, "marker": marker}
-
-
-def cancel(marker, proc_root="/proc"):
-    """End a background run by its marker (every process of its tree carries it): SIGTERM, then SIGKILL
-    after the grace.  Its runner then writes the result of the killed run.  Returns the pids signalled."""
-    marked = pids_with_marker(marker, proc_root)
-    if not marked:
-        return []
-    return kill_tree(marked[0], marker=marker, proc_root=proc_root)

@@ -16,7 +16,7 @@ import os
 import socket
 import time
 
-from ansible.module_utils import preflight_capabilities as registry
+from cluster_preflight import capabilities as registry
 
 
 @contextlib.contextmanager
@@ -169,7 +169,7 @@ class ClusterView(object):
         return result.get("facts") or {}, result.get("errors") or {}
 
     def busy(self):
-        """``{host: lock result}`` of the nodes another run holds (``module_utils/preflight_lock.py``)."""
+        """``{host: lock result}`` of the nodes another run holds (``module_utils/preflight_node/lock.py``)."""
         return {host: (self.result(host, "preflight_facts") or {})["busy"] for host in self.hosts
                 if self.outcome(host, "preflight_facts")[0] == "ok"
                 and (self.result(host, "preflight_facts") or {}).get("busy")}

@@ -17,7 +17,7 @@ import os
 import re
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.preflight_checks import check, failed, not_applicable, passed, skipped, warned
+from .checks import check, failed, not_applicable, passed, skipped, warned
 
 CAPABILITY = "debug_tools"
 

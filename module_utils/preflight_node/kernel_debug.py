@@ -23,11 +23,11 @@ import os
 import pwd
 import sys
 
-from ansible.module_utils import preflight_sysctl as sysctl
+from . import sysctl
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.preflight_checks import NAME_RE, blocked, failed, passed, skipped
-from ansible.module_utils.preflight_node import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of
-from ansible.module_utils.preflight_privilege import block_refused, file_errors, needs_root, privileged, refused
+from .checks import NAME_RE, blocked, failed, passed, skipped
+from .ops import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of
+from .privilege import block_refused, file_errors, needs_root, privileged, refused
 
 CAPABILITY = "kernel_debug"
 PTRACE = "ptrace_scope"

@@ -1,11 +1,11 @@
 # -*- coding: utf-8 -*-
 """SSH host keys, the cluster known-hosts block and the node-to-node ssh mesh: the primitives.
 
-Shared by the capability ``module_utils/preflight_ssh_trust.py`` (reader, probe,
+Shared by the capability ``module_utils/preflight_node/ssh_trust.py`` (reader, probe,
 decider) and the modules ``ssh_host_keys`` (read a node's own host keys),
 ``known_hosts_block`` (the managed block in /etc/ssh/ssh_known_hosts) and
 ``ssh_mesh`` (ssh from a node to every peer with host-key checking on).
-Commands run through an ``ops`` object (``module_utils/preflight_node.py``) as
+Commands run through an ``ops`` object (``module_utils/preflight_node/ops.py``) as
 argv lists; nothing here decides a check.
 
 Text is handled as ``str`` decoded with ``surrogateescape`` so that lines the
@@ -29,7 +29,7 @@ import stat
 import struct
 import time
 
-from ansible.module_utils.preflight_proc import socket_owners
+from .proc import socket_owners
 
 
 ENCODING = "utf-8"

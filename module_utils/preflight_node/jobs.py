@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from ansible.module_utils.preflight_checks import failed
+from .checks import failed
 
 
 def read_finished(path):

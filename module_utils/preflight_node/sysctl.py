@@ -27,9 +27,9 @@ from __future__ import annotations
 import fnmatch
 import os
 
-from ansible.module_utils import preflight_corepattern as corepattern
-from ansible.module_utils.preflight_checks import check, not_applicable, passed, warned
-from ansible.module_utils.preflight_files import write_atomic
+from . import corepattern
+from .checks import check, not_applicable, passed, warned
+from .files import write_atomic
 
 CORE_PATTERN = "kernel.core_pattern"
 CORE_USES_PID = "kernel.core_uses_pid"

@@ -4,7 +4,7 @@
 Controller-side only (it imports ``junit_xml``, ``prometheus_client`` and
 nothing a node has); called by the verdict action plugin after the verdict
 file is written.  Every function is a pure function of the verdict dict
-(``module_utils/preflight_verdict.py`` ``build_verdict``) except
+(``cluster_preflight/accounting.py`` ``build_verdict``) except
 :func:`write_outputs`, which writes them all into the run directory.
 
 ``junit.xml`` -- one ``<testsuite>`` per node (``name`` and ``hostname`` the node),
@@ -72,7 +72,7 @@ import calendar
 import os
 import time
 
-from ansible.module_utils.preflight_verdict import atomic_write
+from cluster_preflight.accounting import atomic_write
 from junit_xml import TestCase, TestSuite, to_xml_report_string
 from prometheus_client import CollectorRegistry, Gauge, Info, generate_latest
 

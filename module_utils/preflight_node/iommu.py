@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 import re
 
-from ansible.module_utils import preflight_grub
+from . import grub as preflight_grub
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.module_utils.preflight_checks import failed, not_applicable, skipped, warned
-from ansible.module_utils.preflight_privilege import block_refused, file_errors, privileged, refused
+from .checks import failed, not_applicable, skipped, warned
+from .privilege import block_refused, file_errors, privileged, refused
 
 CAPABILITY = "iommu"
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Capability ``ssh_trust``: node-to-node ssh with host-key checking on.
 
-The faces of ``module_utils/preflight_capabilities.py``:
+The faces of ``cluster_preflight/capabilities/__init__.py``:
 
 * :func:`validate` - inputs the argument spec cannot judge (ranges, file names, paths).
 * :func:`read_args` / :func:`read` - on the node: its host keys (from the files the RUNNING sshd
@@ -32,10 +32,10 @@ import pwd
 import re
 import socket
 
-from ansible.module_utils.preflight_checks import (check, failed, not_applicable, passed, skipped, warned,
+from .checks import (check, failed, not_applicable, passed, skipped, warned,
                                                    worst)
-from ansible.module_utils.preflight_privilege import BECOME_FIX, assumed, denied, needs_root, privileged
-from ansible.module_utils.preflight_ssh import (KNOWN_HOSTS, MARKER, SSHD_CONFIG, SshTrustError, _NAME,
+from .privilege import BECOME_FIX, assumed, denied, needs_root, privileged
+from .ssh import (KNOWN_HOSTS, MARKER, SSHD_CONFIG, SshTrustError, _NAME,
                                                 host_key_sources, host_key_verified, host_token, included,
                                                 is_managed_line, listening_inodes, markers, normalize_entries,
                                                 UnsafeDirectory, open_ssh_dir, parse_authorized_line,
@@ -719,7 +719,7 @@ def probe_args(settings, node, plan):  # pylint: disable=redefined-outer-name
 
     ``plan`` is ``{hosts, nodes}``; with ``settings`` (host -> settings) as well, each peer's
     own ``ssh_trust_port`` is used, else this node's; with ``peers`` (host -> the peers it
-    checks, ``module_utils/preflight_pairs.py``) only those."""
+    checks, ``cluster_preflight/pairs.py``) only those."""
     hosts, nodes = list(plan.get("hosts") or []), plan.get("nodes") or {}
     others = plan.get("settings") or {}
     chosen = (plan.get("peers") or {}).get(node["name"])
