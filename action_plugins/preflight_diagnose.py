@@ -15,6 +15,7 @@ import os
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
+from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView
 from preflight_node.diagnose import diagnose, label
 from cluster_preflight.accounting import atomic_write, prepare_results_dir, prepare_run_dir
@@ -78,7 +79,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = self._task.args
         view = ClusterView(task_vars or {})
-        nodes = node_results(view, str(args.get("register") or "diagnose_stacks"))
+        nodes = node_results(view, str(args.get("register") or registers.DIAGNOSE_STACKS))
         report = diagnose(nodes)
         results_dir = os.path.abspath(str(args.get("results_dir") or "results"))
         run_id = str(args.get("run_id") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))

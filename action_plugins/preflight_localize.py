@@ -21,14 +21,15 @@ from ansible.plugins.action import ActionBase
 
 from cluster_preflight import gpu_pairs
 from cluster_preflight import localize
+from cluster_preflight import registers
 from cluster_preflight.capabilities.allreduce import own_faults
 from preflight_node.checks import error
 from cluster_preflight.cluster import ClusterView, outcome as localize_outcome, without_gc
 
-REGISTER = "allreduce_localize"
-STEP_REGISTERS = ("allreduce_localize_first", "allreduce_localize_second")
-GPU_REGISTER = "allreduce_localize_gpu"
-CONFIRM_REGISTER = "allreduce_confirm"
+REGISTER = registers.LOCALIZE
+STEP_REGISTERS = (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND)
+GPU_REGISTER = registers.LOCALIZE_GPU
+CONFIRM_REGISTER = registers.CONFIRM
 
 
 def _node_result(view, host, register, pick=None):
@@ -47,11 +48,11 @@ def _node_result(view, host, register, pick=None):
 
 def start(view):
     first = view.hosts[0]
-    gate = (view.result(first, "preflight_launch") or {}).get("gate") or {}
+    gate = (view.result(first, registers.LAUNCH) or {}).get("gate") or {}
     if not gate.get("launch") or not gate.get("args_by_host"):
         return {"needed": False, "done": True, "why": "the all-reduce was not launched"}
     gate_hosts = [host for host in gate.get("hosts") or [] if host in gate["args_by_host"]]
-    results = {host: _node_result(view, host, "preflight_probes", pick="job") for host in gate_hosts}
+    results = {host: _node_result(view, host, registers.PROBES, pick="job") for host in gate_hosts}
     settings = view.settings.get(gate_hosts[0], {}).get("allreduce") or {}
     floor = localize.floors(settings, gate.get("backend"))
     outcome = localize.run_outcome(gate_hosts, results)
@@ -60,13 +61,13 @@ def start(view):
         return {"needed": False, "done": True, "why": why}
     excluded = {}
     for host in gate_hosts:
-        state, message = view.outcome(host, "preflight_probes")
+        state, message = view.outcome(host, registers.PROBES)
         if state != "ok":
             excluded[host] = "lost before the rounds (%s while collecting the all-reduce: %s)" % (state, message[:200])
     for host, reason in own_faults({host: result for host, result in results.items() if host not in excluded}).items():
         excluded[host] = "named by the all-node run itself: %s (allreduce.suspect_rank_*)" % reason
     hosts = [host for host in gate_hosts if host not in excluded]
-    addr = dict(((view.result(first, "preflight_plan") or {}).get("nic") or {}).get("addr_by_host") or {})
+    addr = dict(((view.result(first, registers.PLAN) or {}).get("nic") or {}).get("addr_by_host") or {})
     for host in hosts:
         addr.setdefault(host, view.nodes[host]["node_addr"])
     state = {"hosts": hosts, "excluded": excluded, "floor": floor, "trigger": why, "rounds": [],

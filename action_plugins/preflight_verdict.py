@@ -17,6 +17,7 @@ import time
 from ansible.plugins.action import ActionBase
 
 from cluster_preflight import capabilities as registry
+from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.localize import MAX_ROUNDS
 from cluster_preflight.outputs import write_outputs
@@ -24,12 +25,12 @@ from cluster_preflight.accounting import build_verdict, failure_lines, summary_l
 
 KINDS = {
     # kind: (decisions in order, node stages, capabilities that apply, verdict file)
-    "preflight": (("preflight_inputs", "preflight_plan", "preflight_launch", "allreduce_localize", "preflight_final"),
+    "preflight": ((registers.INPUTS, registers.PLAN, registers.LAUNCH, registers.LOCALIZE, registers.FINAL),
                   ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "confirm"),
                   registry.NAMES, "verdict.json"),
-    "bringup": (("preflight_inputs", "preflight_final"), ("settings", "facts", "apply"),
+    "bringup": ((registers.INPUTS, registers.FINAL), ("settings", "facts", "apply"),
                 registry.BRINGUP_NAMES, "bringup.json"),
-    "healthcheck": (("preflight_inputs", "preflight_local"), ("settings", "facts"), registry.LOCAL_NAMES,
+    "healthcheck": ((registers.INPUTS, registers.LOCAL), ("settings", "facts"), registry.LOCAL_NAMES,
                     "healthcheck.json"),
 }
 # Seconds to open (or find dead) one SSH connection: ansible.cfg timeout plus ServerAlive 5 s x 3.
@@ -41,7 +42,7 @@ def bound_seconds(view, plan, launch, localize=None):
     when they ran: at most MAX_ROUNDS rounds of two steps, each bounded like the all-node run, and every
     GPU pair launch of the node with the most, one after another)."""
     first = view.hosts[0] if view.hosts else None
-    settings = (view.result(first, "preflight_settings") or {}) if first else {}
+    settings = (view.result(first, registers.SETTINGS) or {}) if first else {}
     gate_args = list(((launch or {}).get("gate") or {}).get("args_by_host", {}).values())
     mesh = (plan or {}).get("port_mesh") or {}
     parts = [settings.get("facts_timeout") or 0, mesh.get("wait_timeout") or 0, CONNECT_BOUND,
@@ -138,7 +139,7 @@ class ActionModule(ActionBase):
         view = ClusterView(task_vars or {})
         first = view.hosts[0] if view.hosts else None
         decisions = [view.result(first, name) or {} for name in decision_names] if first else []
-        loaded = (view.result(first, "preflight_settings") or {}).get("capabilities") if first else None
+        loaded = (view.result(first, registers.SETTINGS) or {}).get("capabilities") if first else None
         if loaded:
             # Only what this run loaded applies (bring-up of a chosen few capabilities).
             capabilities = tuple(name for name in capabilities if name in loaded)
@@ -157,15 +158,15 @@ class ActionModule(ActionBase):
         by_name = dict(zip(decision_names, decisions))
         budget = None
         if kind == "healthcheck" and first:
-            loaded_settings = view.result(first, "preflight_settings") or {}
+            loaded_settings = view.result(first, registers.SETTINGS) or {}
             budget = {"elapsed": time.time() - float(loaded_settings.get("started") or time.time()),
                       "limit": int(loaded_settings.get("healthcheck_budget") or 30)}
         verdict = build_verdict(view.hosts, records, decisions, capabilities, stages, run_id, run_dir,
-                                bound_seconds=bound_seconds(view, by_name.get("preflight_plan"),
-                                                            by_name.get("preflight_launch"),
+                                bound_seconds=bound_seconds(view, by_name.get(registers.PLAN),
+                                                            by_name.get(registers.LAUNCH),
                                                             by_name.get("allreduce_localize")),
                                 gate=kind == "preflight", budget=budget)
-        logs = (by_name.get("preflight_final") or {}).get("logs") or {}
+        logs = (by_name.get(registers.FINAL) or {}).get("logs") or {}
         path = os.path.join(run_dir, filename)
         outputs = {}
         try:

@@ -23,8 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "unit", "fixtures", "nic"))
 
-import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import (module_utils on the path)
+import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import (the node layer under both names)
 from cluster_preflight import capabilities as registry  # noqa: E402
+from preflight_node import facts as node_halves  # noqa: E402
 from cluster_preflight.pairs import peers_by_host  # noqa: E402
 from cluster_preflight.cluster import without_gc  # noqa: E402
 from cluster_preflight.accounting import build_verdict, failure_lines, write_run_dir  # noqa: E402
@@ -59,9 +60,9 @@ def template_facts(workdir, settings):
     for name in ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust"):
         args = registry.get(name).read_args(settings[name], node)
         if args is not None:
-            facts[name] = registry.get(name).read(args, LocalOps())
+            facts[name] = node_halves.get(name).read(args, LocalOps())
     tree = cluster_node(os.path.join(workdir, "nic"), index=1)
-    facts["nic_discovery"] = registry.get("nic_discovery").read(
+    facts["nic_discovery"] = node_halves.get("nic_discovery").read(
         {"sysfs_root": tree.sys, "proc_root": tree.proc, "addr_source": "proc", "ip_json_file": None}, LocalOps())
     facts["allreduce"] = {
         "python_path": sys.executable, "python": {"version": "3.11.7", "executable": sys.executable},
@@ -184,7 +185,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="preflight-bench-scale-") as workdir:
         template = template_facts(workdir, settings)
         core = registry.get("core_dumps")
-        core_probe = core.probe(core.probe_args(settings["core_dumps"], {"name": "n0"}, {}), LocalOps())
+        core_probe = node_halves.get("core_dumps").probe(core.probe_args(settings["core_dumps"], {"name": "n0"}, {}), LocalOps())
         print("%6s %8s %8s %8s %8s %8s %9s %s" % ("nodes", "inputs", "plan", "launch", "final", "verdict", "total",
                                                   "per node"))
         previous = None

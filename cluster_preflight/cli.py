@@ -54,8 +54,8 @@ def extra_var(text):
 
 def build_parser():
     parser = _Parser(prog="python -m cluster_preflight", allow_abbrev=False,
-                     description="Run the cluster preflight and answer with its verdict (exit codes: see README, "
-                                 "'The command line and the API').")
+                     description="Run the cluster preflight and answer with its verdict "
+                                 "(exit codes: README.md, 'Exit codes'; docs/cli.md).")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     for name, text in RUN_COMMANDS.items():

@@ -17,6 +17,7 @@ import socket
 import time
 
 from cluster_preflight import capabilities as registry
+from cluster_preflight import registers
 
 
 @contextlib.contextmanager
@@ -126,12 +127,12 @@ class ClusterView(object):
         self._cache = {}
         self.settings, self.nodes = {}, {}
         for host in self.hosts:
-            loaded = self.result(host, "preflight_settings") or {}
+            loaded = self.result(host, registers.SETTINGS) or {}
             self.settings[host] = loaded.get("settings") or {}
             self.nodes[host] = loaded.get("node") or registry.node_info(host, {})
 
     def result(self, host, name):
-        key = (host, name)
+        key = (host, registers.known(name))
         if key not in self._cache:
             try:
                 host_vars = self._hostvars[host]
@@ -161,18 +162,18 @@ class ClusterView(object):
     def facts(self, host):
         """``(facts, errors)`` of the node's one reader call, or ``(None, None)`` (also for a node another run
         holds: nothing was read there)."""
-        if self.outcome(host, "preflight_facts")[0] != "ok":
+        if self.outcome(host, registers.FACTS)[0] != "ok":
             return None, None
-        result = self.result(host, "preflight_facts")
+        result = self.result(host, registers.FACTS)
         if result.get("busy"):
             return None, None
         return result.get("facts") or {}, result.get("errors") or {}
 
     def busy(self):
         """``{host: lock result}`` of the nodes another run holds (``module_utils/preflight_node/lock.py``)."""
-        return {host: (self.result(host, "preflight_facts") or {})["busy"] for host in self.hosts
-                if self.outcome(host, "preflight_facts")[0] == "ok"
-                and (self.result(host, "preflight_facts") or {}).get("busy")}
+        return {host: (self.result(host, registers.FACTS) or {})["busy"] for host in self.hosts
+                if self.outcome(host, registers.FACTS)[0] == "ok"
+                and (self.result(host, registers.FACTS) or {}).get("busy")}
 
     def read_hosts(self):
         return [host for host in self.hosts if self.facts(host)[0] is not None]

@@ -20,9 +20,9 @@ from preflight_node.checks import CheckError, decision, error, put
 from cluster_preflight.cluster import ClusterView, live_runs, run_identity, without_gc
 from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
 from cluster_preflight import localize
-from preflight_node import nic_discovery as preflight_nic_discovery
-from preflight_node import port_mesh as preflight_port_mesh
-from preflight_node import ssh_trust as preflight_ssh_trust
+from cluster_preflight.capabilities import nic_discovery as preflight_nic_discovery
+from cluster_preflight.capabilities import port_mesh as preflight_port_mesh
+from cluster_preflight.capabilities import ssh_trust as preflight_ssh_trust
 
 STAGES = ("inputs", "plan", "launch", "final", "local")
 

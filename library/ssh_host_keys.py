@@ -145,8 +145,8 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.ops import NodeOps
-from ansible.module_utils.preflight_node.ssh import host_key_sources, read_host_keys
-from ansible.module_utils.preflight_node.ssh_trust import host_keys_check
+from ansible.module_utils.preflight_node.sshd import host_key_sources, read_host_keys
+from ansible.module_utils.preflight_node.ssh_checks import host_keys_check
 
 
 def main():

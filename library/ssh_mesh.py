@@ -35,7 +35,7 @@ description:
     configuration). Scanned keys are compared, never trusted or written."
   - C(UpdateHostKeys=no) keeps ssh from writing any known_hosts file; nothing on the node changes.
   - Never fails for a finding. The same code runs in the preflight's probe (C(probe) of
-    C(module_utils/preflight_node/ssh_trust.py)), which reports the same findings per node as C(ssh_trust.mesh),
+    C(module_utils/preflight_node/ssh_checks.py)), which reports the same findings per node as C(ssh_trust.mesh),
     C(ssh_trust.login), C(ssh_trust.client_config) and C(ssh_trust.pdsh).
 version_added: "1.0.0"
 author:
@@ -202,9 +202,9 @@ import socket
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.checks import worst
 from ansible.module_utils.preflight_node.ops import NodeOps
-from ansible.module_utils.preflight_node.ssh import forbidden_ssh_options, run_mesh
-from ansible.module_utils.preflight_node.ssh_trust import (client_config_check, pdsh_check, peer_host_key_check,
-                                                      peer_login_check, served_keys_check)
+from ansible.module_utils.preflight_node.ssh_checks import (client_config_check, pdsh_check, peer_host_key_check,
+                                                       peer_login_check, served_keys_check)
+from ansible.module_utils.preflight_node.ssh_mesh import forbidden_ssh_options, run_mesh
 
 
 def main():

@@ -6,6 +6,7 @@ import os
 
 import yaml
 from preflight_node import checks as preflight_checks
+from preflight_node import facts as node_halves
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from fake_ops import FakeOps
 
@@ -65,6 +66,6 @@ def read_as_the_node_does(capability, settings, node):
     if args is None:  # switched off: the node is not read at all
         return None
     ops = FakeOps()
-    facts = capability.read(json.loads(json.dumps(args)), ops)
+    facts = node_halves.get(capability.CAPABILITY).read(json.loads(json.dumps(args)), ops)
     assert ops.calls == []
     return json.loads(json.dumps(facts))

@@ -35,15 +35,16 @@ also expose ``plan``/``report`` functions used by ``action_plugins/preflight_dec
 
 from __future__ import annotations
 
-from preflight_node import core_dumps as preflight_core_dumps
 from preflight_node import debug_tools as preflight_debug_tools
 from preflight_node import iommu as preflight_iommu
-from preflight_node import kernel_debug as preflight_kernel_debug
-from preflight_node import nic_discovery as preflight_nic_discovery
-from preflight_node import port_mesh as preflight_port_mesh
-from preflight_node import ssh_trust as preflight_ssh_trust
 
 from . import allreduce as preflight_allreduce
+from . import ssh_trust as preflight_ssh_trust
+from . import nic_discovery as preflight_nic_discovery
+from . import port_mesh as preflight_port_mesh
+from . import core_dumps as preflight_core_dumps
+from . import kernel_debug as preflight_kernel_debug
+from .. import registers
 
 # The order of the verdict and of the audit: the gate's inputs first.
 ORDER = (
@@ -132,14 +133,14 @@ def validate_run(settings):
 # node was doing (for "unreachable while ..." findings).  Order is the play's order.
 STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "confirm", "apply")
 STAGE_REGISTERS = {
-    "settings": "preflight_settings",
-    "facts": "preflight_facts",
-    "port_mesh": "port_mesh_probe",
-    "port_mesh_wait": "port_mesh_wait",
-    "launch": "allreduce_job",
-    "probes": "preflight_probes",
-    "confirm": "allreduce_confirm",
-    "apply": "preflight_apply",
+    "settings": registers.SETTINGS,
+    "facts": registers.FACTS,
+    "port_mesh": registers.PORT_MESH_PROBE,
+    "port_mesh_wait": registers.PORT_MESH_WAIT,
+    "launch": registers.ALLREDUCE_JOB,
+    "probes": registers.PROBES,
+    "confirm": registers.CONFIRM,
+    "apply": registers.APPLY,
 }
 STAGE_WHAT = {
     "settings": "loading its settings",

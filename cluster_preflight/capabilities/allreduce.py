@@ -23,10 +23,10 @@ import re
 
 from preflight_node.allreduce import CAPABILITY  # noqa: F401  (the registry reads it here)
 from preflight_node.checks import blocked, check, failed, not_applicable, passed, skipped, warned, worst
-from preflight_node.nic import usable_fabrics
 from preflight_node.privilege import needs_root
 
 from cluster_preflight.localize import bandwidth_deadline
+from cluster_preflight.nic_select import usable_fabrics
 from cluster_preflight.signatures import match as match_signatures, transport as signature_transport
 
 # Exit codes of ranks that torchrun itself terminated after another rank failed.

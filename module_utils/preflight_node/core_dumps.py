@@ -1,20 +1,20 @@
 # -*- coding: utf-8 -*-
-"""Capability ``core_dumps``: a crashing rank leaves a core file its job user can find.
+"""Capability ``core_dumps``, the node half: a crashing rank leaves a core file its job user can find.
 
-Reads ``kernel.core_pattern`` (now, in its drop-in, at the next boot), the
-core directory and the core limits login sessions get; the probe crashes a
-throw-away child with SIGSEGV and finds its core.  The interface is the one in
-``preflight_capabilities.py``; the role ``roles/core_dumps`` holds the
-variables and the bring-up writers (``sysctl_setting``, ``limits_dropin``,
-the core directory), which share the readers and deciders used here
-(``preflight_sysctl``, ``preflight_limits``) and, for ``library/core_probe.py``,
-:func:`probe` and :func:`probe_check`.
+``read`` reads ``kernel.core_pattern`` (now, in its drop-in, at the next boot), the core directory and the
+core limits login sessions get; ``probe`` crashes a throw-away child with SIGSEGV and finds its core, and
+:func:`probe_check` turns its result into the ``core_probe`` check (``library/core_probe.py`` runs both).
+The role ``roles/core_dumps`` holds the variables and the bring-up writers (``sysctl_setting``,
+``limits_dropin``, the core directory), which share the readers used here
+(``module_utils/preflight_node/sysctl.py``, ``module_utils/preflight_node/limits.py``).
+What the controller decides from the facts (validate, read_args, probe_args, decide) is in
+``cluster_preflight/capabilities/core_dumps.py``.
 
 Facts (``read``)::
 
-    {"core_pattern": preflight_sysctl.read_setting(...) facts,
+    {"core_pattern": sysctl.read_setting(...) facts,
      "core_dir": {path, exists, is_dir, mode, uid, gid, owner, group, error} or None (relative pattern),
-     "limits": preflight_limits.read_limits(...) facts or None (limits switched off)}
+     "limits": limits.read_limits(...) facts or None (limits switched off)}
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import re
 import resource
 import shutil
 import signal
@@ -34,176 +33,20 @@ import time
 from . import corepattern
 from . import limits
 from . import sysctl
-from ansible.module_utils.parsing.convert_bool import boolean
-from .checks import check, failed, not_applicable, passed, skipped, warned
-from .privilege import (BECOME_FIX, assumed, block_refused, file_errors, needs_root,
-                                                      privileged, refused)
+from .checks import failed, not_applicable, passed
+from .privilege import BECOME_FIX, assumed, file_errors, needs_root, privileged, refused
 
 CAPABILITY = "core_dumps"
 
-# Check names (the verdict prefixes them with ``core_dumps.``).
-ENABLED = "enabled"  # the one check when core_dumps_enabled is false
-PATTERN = "core_pattern"
-CORE_DIR = "core_dir"
-LIMITS = "core_limits"
-SESSION = "core_limits_session"
+# The check of the crash probe (the verdict prefixes it with ``core_dumps.``).
 PROBE = "core_probe"
-
-LIMIT_TYPES = ("soft", "hard")
-EXAMPLE_PATTERN = "/tmp/core-%e.%p.%h.%t"
-_MODE = re.compile(r"^0?[0-7]{3,4}$")
-_NAME = re.compile(r"^[^\s:/]+$")
 
 # The initial PID namespace always has this inode number (PROC_PID_INIT_INO).
 INITIAL_PID_NS = "pid:[4026531836]"
 
 
 # ---------------------------------------------------------------------------------------------
-# validate (controller)
-
-def switched_on(value):
-    """A switch as typed on the command line (``-e core_dumps_enabled=false`` is the string "false")."""
-    return boolean(value, strict=False)
-
-
-def _problem(name, found, expected, fix):
-    return {"name": name, "found": str(found), "expected": str(expected), "fix": str(fix)}
-
-
-def _absolute_path_problem(settings, name):
-    value = settings[name]
-    if not isinstance(value, str) or not value.startswith("/"):
-        return _problem(name, value, "an absolute path", "set %s to an absolute path such as /" % name)
-    return None
-
-
-def validate(settings):
-    """Problems with the core_dumps inputs (beyond types and choices), each
-    ``{name, found, expected, fix}``."""
-    problems = []
-    pattern = str(settings["core_dumps_pattern"])
-    if corepattern.is_pipe(pattern):
-        dest = corepattern.destination(pattern)
-        problems.append(_problem(
-            "core_dumps_pattern",
-            "%r pipes cores to a program (%s): %s, out of a job user's reach" % (
-                pattern, dest["program"] or "?", dest["where"]),
-            "a file pattern (core(5)) such as %s" % EXAMPLE_PATTERN,
-            "set core_dumps_pattern to a path such as %s" % EXAMPLE_PATTERN))
-    else:
-        for error in corepattern.validate_desired(pattern):
-            problems.append(_problem("core_dumps_pattern", error, "one non-empty line of at most %d bytes"
-                                     % corepattern.MAX_PATTERN_LENGTH,
-                                     "set core_dumps_pattern to a path such as %s" % EXAMPLE_PATTERN))
-        if corepattern.dir_has_specifier(pattern):
-            problems.append(_problem(
-                "core_dumps_pattern",
-                "%r has a specifier in its directory part (%s); the kernel does not create directories, so "
-                "the directory would not exist for most processes" % (pattern, corepattern.pattern_dir(pattern)),
-                "specifiers in the file name only",
-                "move the specifiers into the file name, e.g. /var/cores/core-%u.%e.%p.%t"))
-
-    core_dir = settings["core_dumps_dir"]
-    core_dir = "" if core_dir is None else str(core_dir)
-    if "%" in core_dir:
-        problems.append(_problem(
-            "core_dumps_dir",
-            "%r has a core_pattern specifier in it; the kernel does not create directories, so this role "
-            "cannot make it exist for every process" % core_dir,
-            "a fixed directory",
-            "keep specifiers in the file name only, e.g. core_dumps_pattern /var/cores/core-%u.%e.%p.%t"))
-    elif core_dir and not core_dir.startswith("/"):
-        problems.append(_problem("core_dumps_dir", core_dir, "an absolute directory, or empty for a relative "
-                                 "core_dumps_pattern", "set core_dumps_dir to the directory of core_dumps_pattern"))
-    elif not corepattern.is_pipe(pattern) and not corepattern.dir_has_specifier(pattern):
-        wanted = os.path.normpath(corepattern.pattern_dir(pattern)) if pattern.startswith("/") else ""
-        have = os.path.normpath(core_dir) if core_dir else ""
-        if have != wanted:
-            problems.append(_problem(
-                "core_dumps_dir",
-                "%r while core_dumps_pattern %r writes cores %s" % (
-                    core_dir, pattern, "into %s" % wanted if wanted else "relative to each process's working "
-                                                                          "directory"),
-                "the directory of core_dumps_pattern (%s)" % (wanted or "empty for a relative pattern"),
-                "set core_dumps_dir to %r, or leave it at its default (the pattern's dirname)" % wanted))
-
-    mode = str(settings["core_dumps_dir_mode"])
-    if not _MODE.match(mode):
-        problems.append(_problem("core_dumps_dir_mode", mode, "an octal mode such as 1777",
-                                 "set core_dumps_dir_mode to an octal string, e.g. \"1777\""))
-    for name in ("core_dumps_dir_owner", "core_dumps_dir_group"):
-        if not _NAME.match(str(settings[name] or "")):
-            problems.append(_problem(name, settings[name], "a user or group name such as root",
-                                     "set %s to a name without spaces, ':' or '/'" % name))
-
-    problem = sysctl.dropin_problem(settings["core_dumps_sysctl_dropin"], sysctl.DEFAULT_SYSCTL_DIRS)
-    if problem:
-        problems.append(_problem("core_dumps_sysctl_dropin", problem, "a *.conf file of its own in a sysctl.d "
-                                 "directory", "set core_dumps_sysctl_dropin to a file of its own such as "
-                                 "/etc/sysctl.d/60-preflight-core.conf"))
-
-    domains = [str(domain).strip() for domain in settings["core_dumps_limits_domains"] or []]
-    value = str(settings["core_dumps_limits_value"]).strip().lower()
-    for error in limits.validate(domains, list(LIMIT_TYPES), "core", value):
-        name = "core_dumps_limits_value" if error.startswith("value") else "core_dumps_limits_domains"
-        problems.append(_problem(name, error, "limits.conf(5) domains (*, root, @group, a user) and a value "
-                                 "(unlimited or a size in KiB)", "correct %s (%s)" % (name, limits.MAN)))
-    problem = limits.path_problem(settings["core_dumps_limits_dropin"])
-    if problem:
-        problems.append(_problem("core_dumps_limits_dropin", problem, "a *.conf file of its own in %s"
-                                 % limits.LIMITS_DIR, "set core_dumps_limits_dropin to a file of its own such as "
-                                 "/etc/security/limits.d/90-preflight-core.conf"))
-
-    timeout = settings["core_dumps_probe_timeout"]
-    try:
-        timeout_ok = not isinstance(timeout, bool) and float(timeout) > 0
-    except (TypeError, ValueError):
-        timeout_ok = False
-    if not timeout_ok:
-        problems.append(_problem("core_dumps_probe_timeout", timeout, "a positive number of seconds",
-                                 "set core_dumps_probe_timeout to e.g. 10"))
-    task_timeout = settings["core_dumps_task_timeout"]
-    if isinstance(task_timeout, bool) or not isinstance(task_timeout, int) or task_timeout < 1:
-        problems.append(_problem("core_dumps_task_timeout", task_timeout, "a positive number of seconds",
-                                 "set core_dumps_task_timeout to e.g. 60"))
-    user = settings["core_dumps_probe_user"]
-    if user not in (None, "") and not _NAME.match(str(user)):
-        problems.append(_problem("core_dumps_probe_user", user, "a user name or uid, or empty for the connecting "
-                                 "user", "set core_dumps_probe_user to a job user such as nobody"))
-
-    for name in ("core_dumps_root", "core_dumps_proc_root"):
-        problem = _absolute_path_problem(settings, name)
-        if problem:
-            problems.append(problem)
-    if settings["core_dumps_drift_policy"] not in ("warn", "fail"):
-        problems.append(_problem("core_dumps_drift_policy", settings["core_dumps_drift_policy"], "warn or fail",
-                                 "set core_dumps_drift_policy to warn or fail"))
-    return problems
-
-
-# ---------------------------------------------------------------------------------------------
 # read (node)
-
-def _limit_entries(settings):
-    return limits.entries_for(settings["core_dumps_limits_domains"], LIMIT_TYPES, "core",
-                              settings["core_dumps_limits_value"])
-
-
-def read_args(settings, node):
-    """What ``read`` needs on ``node``; None when core_dumps_enabled is false."""
-    if not switched_on(settings["core_dumps_enabled"]):
-        return None
-    return {
-        "root": settings["core_dumps_root"],
-        "proc_root": settings["core_dumps_proc_root"],
-        "sysctl_dirs": list(sysctl.DEFAULT_SYSCTL_DIRS),
-        "dropin": settings["core_dumps_sysctl_dropin"],
-        "core_dir": settings["core_dumps_dir"] or "",
-        "limits": {"path": settings["core_dumps_limits_dropin"], "limits_conf": limits.LIMITS_CONF,
-                   "limits_dir": limits.LIMITS_DIR, "pam_dir": limits.PAM_DIR}
-        if switched_on(settings["core_dumps_limits_enabled"]) else None,
-    }
-
 
 def _read_dir(root, path):
     facts = {"path": path, "exists": False, "is_dir": False, "mode": None, "uid": None, "gid": None,
@@ -278,21 +121,6 @@ def read(args, ops):
 
 # ---------------------------------------------------------------------------------------------
 # probe (node): crash a throw-away child and find its core
-
-def probe_args(settings, node, plan=None):
-    """What ``probe`` needs; None when core dumps or the probe are switched off."""
-    if not switched_on(settings["core_dumps_enabled"]) or not switched_on(settings["core_dumps_probe_enabled"]):
-        return None
-    return {
-        # The probe crashes a real process, so procfs is read as it is (not under core_dumps_root).
-        "proc_root": settings["core_dumps_proc_root"],
-        "timeout": float(settings["core_dumps_probe_timeout"]),
-        "run_as": str(settings["core_dumps_probe_user"] or ""),
-        "core_pattern": None,
-        "core_uses_pid": None,
-        "pipe_probe": False,
-    }
-
 
 def _read(path):
     try:
@@ -393,24 +221,8 @@ def probe(args, ops):
         "session_rlimit_core": {"soft": _limit_text(soft), "hard": _limit_text(hard)},
         "needs_root": _unswitched(run_as, ops),
     }
-    if result["core_pattern"] is None:
-        path = os.path.join(proc_root, "sys", "kernel", "core_pattern")
-        text = _read(path)
-        if text is None:
-            result.update(outcome="unreadable", error="cannot read %s" % path)
-            return result
-        result["core_pattern"] = text.rstrip("\n")
-    pattern = result["core_pattern"]
-    if result["core_uses_pid"] is None:
-        result["core_uses_pid"] = (_read(os.path.join(proc_root, "sys", "kernel", "core_uses_pid")) or "0").strip() == "1"
-    if not pattern.strip():
-        result["outcome"] = "empty_pattern"
+    if _pattern_outcome(result, args, proc_root):
         return result
-    if corepattern.is_pipe(pattern):
-        result["destination"] = corepattern.destination(pattern)
-        if not args.get("pipe_probe"):
-            result["outcome"] = "pipe"
-            return result
 
     entry = None
     uid, gid = os.getuid(), os.getgid()
@@ -448,6 +260,30 @@ def probe(args, ops):
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def _pattern_outcome(result, args, proc_root):
+    """Fill in the running pattern (and core_uses_pid) where ``args`` left them None; the outcome when
+    the pattern alone ends the probe (unreadable, empty, a pipe not to be crashed into), else None."""
+    if result["core_pattern"] is None:
+        path = os.path.join(proc_root, "sys", "kernel", "core_pattern")
+        text = _read(path)
+        if text is None:
+            result.update(outcome="unreadable", error="cannot read %s" % path)
+            return result["outcome"]
+        result["core_pattern"] = text.rstrip("\n")
+    pattern = result["core_pattern"]
+    if result["core_uses_pid"] is None:
+        result["core_uses_pid"] = (_read(os.path.join(proc_root, "sys", "kernel", "core_uses_pid")) or "0").strip() == "1"
+    if not pattern.strip():
+        result["outcome"] = "empty_pattern"
+        return result["outcome"]
+    if corepattern.is_pipe(pattern):
+        result["destination"] = corepattern.destination(pattern)
+        if not args.get("pipe_probe"):
+            result["outcome"] = "pipe"
+            return result["outcome"]
+    return None
 
 
 def _unswitched(run_as, ops):
@@ -626,107 +462,3 @@ def _probe_outcome(result):
                       "cleaner removing cores, or a file system that hides them)")
     return failed("the probe gave no known outcome (%r)" % (outcome,), "an outcome of the core probe",
                   "this is a defect of the preflight itself: report it with the verdict file")
-
-
-# ---------------------------------------------------------------------------------------------
-# decide (controller, pure)
-
-def _on_node(host, checks):
-    """Name the node in every warn/fail, so a fix read out of context says where to apply it."""
-    if host:
-        for result in checks.values():
-            if result["status"] in ("warn", "fail") and not result["fix"].startswith("on %s:" % host):
-                result["fix"] = "on %s: %s" % (host, result["fix"])
-    return checks
-
-
-def _no_facts(what):
-    return failed("the core_dumps reader returned no %s" % what, "the %s read on the node" % what,
-                  "see core_dumps.error for this node, fix what it names and run the preflight again")
-
-
-def _dir_check(facts, settings, policy):
-    core_dir = settings["core_dumps_dir"] or ""
-    pattern = settings["core_dumps_pattern"]
-    if not core_dir:
-        return not_applicable("core_pattern %s is relative: each process writes its core into its own working "
-                              "directory" % pattern, "no core directory to manage")
-    mode, owner, group = str(settings["core_dumps_dir_mode"]), settings["core_dumps_dir_owner"], \
-        settings["core_dumps_dir_group"]
-    expected = "%s a directory with mode %s, owner %s, group %s" % (core_dir, mode, owner, group)
-    fix = ("run the node bring-up (role core_dumps), or: mkdir -p %s && chmod %s %s && chown %s:%s %s"
-           % (core_dir, mode, core_dir, owner, group, core_dir))
-    facts = facts or {}
-    if facts.get("error"):
-        return check(policy, facts["error"], expected, fix)
-    if not facts.get("exists"):
-        return check(policy, "%s does not exist" % core_dir, expected, fix)
-    if not facts.get("is_dir"):
-        return check(policy, "%s is not a directory" % core_dir, expected, fix)
-    have_owner = facts.get("owner") or str(facts.get("uid"))
-    have_group = facts.get("group") or str(facts.get("gid"))
-    found = "%s is a directory with mode %s, owner %s, group %s" % (core_dir, facts["mode"], have_owner, have_group)
-    same = (int(facts["mode"], 8) == int(mode, 8) & 0o7777
-            and owner in (facts.get("owner"), str(facts.get("uid")))
-            and group in (facts.get("group"), str(facts.get("gid"))))
-    return passed(found, expected) if same else check(policy, found, expected, fix)
-
-
-def session_check(session, settings, policy):
-    """``core_limits_session``: ``ulimit -c`` in the job user's login session, as a job will start."""
-    wanted = str(settings["core_dumps_limits_value"])
-    expected = "ulimit -c %s in a login session of the job user %s" % (wanted, session.get("user"))
-    if session.get("error"):
-        return warned(session["error"], expected, "install util-linux (runuser), or check the job user's "
-                      "login with: runuser -l %s -s /bin/sh -c 'ulimit -c'" % session.get("user"))
-    found = "ulimit -c is %s (hard %s) in %s" % (session["soft"], session["hard"], session["how"])
-    if limits.normalize_value(session["soft"]) == limits.normalize_value(wanted):
-        return passed(found, expected)
-    hard_blocks = session["hard"] != "unlimited" and limits.normalize_value(wanted) == "unlimited"
-    fix = ("run bringup.yml (it writes %s), then start a new login session: limits apply at login, and a "
-           "job's core dumps need the soft limit raised%s" % (
-               settings["core_dumps_limits_dropin"],
-               "; the hard limit %s caps it too" % session["hard"] if hard_blocks else
-               "; or raise it in the job script with ulimit -c unlimited"))
-    return (failed if policy == "fail" else warned)(found, expected, fix)
-
-
-def decide(host, facts, settings, probe=None, cluster=None):
-    """``{name: check}`` for core dumps on ``host``: ``core_pattern``,
-    ``core_pattern_persisted``, ``core_pattern_boot``, ``core_pattern_pid``,
-    ``core_dir``, ``core_limits``, ``core_limits_conflicts``, ``core_limits_pam``,
-    ``core_probe``; with core dumps switched off only ``enabled`` (skipped)."""
-    if not switched_on(settings["core_dumps_enabled"]):
-        return {ENABLED: skipped("core_dumps_enabled is false on %s: core dumps are not checked" % host,
-                                 "core pattern, directory, limits and crash probe checked once core_dumps_enabled "
-                                 "is true")}
-    policy = settings["core_dumps_drift_policy"]
-    pattern = str(settings["core_dumps_pattern"])
-    checks = {}
-    if facts is None:
-        checks[PATTERN] = _no_facts("kernel.core_pattern facts")
-        checks[CORE_DIR] = _no_facts("core directory facts")
-    else:
-        checks.update(sysctl.decide_setting(facts["core_pattern"], pattern, policy, PATTERN))
-        checks[CORE_DIR] = _dir_check(facts.get("core_dir"), settings, policy)
-
-    if not switched_on(settings["core_dumps_limits_enabled"]):
-        checks[LIMITS] = skipped("core_dumps_limits_enabled is false",
-                                 "core limits managed once core_dumps_limits_enabled is true")
-    elif facts is None or facts.get("limits") is None:
-        checks[LIMITS] = _no_facts("limits facts")
-    else:
-        checks.update(limits.decide_limits(facts["limits"], _limit_entries(settings), policy, LIMITS))
-        if facts.get("session") is not None:
-            checks[SESSION] = session_check(facts["session"], settings, policy)
-    checks = block_refused(checks, (facts or {}).get("needs_root"))
-
-    if not switched_on(settings["core_dumps_probe_enabled"]):
-        checks[PROBE] = skipped("core_dumps_probe_enabled is false",
-                                "a crash probe once core_dumps_probe_enabled is true")
-    elif probe is None:
-        checks[PROBE] = skipped("no probe result for this run: the crash probe runs in the probe stage of "
-                                "preflight.yml", "a core file from a crashed child")
-    else:
-        checks[PROBE] = probe_check(probe)
-    return _on_node(host, checks)

@@ -15,12 +15,23 @@ Follows ``format_corename()`` in the kernel's fs/coredump.c and core(5):
   ``%`` are dropped.
 * Without ``%p`` in the pattern and with ``kernel.core_uses_pid = 1`` the
   kernel appends ``.PID``.
+
+The end of this file is ``kernel.core_pattern`` as a sysctl: the rules it adds
+to the generic sysctl layer (``module_utils/preflight_node/sysctl.py``), which
+are registered there when this module is imported: ``core_uses_pid`` read with
+the pattern, the value described with where cores go, the override of a
+running pipe pattern as its fix, and the ``<check>_pid`` check.
 """
 
 from __future__ import annotations
 
 import os
 import re
+
+from . import sysctl
+from .checks import passed, warned
+
+CORE_USES_PID = "kernel.core_uses_pid"
 
 # The kernel's buffer for the pattern is CORENAME_MAX_SIZE (128) bytes with the
 # terminating NUL.
@@ -290,3 +301,43 @@ def _in_window(match, window):
             if not low <= int(value) <= high:
                 return False
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel.core_pattern as a sysctl: the rules registered with module_utils/preflight_node/sysctl.py
+
+def _read_uses_pid(root, proc_root):
+    """``core_uses_pid`` (the running kernel.core_uses_pid, None when unknown), read with the pattern."""
+    try:
+        return {"core_uses_pid": sysctl.read_runtime(root, proc_root, CORE_USES_PID)[1]}
+    except OSError:
+        return {"core_uses_pid": None}
+
+
+def _describe_setting(value):
+    return "%s (%s)" % (value, describe(value))
+
+
+def _runtime_fix(value):
+    """A running pipe pattern is fixed by its helper's override (None: the generic fix)."""
+    return destination(value)["override"] if is_pipe(value) else None
+
+
+def pid_check(desired, core_uses_pid):
+    """Whether the cores of several ranks of one job get distinct names."""
+    expected = "%p in kernel.core_pattern (or kernel.core_uses_pid = 1)"
+    if has_pid(desired):
+        return passed("%s has %%p" % desired, expected)
+    if core_uses_pid == "1":
+        return passed("%s has no %%p but kernel.core_uses_pid = 1 appends .PID" % desired, expected)
+    return warned("kernel.core_pattern %s has no %%p and kernel.core_uses_pid is %s: the ranks of one job that "
+                  "crash together overwrite each other's core files" % (desired, core_uses_pid or "unset"),
+                  expected, "add %p to the pattern, e.g. /tmp/core-%e.%p.%h.%t")
+
+
+def _pid_checks(facts, desired, check_name):
+    return {check_name + "_pid": pid_check(desired, facts.get("core_uses_pid"))}
+
+
+sysctl.register_rules(sysctl.CORE_PATTERN, {"read": _read_uses_pid, "describe": _describe_setting,
+                                            "runtime_fix": _runtime_fix, "checks": _pid_checks})

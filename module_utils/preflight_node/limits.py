@@ -8,8 +8,10 @@ read last wins; ``*`` and group lines never apply to root (limits.conf(5)).
 
 :func:`read_limits` reads a node (JSON-safe facts), :func:`decide_limits` turns
 the facts and the wanted lines into checks.  ``library/limits_dropin.py`` (the
-bring-up writer) and ``preflight_core_dumps`` (the audit) use exactly these,
-so they can never disagree.  Paths are logical and joined to ``root`` only for
+bring-up writer) and the core_dumps capability (the audit: read in
+``module_utils/preflight_node/core_dumps.py``, decided in
+``cluster_preflight/capabilities/core_dumps.py``) use exactly these, so they can
+never disagree.  Paths are logical and joined to ``root`` only for
 file-system access, so tests run on a sandbox tree.
 """
 

@@ -1,49 +1,20 @@
 # -*- coding: utf-8 -*-
-"""Capability ``nic_discovery``: every node's interfaces, and the one the collectives use.
+"""Capability ``nic_discovery``, the node half: every interface of this node (node layer).
 
-* ``read`` (node): every netdev from ``/sys/class/net`` and ``/sys/class/infiniband``
-  with its addresses (``ip -j -d addr``, or ``/proc`` when ip is missing).
-* ``plan`` (controller): the interface every node has up with an address,
-  fabric before Ethernet, management and virtual last
-  (``preflight_nic.select_interface``), each node's address on it, and the
-  findings (no common interface, fabric on some nodes only, MTU, link).
+``read`` (node): every netdev from ``/sys/class/net`` and ``/sys/class/infiniband``
+with its addresses (``ip -j -d addr``, or ``/proc`` when ip is missing), gathered by
+``module_utils/preflight_node/nic.py``.  The interface the collectives use and the findings
+about it are the controller half, ``cluster_preflight/capabilities/nic_discovery.py``.
 """
 
 from __future__ import annotations
 
 import os
-import re
 
-from .nic import gather_nics, parse_ip_addr_json, parse_override, select_interface
+from .nic import gather_nics, parse_ip_addr_json
 
 CAPABILITY = "nic_discovery"
 IP_TIMEOUT = 10
-IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
-
-
-def validate(settings):
-    problems = []
-    try:
-        names = parse_override(settings.get("nic_discovery_override") or None)
-    except ValueError as exc:
-        names = []
-        problems.append({"name": "nic_discovery_override", "found": settings.get("nic_discovery_override"),
-                         "expected": "an interface name or a comma list of names", "fix": str(exc)})
-    for name in names:
-        if not IFNAME_RE.match(name):
-            problems.append({"name": "nic_discovery_override", "found": name,
-                             "expected": "interface names of at most 15 letters, digits, '_', '.', ':', '@', '-'",
-                             "fix": "set preflight_socket_ifname to the interface name as `ip link` shows it"})
-    for name in ("nic_discovery_sysfs_root", "nic_discovery_proc_root"):
-        if not str(settings.get(name) or "").startswith("/"):
-            problems.append({"name": name, "found": settings.get(name), "expected": "an absolute path",
-                             "fix": "leave %s at its default" % name})
-    return problems
-
-
-def read_args(settings, node):
-    return {"sysfs_root": settings["nic_discovery_sysfs_root"], "proc_root": settings["nic_discovery_proc_root"],
-            "addr_source": "auto", "ip_json_file": None}
 
 
 def _ip_links(args, ops):
@@ -84,38 +55,3 @@ def read(args, ops):
     if fallback:
         warnings.insert(0, fallback)
     return {"nics": nics, "rdma_devices": rdma, "warnings": warnings, "addr_source": used}
-
-
-def plan(hosts, facts_by_host, settings_by_host, nodes):
-    """The interface choice over the nodes that were read (in inventory order).
-
-    Returns a decision (``ok``, ``blockers``, ``checks_by_host`` as
-    ``{host: {name: check}}``) with ``ifname``, ``gloo_socket_ifname``,
-    ``nccl_socket_ifname``, ``addr_by_host``, ``master``, ``reason``.
-    """
-    read_hosts = [host for host in hosts if facts_by_host.get(host) is not None]
-    empty = {"ifname": None, "ifnames": [], "gloo_socket_ifname": None, "nccl_socket_ifname": None,
-             "addr_by_host": {}, "master": None, "master_addr": None, "reason": "", "checks_by_host": {}}
-    if not read_hosts:
-        return dict(empty, ok=False, blockers=["no node's interfaces could be read"],
-                    reason="no node's interfaces could be read")
-    first = settings_by_host[read_hosts[0]]
-    decision = select_interface(
-        {host: facts_by_host[host]["nics"] for host in read_hosts},
-        master=read_hosts[0],
-        override=first.get("nic_discovery_override") or None,
-        mgmt_addr_by_host={host: nodes[host]["ansible_host"] for host in read_hosts},
-        rdma_by_host={host: facts_by_host[host].get("rdma_devices") or {} for host in read_hosts},
-        fabric_mismatch=first.get("nic_discovery_fabric_mismatch", "fail"))
-    lacking = [host for host in read_hosts if host not in decision["addr_by_host"]]
-    blockers = []
-    if not decision["ifname"] or lacking:
-        blockers.append("no inter-node interface every node shares: %s%s (see the nic_discovery checks)" % (
-            decision.get("reason") or "no selection",
-            "; no address on it on %s" % ", ".join(lacking) if lacking and decision["ifname"] else ""))
-    checks_by_host = decision.pop("checks")
-    decision.pop("candidates", None)
-    result = dict(empty)
-    result.update(decision)
-    result.update(ok=not blockers, blockers=blockers, checks_by_host=checks_by_host)
-    return result

@@ -17,9 +17,16 @@ to ``root`` only for file-system access, so tests run on a sandbox tree.
 One setting is read by :func:`read_setting` (JSON-safe facts: the running
 value, the drop-in, the boot order and every assignment of the key) and judged
 by :func:`decide_setting` (pure: facts + desired value -> checks).  The audit
-(``preflight_kernel_debug``, ``preflight_core_dumps``) and the bring-up writer
+(capabilities ``kernel_debug`` and ``core_dumps``: ``module_utils/preflight_node/<name>.py`` reads,
+``cluster_preflight/capabilities/<name>.py`` decides) and the bring-up writer
 (``library/sysctl_setting.py``, which also uses :func:`plan_setting`) call
 exactly these, so they can never disagree about a node.
+
+This layer is generic: a key that needs more (extra facts, a description of
+its value, its own fix, extra checks) gets it from the rules its own module
+registers with :func:`register_rules`; ``kernel.core_pattern``'s are in
+``module_utils/preflight_node/corepattern.py``, registered when that module is
+imported (the core_dumps capability and the writer import it).
 """
 
 from __future__ import annotations
@@ -27,12 +34,10 @@ from __future__ import annotations
 import fnmatch
 import os
 
-from . import corepattern
 from .checks import check, not_applicable, passed, warned
 from .files import write_atomic
 
 CORE_PATTERN = "kernel.core_pattern"
-CORE_USES_PID = "kernel.core_uses_pid"
 PTRACE_SCOPE = "kernel.yama.ptrace_scope"
 
 DEFAULT_SYSCTL_DIRS = (
@@ -43,6 +48,9 @@ DEFAULT_SYSCTL_DIRS = (
     "/lib/sysctl.d",
     "/etc/sysctl.conf",
 )
+
+# key -> the rules its own module registered (see :func:`register_rules`).
+_KEY_RULES = {}
 
 MANAGED_HEADER = (
     "# Managed by the cluster preflight (module sysctl_setting). This file holds only %s;\n"
@@ -64,6 +72,19 @@ def normalize_key(key):
 def proc_relpath(name):
     """``kernel.yama.ptrace_scope`` -> ``sys/kernel/yama/ptrace_scope``."""
     return "sys/" + normalize_key(name).replace(".", "/")
+
+
+def register_rules(key, rules):
+    """What ``key`` adds to the generic treatment, a dict of optional callables: ``read(root, proc_root)``
+    -> extra facts merged into :func:`read_setting`'s; ``describe(value)`` -> the value as the report
+    shows it; ``runtime_fix(value)`` -> the fix for a running value that differs, or None for the
+    generic one; ``checks(facts, desired, check_name)`` -> extra checks after :func:`decide_setting`'s."""
+    _KEY_RULES[normalize_key(key)] = dict(rules)
+
+
+def _rule(key, name):
+    """The callable ``name`` registered for ``key``, or None."""
+    return (_KEY_RULES.get(normalize_key(key)) or {}).get(name)
 
 
 def normalize_value(value):
@@ -242,7 +263,7 @@ def location(entry):
 
 def write_dropin(module, path, text, backup=False, mode=0o644, logical=None, fix=None):
     """Write a drop-in atomically; returns the backup file name or ``None``.  A symlink at ``path``
-    or a write the node refuses ends the task with found / expected / fix (``preflight_files``)."""
+    or a write the node refuses ends the task with found / expected / fix (``module_utils/preflight_node/files.py``)."""
     return write_atomic(module, path, text, mode=mode, backup=backup, logical=logical, fix=fix)
 
 
@@ -301,9 +322,8 @@ def fix_command(key, value, dropin):
 def describe_value(key, value):
     if value is None:
         return "unset"
-    if normalize_key(key) == CORE_PATTERN:
-        return "%s (%s)" % (value, corepattern.describe(value))
-    return value
+    describe = _rule(key, "describe")
+    return describe(value) if describe else value
 
 
 def read_setting(root, proc_root, key, dropin, search=DEFAULT_SYSCTL_DIRS):
@@ -311,7 +331,8 @@ def read_setting(root, proc_root, key, dropin, search=DEFAULT_SYSCTL_DIRS):
 
     ``{key, dropin, runtime_path, runtime, missing_reason, runtime_error,
     dropin_text, dropin_value, dropin_error, boot_files, shadowed,
-    assignments, unreadable}`` and, for kernel.core_pattern, ``core_uses_pid``.
+    assignments, unreadable}`` and what the key's registered ``read`` rule adds
+    (for kernel.core_pattern: ``core_uses_pid``).
     ``runtime`` is None when the kernel has no such key (``missing_reason``
     says why) or when it cannot be read (``runtime_error``).  ``boot_files``
     lists the files applied at boot in order (the drop-in included even when
@@ -344,11 +365,9 @@ def read_setting(root, proc_root, key, dropin, search=DEFAULT_SYSCTL_DIRS):
     files, shadowed = boot_files(root, search, extra=dropin, errors=unreadable)
     found = assignments(root, files, key, errors=unreadable)
     facts.update(boot_files=files, shadowed=shadowed, assignments=found, unreadable=unreadable)
-    if key == CORE_PATTERN:
-        try:
-            facts["core_uses_pid"] = read_runtime(root, proc_root, CORE_USES_PID)[1]
-        except OSError:
-            facts["core_uses_pid"] = None
+    read_more = _rule(key, "read")
+    if read_more:
+        facts.update(read_more(root, proc_root))
     return facts
 
 
@@ -404,22 +423,11 @@ def plan_setting(facts, desired, comment="", present=True, reload=True):
     }
 
 
-def pid_check(desired, core_uses_pid):
-    """Whether the cores of several ranks of one job get distinct names."""
-    expected = "%p in kernel.core_pattern (or kernel.core_uses_pid = 1)"
-    if corepattern.has_pid(desired):
-        return passed("%s has %%p" % desired, expected)
-    if core_uses_pid == "1":
-        return passed("%s has no %%p but kernel.core_uses_pid = 1 appends .PID" % desired, expected)
-    return warned("kernel.core_pattern %s has no %%p and kernel.core_uses_pid is %s: the ranks of one job that "
-                  "crash together overwrite each other's core files" % (desired, core_uses_pid or "unset"),
-                  expected, "add %p to the pattern, e.g. /tmp/core-%e.%p.%h.%t")
-
-
 def decide_setting(facts, desired, policy, check_name, reload=True):
     """Checks for one setting: ``<check_name>`` (running value),
     ``<check_name>_persisted`` (the drop-in), ``<check_name>_boot`` (what the
-    next boot applies) and, for kernel.core_pattern, ``<check_name>_pid``.
+    next boot applies) and the checks the key's registered ``checks`` rule adds
+    (for kernel.core_pattern: ``<check_name>_pid``).
     Only ``<check_name>`` (not_applicable) when the kernel has no such key.
 
     ``policy`` (warn/fail) is the status of a finding that means the desired
@@ -446,9 +454,8 @@ def decide_setting(facts, desired, policy, check_name, reload=True):
             "running %s (reload=false: the drop-in applies at the next boot)" % describe_value(key, runtime),
             desired, "sysctl -p %s" % dropin)
     else:
-        runtime_fix = fix
-        if key == CORE_PATTERN and corepattern.is_pipe(runtime):
-            runtime_fix = corepattern.destination(runtime)["override"]
+        own_fix = _rule(key, "runtime_fix")
+        runtime_fix = (own_fix(runtime) if own_fix else None) or fix
         checks[check_name] = check(policy, "running %s" % describe_value(key, runtime), desired, runtime_fix)
 
     expected_persisted = "%s = %s in %s" % (key, desired, dropin)
@@ -467,8 +474,9 @@ def decide_setting(facts, desired, policy, check_name, reload=True):
         checks[check_name + "_persisted"] = check(policy, found, expected_persisted, fix)
 
     checks[check_name + "_boot"] = _boot_check(facts, desired, policy, fix)
-    if key == CORE_PATTERN:
-        checks[check_name + "_pid"] = pid_check(desired, facts.get("core_uses_pid"))
+    more_checks = _rule(key, "checks")
+    if more_checks:
+        checks.update(more_checks(facts, desired, check_name))
     return checks
 
 

@@ -13,6 +13,7 @@ import pytest
 import limits_dropin
 import sysctl_setting
 from preflight_node import checks as preflight_checks
+from cluster_preflight.capabilities import core_dumps as controller
 from preflight_node import core_dumps
 from fake_ops import FakeOps, LocalOps
 from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
@@ -86,7 +87,7 @@ def node_settings(root, **overrides):
 
 def read_node(root, **overrides):
     wanted = node_settings(root, **overrides)
-    return read_as_the_node_does(core_dumps, wanted, NODE), wanted
+    return read_as_the_node_does(controller, wanted, NODE), wanted
 
 
 def assert_contract(checks, host=HOST):
@@ -102,9 +103,9 @@ def statuses(checks):
 
 
 def test_the_defaults_are_valid():
-    assert core_dumps.validate(settings()) == []
-    assert core_dumps.validate(settings(core_dumps_pattern="core", core_dumps_dir="")) == []
-    assert core_dumps.validate(settings(core_dumps_pattern="/var/cores/core-%e.%p", core_dumps_dir="/var/cores/",
+    assert controller.validate(settings()) == []
+    assert controller.validate(settings(core_dumps_pattern="core", core_dumps_dir="")) == []
+    assert controller.validate(settings(core_dumps_pattern="/var/cores/core-%e.%p", core_dumps_dir="/var/cores/",
                                         core_dumps_dir_mode="01777", core_dumps_probe_user="")) == []
 
 
@@ -142,7 +143,7 @@ def test_the_defaults_are_valid():
     ({"core_dumps_drift_policy": "ignore"}, "core_dumps_drift_policy", "ignore"),
 ])
 def test_validate_names_the_variable_with_found_expected_fix(overrides, name, found):
-    problems = core_dumps.validate(settings(**overrides))
+    problems = controller.validate(settings(**overrides))
     assert [problem["name"] for problem in problems] == [name], problems
     problem = problems[0]
     assert found in problem["found"], problem
@@ -154,11 +155,11 @@ def test_validate_names_the_variable_with_found_expected_fix(overrides, name, fo
 
 
 def test_read_args_follow_the_switches():
-    assert core_dumps.read_args(settings(core_dumps_enabled=False), NODE) is None
-    assert core_dumps.read_args(settings(core_dumps_enabled="false"), NODE) is None
-    args = core_dumps.read_args(settings(core_dumps_limits_enabled=False), NODE)
+    assert controller.read_args(settings(core_dumps_enabled=False), NODE) is None
+    assert controller.read_args(settings(core_dumps_enabled="false"), NODE) is None
+    args = controller.read_args(settings(core_dumps_limits_enabled=False), NODE)
     assert args["limits"] is None and args["core_dir"] == "/tmp"
-    args = core_dumps.read_args(settings(core_dumps_pattern="core", core_dumps_dir=""), NODE)
+    args = controller.read_args(settings(core_dumps_pattern="core", core_dumps_dir=""), NODE)
     assert args["core_dir"] == "" and args["limits"]["path"] == LIMITS_DROPIN
 
 
@@ -180,7 +181,7 @@ def test_read_what_a_node_lacks_is_a_fact(tmp_path):
     assert facts["core_dir"]["exists"] is False
     assert facts["limits"]["limits_dir_exists"] is False and facts["limits"]["text"] is None
     assert facts["limits"]["pam_services"] is None
-    checks = core_dumps.decide(HOST, facts, wanted)
+    checks = controller.decide(HOST, facts, wanted)
     assert_contract(checks)
     assert "nor does /etc/security/limits.d" in checks["core_limits"]["found"]
     assert checks["core_limits_pam"]["status"] == "not_applicable"
@@ -191,7 +192,7 @@ def test_read_what_a_node_lacks_is_a_fact(tmp_path):
 def test_read_core_dir_that_is_a_file(tmp_path):
     root = make_node(tmp_path, files={"/var/cores": "not a directory\n"})
     facts, wanted = read_node(root)
-    checks = core_dumps.decide(HOST, facts, wanted)
+    checks = controller.decide(HOST, facts, wanted)
     assert checks["core_dir"]["status"] == "warn"
     assert checks["core_dir"]["found"] == "/var/cores is not a directory"
 
@@ -251,14 +252,14 @@ def changed(base, **updates):
 ])
 def test_decide(tmp_path, node, overrides, expected):
     facts, wanted = read_node(make_node(tmp_path, **node), **overrides)
-    checks = core_dumps.decide(HOST, facts, wanted)
+    checks = controller.decide(HOST, facts, wanted)
     assert statuses(checks) == expected, checks
     assert_contract(checks)
 
 
 def test_decide_texts_say_where_cores_go_and_which_variable_switched_what_off(tmp_path):
     facts, wanted = read_node(make_node(tmp_path, **changed(GOOD, running=APPORT, core_dir=0o755)))
-    checks = core_dumps.decide(HOST, facts, wanted)
+    checks = controller.decide(HOST, facts, wanted)
     assert "/var/crash" in checks["core_pattern"]["found"]
     assert checks["core_pattern"]["fix"].startswith("on node5: set a file pattern")
     assert checks["core_dir"]["found"] == "/var/cores is a directory with mode 0755, owner root, group root"
@@ -266,18 +267,18 @@ def test_decide_texts_say_where_cores_go_and_which_variable_switched_what_off(tm
     assert checks["core_probe"]["found"].startswith("no probe result")
 
     wanted = node_settings(tmp_path, core_dumps_enabled=False)
-    assert core_dumps.decide(HOST, None, wanted) == {"enabled": {
+    assert controller.decide(HOST, None, wanted) == {"enabled": {
         "status": "skipped", "found": "core_dumps_enabled is false on node5: core dumps are not checked",
         "expected": "core pattern, directory, limits and crash probe checked once core_dumps_enabled is true",
         "fix": ""}}
-    checks = core_dumps.decide(HOST, facts, node_settings(tmp_path, core_dumps_limits_enabled=False,
+    checks = controller.decide(HOST, facts, node_settings(tmp_path, core_dumps_limits_enabled=False,
                                                           core_dumps_probe_enabled=False))
     assert checks["core_limits"]["found"] == "core_dumps_limits_enabled is false"
     assert checks["core_probe"]["found"] == "core_dumps_probe_enabled is false"
 
 
 def test_decide_without_facts_fails_and_names_the_node():
-    checks = core_dumps.decide(HOST, None, settings())
+    checks = controller.decide(HOST, None, settings())
     assert statuses(checks) == {"core_pattern": "fail", "core_dir": "fail", "core_limits": "fail",
                                 "core_probe": "skipped"}
     assert_contract(checks)
@@ -288,12 +289,12 @@ def test_decide_uses_the_probe_result(tmp_path):
     found = {"outcome": "found", "core_pattern": PATTERN, "core_file": "/var/cores/core-sleep.7.node5.1",
              "core_removed": True, "who": "nobody", "wcoredump": True, "note": "",
              "expected_path": "/var/cores/core-sleep.7.node5.<epoch seconds>"}
-    checks = core_dumps.decide(HOST, facts, wanted, probe=found)
+    checks = controller.decide(HOST, facts, wanted, probe=found)
     assert checks["core_probe"]["status"] == "pass"
     assert "written by a child running as nobody" in checks["core_probe"]["found"]
     missing = dict(found, outcome="no_dump", core_file=None, wcoredump=False, core_dir="/var/cores",
                    core_dir_exists=False)
-    checks = core_dumps.decide(HOST, facts, wanted, probe=missing)
+    checks = controller.decide(HOST, facts, wanted, probe=missing)
     assert checks["core_probe"]["status"] == "fail"
     assert checks["core_probe"]["fix"] == ("on node5: mkdir -p /var/cores && chmod 1777 /var/cores (the core_dumps "
                                            "role does this)")
@@ -304,7 +305,7 @@ def test_decide_uses_the_probe_result(tmp_path):
 
 
 def probe_args(**overrides):
-    return core_dumps.probe_args(settings(**overrides), NODE, {"hosts": [HOST]})
+    return controller.probe_args(settings(**overrides), NODE, {"hosts": [HOST]})
 
 
 def test_probe_args_follow_the_switches():
@@ -435,7 +436,7 @@ def test_real_probe_as_the_job_user_finds_and_removes_the_core(kernel_core, shar
                                                                                   os.uname().nodename))
     assert os.listdir(cores) == []
     assert json.loads(json.dumps(result)) == result
-    check = core_dumps.decide(HOST, None, settings(core_dumps_limits_enabled=False), probe=result)["core_probe"]
+    check = controller.decide(HOST, None, settings(core_dumps_limits_enabled=False), probe=result)["core_probe"]
     assert check["status"] == "pass"
 
 
@@ -493,7 +494,7 @@ def limits_args(root, wanted):
 def test_writers_in_check_mode_report_exactly_what_the_audit_decides(run_module, tmp_path, node):
     root = make_node(tmp_path, **node)
     facts, wanted = read_node(root)
-    audit = without_node(core_dumps.decide(HOST, facts, wanted))
+    audit = without_node(controller.decide(HOST, facts, wanted))
     result, failed = run_module(sysctl_setting, pattern_args(root, wanted), check_mode=True)
     assert not failed
     assert result["checks"] == {name: audit[name] for name in result["checks"]}
@@ -509,7 +510,7 @@ def test_audit_passes_after_the_writers_applied(run_module, tmp_path):
         result, failed = run_module(module, args)
         assert not failed and result["changed"]
     facts, wanted = read_node(root)
-    assert statuses(core_dumps.decide(HOST, facts, wanted)) == ALL_PASS
+    assert statuses(controller.decide(HOST, facts, wanted)) == ALL_PASS
 
 
 @pytest.mark.parametrize("session, policy, status, words", [
@@ -523,7 +524,7 @@ def test_audit_passes_after_the_writers_applied(run_module, tmp_path):
      "fail", "warn", "runuser"),
 ])
 def test_the_session_limit_is_judged_for_the_job_users_login(session, policy, status, words):
-    check = core_dumps.session_check(session, settings(core_dumps_drift_policy=policy), policy)
+    check = controller.session_check(session, settings(core_dumps_drift_policy=policy), policy)
     assert check["status"] == status and words in check["found"] and (check["fix"] or status == "pass")
     assert "alice" in check["expected"]
     if session["hard"] == "0":
@@ -571,7 +572,7 @@ def test_limits_files_refused_to_a_reader_without_root_are_blocked_not_failed(tm
     monkeypatch.undo()
     assert facts["privileged"] is False
     assert {item["path"] for item in facts["needs_root"]} == {LIMITS_DROPIN, "/etc/security/limits.d/10-site.conf"}
-    checks = core_dumps.decide(HOST, facts, wanted)
+    checks = controller.decide(HOST, facts, wanted)
     assert_contract(checks)
     for name in ("core_limits", "core_limits_conflicts"):
         assert checks[name]["status"] == "skipped" and checks[name]["details"]["blocked"], checks[name]
@@ -581,7 +582,7 @@ def test_limits_files_refused_to_a_reader_without_root_are_blocked_not_failed(tm
     deny_reading(monkeypatch, "90-preflight-core.conf", "10-site.conf")
     facts, wanted = read_node(root, core_dumps_drift_policy="fail")
     monkeypatch.undo()
-    assert facts["needs_root"] == [] and core_dumps.decide(HOST, facts, wanted)["core_limits"]["status"] == "fail"
+    assert facts["needs_root"] == [] and controller.decide(HOST, facts, wanted)["core_limits"]["status"] == "fail"
 
 
 def test_a_crash_that_could_not_run_as_the_job_user_never_passes_for_it():

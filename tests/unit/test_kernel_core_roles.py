@@ -12,8 +12,9 @@ import sys
 import pytest
 import yaml
 
-from preflight_node import core_dumps as preflight_core_dumps
-from preflight_node import kernel_debug as preflight_kernel_debug
+from cluster_preflight.capabilities import core_dumps as preflight_core_dumps
+from cluster_preflight.capabilities import kernel_debug as preflight_kernel_debug
+from preflight_node import facts as node_halves
 from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,7 +104,7 @@ def audit(sandbox, **extra):
         wanted = role_settings(capability.CAPABILITY, variables)
         assert capability.validate(wanted) == []
         args = capability.read_args(wanted, NODE)
-        facts = None if args is None else json.loads(json.dumps(capability.read(args, FakeOps())))
+        facts = None if args is None else json.loads(json.dumps(node_halves.get(capability.CAPABILITY).read(args, FakeOps())))
         checks[capability.CAPABILITY] = capability.decide(HOST, facts, wanted)
     return checks
 

@@ -6,6 +6,7 @@ import os
 import pytest
 
 import sysctl_setting
+from cluster_preflight.capabilities import kernel_debug as controller
 from preflight_node import kernel_debug
 from preflight_node import sysctl as preflight_sysctl
 from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
@@ -27,7 +28,7 @@ def load_yaml(*parts):
 
 def sysctl_checks(host, facts, wanted, **kwargs):
     """The checks of the sysctls alone (the ptrace probe's check is tested on its own below)."""
-    checks = kernel_debug.decide(host, facts, wanted, **kwargs)
+    checks = controller.decide(host, facts, wanted, **kwargs)
     checks.pop("ptrace_attach")
     return checks
 
@@ -60,7 +61,7 @@ def node_settings(root, **overrides):
 
 def read_node(root, **overrides):
     wanted = node_settings(root, **overrides)
-    return read_as_the_node_does(kernel_debug, wanted, NODE), wanted
+    return read_as_the_node_does(controller, wanted, NODE), wanted
 
 
 def assert_contract(checks, host=HOST):
@@ -76,8 +77,8 @@ def statuses(checks):
 
 
 def test_the_defaults_are_valid():
-    assert kernel_debug.validate(settings()) == []
-    assert kernel_debug.validate(settings(kernel_debug_ptrace_scope_enabled=True, kernel_debug_ptrace_scope=3,
+    assert controller.validate(settings()) == []
+    assert controller.validate(settings(kernel_debug_ptrace_scope_enabled=True, kernel_debug_ptrace_scope=3,
                                           kernel_debug_extra_sysctls=[PANIC])) == []
 
 
@@ -125,7 +126,7 @@ def test_the_defaults_are_valid():
      "kernel.panic"),
 ])
 def test_validate_names_the_variable_with_found_expected_fix(overrides, name, found):
-    problems = kernel_debug.validate(settings(**overrides))
+    problems = controller.validate(settings(**overrides))
     assert [problem["name"] for problem in problems] == [name], problems
     problem = problems[0]
     assert found in problem["found"], problem
@@ -137,12 +138,12 @@ def test_validate_names_the_variable_with_found_expected_fix(overrides, name, fo
 
 
 def test_read_args_none_when_switched_off_and_nothing_else_to_read():
-    assert kernel_debug.read_args(settings(), NODE) is None
-    args = kernel_debug.read_args(settings(kernel_debug_extra_sysctls=[PANIC]), NODE)
+    assert controller.read_args(settings(), NODE) is None
+    args = controller.read_args(settings(kernel_debug_extra_sysctls=[PANIC]), NODE)
     assert [item["check_name"] for item in args["settings"]] == ["panic_on_oops"]
     # Switches typed on the command line arrive as text.
-    assert kernel_debug.read_args(settings(kernel_debug_ptrace_scope_enabled="false"), NODE) is None
-    args = kernel_debug.read_args(settings(kernel_debug_ptrace_scope_enabled="true"), NODE)
+    assert controller.read_args(settings(kernel_debug_ptrace_scope_enabled="false"), NODE) is None
+    args = controller.read_args(settings(kernel_debug_ptrace_scope_enabled="true"), NODE)
     assert args["settings"] == [{"check_name": "ptrace_scope", "key": "kernel.yama.ptrace_scope",
                                  "dropin": PTRACE_DROPIN}]
 
@@ -371,7 +372,7 @@ def test_ptrace_attach_is_decided_from_the_job_users_view(tmp_path, scope, uid, 
     result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, scope), "timeout": 5}, ops)
     assert result["yama_scope"] == scope and result["uid"] == uid
     assert ops.users == ["alice" if uid else None], "the attach runs as the job user"
-    checks = kernel_debug.decide("n1", {"settings": {}}, settings(), probe=result)
+    checks = controller.decide("n1", {"settings": {}}, settings(), probe=result)
     check = checks["ptrace_attach"]
     assert check["status"] == status
     assert words in check["found"] + check.get("fix", "")
@@ -385,15 +386,15 @@ def test_a_probe_that_cannot_run_is_a_failure_naming_the_user_and_the_python(tmp
     ops = FakeOps(commands={("/venv/bin/python",): (126, "", "Permission denied")})
     ops.job, ops.job_user = {"name": "alice", "python": "/venv/bin/python"}, "alice"
     result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, None), "timeout": 5}, ops)
-    check = kernel_debug.decide("n1", {"settings": {}}, settings(), probe=result)["ptrace_attach"]
+    check = controller.decide("n1", {"settings": {}}, settings(), probe=result)["ptrace_attach"]
     assert check["status"] == "fail" and "alice" in check["found"] and "Permission denied" in check["found"]
 
 
 def test_no_probe_or_a_switched_off_probe_is_skipped_with_the_reason():
-    assert kernel_debug.decide("n1", {"settings": {}}, settings())["ptrace_attach"]["status"] == "skipped"
+    assert controller.decide("n1", {"settings": {}}, settings())["ptrace_attach"]["status"] == "skipped"
     off = settings(kernel_debug_ptrace_probe_enabled=False)
-    assert kernel_debug.probe_args(off, {}) is None
-    assert "false" in kernel_debug.decide("n1", {"settings": {}}, off)["ptrace_attach"]["found"]
+    assert controller.probe_args(off, {}) is None
+    assert "false" in controller.decide("n1", {"settings": {}}, off)["ptrace_attach"]["found"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs the probe as another account")
@@ -422,7 +423,7 @@ def test_a_training_python_that_hung_blocks_the_attach_check_or_fails_it_where_i
     ops.hangs = {"/venv/bin/python": {"program": "/venv/bin/python", "seconds": 30.0, "user": "nobody"}}
     result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, None), "timeout": 5}, ops)
     assert result["python_hang"]["earlier"] is (rc == 125)
-    check = kernel_debug.decide("n1", {"settings": {}}, settings(), probe=result)["ptrace_attach"]
+    check = controller.decide("n1", {"settings": {}}, settings(), probe=result)["ptrace_attach"]
     assert check["status"] == status and is_blocked(check) is (rc == 125)
     if rc == 125:
         assert check["found"] == "not checked: /venv/bin/python hung for 30 s earlier (allreduce.python)"
@@ -457,7 +458,7 @@ def test_a_reader_without_root_refused_a_file_is_blocked_never_failed(tmp_path, 
 def test_a_ptrace_probe_that_could_not_switch_to_the_job_user_is_blocked_never_passed():
     """Another job user wanted and no root to switch: the probe ran as the login, so even an attach that
     worked says nothing of the job user's view (needs root, node unverified)."""
-    from preflight_node.kernel_debug import attach_check
+    from cluster_preflight.capabilities.kernel_debug import attach_check
 
     result = attach_check("n1", {"user": "pfuser", "uid": 1000, "yama_scope": None, "attached": True,
                                  "unswitched": "alice"})

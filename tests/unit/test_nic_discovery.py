@@ -9,6 +9,7 @@ import pytest
 
 from preflight_node import nic as pn
 from preflight_node import nic_discovery as nd
+from cluster_preflight.capabilities import nic_discovery as ndc
 from fake_ops import LocalOps
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nic"))
@@ -350,7 +351,7 @@ def test_plan_over_fake_nodes_chooses_the_fabric_and_each_nodes_address(tmp_path
     for index, host in enumerate(("n1", "n2"), 1):
         tree = cluster_node(tmp_path / host, index=index)
         facts[host] = run_facts(tree)
-    decision = nd.plan(["n1", "n2"], facts, {h: _settings() for h in facts}, _nodes(facts))
+    decision = ndc.plan(["n1", "n2"], facts, {h: _settings() for h in facts}, _nodes(facts))
     assert decision["ok"] and decision["blockers"] == []
     assert decision["ifname"] == "ib0" and decision["gloo_socket_ifname"] == "ib0"
     assert decision["addr_by_host"] == {"n1": "198.19.1.1", "n2": "198.19.1.2"}
@@ -361,7 +362,7 @@ def test_plan_over_fake_nodes_chooses_the_fabric_and_each_nodes_address(tmp_path
 def test_plan_blocks_naming_the_node_that_lacks_the_override(tmp_path):
     facts = {"n1": run_facts(cluster_node(tmp_path / "n1", index=1)),
              "n2": run_facts(cluster_node(tmp_path / "n2", index=2, ib_name="ib1"))}
-    decision = nd.plan(["n1", "n2"], facts, {h: _settings(override="ib0") for h in facts}, _nodes(facts))
+    decision = ndc.plan(["n1", "n2"], facts, {h: _settings(override="ib0") for h in facts}, _nodes(facts))
     assert not decision["ok"]
     assert "n2" in decision["blockers"][0]
     assert decision["checks_by_host"]["n2"]["override"]["status"] == "fail"
@@ -370,12 +371,12 @@ def test_plan_blocks_naming_the_node_that_lacks_the_override(tmp_path):
 
 def test_plan_leaves_out_nodes_that_were_not_read(tmp_path):
     facts = {"n1": run_facts(cluster_node(tmp_path / "n1", index=1)), "n2": None}
-    decision = nd.plan(["n1", "n2"], facts, {h: _settings() for h in facts}, _nodes(facts))
+    decision = ndc.plan(["n1", "n2"], facts, {h: _settings() for h in facts}, _nodes(facts))
     assert decision["ok"] and set(decision["checks_by_host"]) == {"n1"}
-    assert nd.plan(["n2"], {"n2": None}, {"n2": _settings()}, _nodes(["n2"]))["ok"] is False
+    assert ndc.plan(["n2"], {"n2": None}, {"n2": _settings()}, _nodes(["n2"]))["ok"] is False
 
 
 @pytest.mark.parametrize("override, ok", [("", True), ("ib0", True), ("ib0,eth0", True), ("bad name", False),
                                           ("a" * 16, False)])
 def test_validate_override(override, ok):
-    assert (nd.validate(_settings(override=override)) == []) is ok
+    assert (ndc.validate(_settings(override=override)) == []) is ok

@@ -102,6 +102,7 @@ def _node_call(ops, python, monkeypatch):
     reader, the ptrace probe; then the controller's deciders.  Returns (seconds, checks)."""
     from cluster_preflight.capabilities import allreduce as controller_ar
     from preflight_node import allreduce as ar
+    from cluster_preflight.capabilities import kernel_debug as controller_kd
     from preflight_node import kernel_debug as kd
     from preflight_node import ops as pn
     monkeypatch.setattr(pn, "JOB_USER_PROBE_TIMEOUT", 1)
@@ -114,7 +115,7 @@ def _node_call(ops, python, monkeypatch):
     probe = kd.probe({"proc_root": "/proc", "timeout": 1}, ops)
     seconds = time.monotonic() - started
     checks, ready = controller_ar.readiness("n1", facts, {"allreduce_env": {}})
-    attach = kd.attach_check("n1", probe)
+    attach = controller_kd.attach_check("n1", probe)
     return seconds, dict(checks, ptrace_attach=attach), ready
 
 

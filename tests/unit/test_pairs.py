@@ -3,8 +3,8 @@
 import pytest
 
 from cluster_preflight import pairs
-from preflight_node import port_mesh as pm
-from preflight_node import ssh_trust as st
+from cluster_preflight.capabilities import port_mesh as pm
+from cluster_preflight.capabilities import ssh_trust as st
 from capability_helpers import role_settings
 
 

@@ -3,7 +3,7 @@ forks than nodes), and whom the results blame."""
 
 import pytest
 
-from preflight_node import port_mesh as pm
+from cluster_preflight.capabilities import port_mesh as pm
 
 
 def settings(**overrides):

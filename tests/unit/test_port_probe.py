@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import port_probe
-from preflight_node import net
+from cluster_preflight import mesh
+from preflight_node import net, port_probe as node_probe
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,7 +48,7 @@ def can_listen_again(addr, port):
 def run_nodes(*calls):
     """Run several probe() calls at the same time, as Ansible runs one task on all nodes."""
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        futures = [pool.submit(port_probe.probe, **kwargs) for kwargs in calls]
+        futures = [pool.submit(node_probe.probe, **kwargs) for kwargs in calls]
         return [future.result(timeout=30) for future in futures]
 
 
@@ -139,12 +140,12 @@ def test_peer_that_starts_late_is_still_reached():
     late = {}
 
     def start_late():
-        late["result"] = port_probe.probe(NODE2, port, "node2", [{"name": "node1", "addr": NODE1}],
+        late["result"] = node_probe.probe(NODE2, port, "node2", [{"name": "node1", "addr": NODE1}],
                                           window=3.0, connect_timeout=0.5)
 
     timer = threading.Timer(0.6, start_late)
     timer.start()
-    node1 = port_probe.probe(NODE1, port, "node1", [{"name": "node2", "addr": NODE2}], window=3.0,
+    node1 = node_probe.probe(NODE1, port, "node1", [{"name": "node2", "addr": NODE2}], window=3.0,
                              connect_timeout=0.5)
     timer.join(10)
     assert row_for(node1, "node2")["result"] == "open"
@@ -183,7 +184,7 @@ def test_three_nodes_one_not_listening_is_named_by_mesh_summary():
     by_host = dict(zip(nodes, results))
     # The node's own entry in peers is ignored.
     assert [row["destination"] for row in by_host["node1"]["results"]] == ["node2", "node3"]
-    summary = net.mesh_summary(by_host)
+    summary = mesh.mesh_summary(by_host)
     assert summary["matrix"]["node1"] == {"node2": "open", "node3": "refused"}
     assert summary["matrix"]["node3"] == {"node1": "open", "node2": "open"}
     assert summary["suspect_nodes"] == ["node3"]
@@ -196,7 +197,7 @@ def test_port_in_use_names_the_holder():
     holder.bind((NODE1, port))
     holder.listen(1)
     try:
-        result = port_probe.probe(NODE1, port, "node1", check_in_use_only=True, window=3.0)
+        result = node_probe.probe(NODE1, port, "node1", check_in_use_only=True, window=3.0)
     finally:
         holder.close()
     listen = result["listen"]
@@ -220,7 +221,7 @@ def test_port_held_on_all_addresses_blocks_a_specific_address_and_probing_goes_o
     holder.bind(("0.0.0.0", port))
     holder.listen(1)
     try:
-        result = port_probe.probe(NODE1, port, "node1", [{"name": "node2", "addr": NODE2}], window=1.5,
+        result = node_probe.probe(NODE1, port, "node1", [{"name": "node2", "addr": NODE2}], window=1.5,
                                   connect_timeout=0.5)
     finally:
         holder.close()
@@ -243,7 +244,7 @@ def test_address_not_on_this_node():
             pytest.skip("%s is configured on this machine" % addr)
         except OSError as exc:
             assert exc.errno == errno.EADDRNOTAVAIL
-    result = port_probe.probe(addr, free_port(), "node1", check_in_use_only=True, window=1.0)
+    result = node_probe.probe(addr, free_port(), "node1", check_in_use_only=True, window=1.0)
     assert result["listen"]["status"] == "addr_not_available"
     check = result["checks"]["port_listen"]
     assert check["status"] == "fail" and "not an address of node1" in check["found"]
@@ -251,7 +252,7 @@ def test_address_not_on_this_node():
 
 def test_timeout_when_syns_are_dropped(dropping_peer):
     addr, port = dropping_peer
-    result = port_probe.probe(NODE1, port, "node1", [{"name": "node9", "addr": addr}], window=1.0,
+    result = node_probe.probe(NODE1, port, "node1", [{"name": "node9", "addr": addr}], window=1.0,
                               connect_timeout=0.4, listen=False)
     row = row_for(result, "node9")
     assert row["result"] == "timeout"
@@ -266,7 +267,7 @@ def test_window_bounds_the_whole_probe(dropping_peer):
     addr, port = dropping_peer
     window = 1.0
     # connect_timeout larger than the window: the window still wins.
-    result, took = timed(port_probe.probe, "127.0.0.10", port, "node1",
+    result, took = timed(node_probe.probe, "127.0.0.10", port, "node1",
                          [{"name": "dropper", "addr": addr}, {"name": "silent", "addr": "127.0.0.11"}],
                          window=window, connect_timeout=5.0)
     assert took <= window + BOUND_SLACK
@@ -325,8 +326,8 @@ class _FailingSocket(object):
 ])
 def test_connect_failures_are_classified(monkeypatch, error, expected, errno_name):
     monkeypatch.setattr(_FailingSocket, "error", error)
-    monkeypatch.setattr(port_probe.socket, "socket", _FailingSocket)
-    result = port_probe.probe(NODE1, 6000, "node1", [{"name": "node2", "addr": "198.18.1.2"}], window=0.5,
+    monkeypatch.setattr(node_probe.socket, "socket", _FailingSocket)
+    result = node_probe.probe(NODE1, 6000, "node1", [{"name": "node2", "addr": "198.18.1.2"}], window=0.5,
                               connect_timeout=0.2, listen=False)
     row = row_for(result, "node2")
     assert row["result"] == expected and row["errno"] == errno_name
@@ -434,7 +435,7 @@ def test_mesh_summary_names_the_node_every_peer_times_out_on():
         "node2": {"results": [row("node2", "node1", "open"), row("node2", "node3", "timeout")]},
         "node3": [row("node3", "node1", "open"), row("node3", "node2", "open")],
     }
-    summary = net.mesh_summary(by_host)
+    summary = mesh.mesh_summary(by_host)
     assert summary["port"] == 6000
     assert summary["matrix"]["node2"] == {"node1": "open", "node3": "timeout"}
     assert [(f["source"], f["destination"]) for f in summary["failing"]] == [("node1", "node3"), ("node2", "node3")]
@@ -455,12 +456,12 @@ def test_mesh_summary_outbound_suspect_and_silent_node():
         "node2": [row("node2", "node1", "open"), row("node2", "node3", "open"), row("node2", "node4", "timeout")],
         "node3": [row("node3", "node1", "open"), row("node3", "node2", "open"), row("node3", "node4", "timeout")],
     }
-    summary = net.mesh_summary(by_host)
+    summary = mesh.mesh_summary(by_host)
     # node4 never reported, and only node1 reached it: nobody is "unreachable by all".
     assert summary["silent"] == ["node4"]
     assert summary["suspect_nodes"] == []
     by_host["node1"][2] = row("node1", "node4", "refused")
-    summary = net.mesh_summary(by_host)
+    summary = mesh.mesh_summary(by_host)
     assert summary["suspect_nodes"] == ["node1", "node4"]
     kinds = {(item["node"], item["direction"]) for item in summary["suspects"]}
     assert kinds == {("node1", "outbound"), ("node4", "inbound")}
@@ -472,11 +473,11 @@ def test_mesh_summary_two_nodes_one_direction_blames_only_the_destination():
         "node1": [{"source": "node1", "destination": "node2", "port": 6000, "result": "timeout"}],
         "node2": [{"source": "node2", "destination": "node1", "port": 6000, "result": "open"}],
     }
-    summary = net.mesh_summary(rows)
+    summary = mesh.mesh_summary(rows)
     assert summary["suspect_nodes"] == ["node2"]
     assert "cannot be told apart from node1 blocking outbound" in summary["messages"][0]
     rows["node1"][0]["result"] = "open"
-    summary = net.mesh_summary(rows)
+    summary = mesh.mesh_summary(rows)
     assert summary["suspects"] == [] and summary["failing"] == [] and summary["messages"] == []
 
 
@@ -596,8 +597,8 @@ def test_neighbour_states(fake_net):
 ])
 def test_unanswered_arp_is_unreachable_not_a_firewall(monkeypatch, fake_net, peer, error, expected):
     monkeypatch.setattr(_FailingSocket, "error", error)
-    monkeypatch.setattr(port_probe.socket, "socket", _FailingSocket)
-    result = port_probe.probe(NODE1, 6000, "node1", [{"name": "node2", "addr": peer}], window=0.5,
+    monkeypatch.setattr(node_probe.socket, "socket", _FailingSocket)
+    result = node_probe.probe(NODE1, 6000, "node1", [{"name": "node2", "addr": peer}], window=0.5,
                               connect_timeout=0.2, listen=False, proc_root=fake_net)
     row = row_for(result, "node2")
     assert row["result"] == expected
@@ -620,13 +621,13 @@ def test_mesh_summary_calls_an_isolated_node_unreachable_not_firewalled():
     rows = {"n1": [row("n1", "n2", "open"), row("n1", "n3", "unreachable")],
             "n2": [row("n2", "n1", "open"), row("n2", "n3", "unreachable")],
             "n3": [row("n3", "n1", "unreachable"), row("n3", "n2", "unreachable")]}
-    summary = net.mesh_summary(rows)
+    summary = mesh.mesh_summary(rows)
     assert summary["suspect_nodes"] == ["n3"]
     messages = " ".join(summary["messages"])
     assert "n3 is unreachable on port 6000 from every peer" in messages
     assert "wrong interface" in messages and "DROP" not in messages
     assert "outbound firewall" not in messages
-    checks, _summary, ok = net.mesh_checks({host: {"results": value} for host, value in rows.items()},
+    checks, _summary, ok = mesh.mesh_checks({host: {"results": value} for host, value in rows.items()},
                                            ["n1", "n2", "n3"])
     assert not ok
     assert checks["n3"]["port_mesh"]["status"] == "fail"

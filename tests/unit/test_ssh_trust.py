@@ -16,8 +16,10 @@ import pytest
 import known_hosts_block
 import ssh_host_keys
 import ssh_mesh
+from cluster_preflight.capabilities import ssh_trust_plan
 from preflight_node import ssh as ps
-from preflight_node import ssh_trust as preflight_ssh_trust
+from preflight_node import ssh_mesh as psm
+from preflight_node import sshd as psd
 
 KH = "/etc/ssh/ssh_known_hosts"
 BEGIN, END = ps.markers()
@@ -304,10 +306,10 @@ def test_sshd_host_key_paths_follow_includes_until_match(tmp_path):
             HostKey /never/read
         """))
     (etc / "sshd_config.d" / "10-extra.conf").write_text("HostKey /etc/ssh/extra_key\n")
-    assert ps.sshd_host_key_paths(str(tmp_path)) == ["/etc/ssh/extra_key", "/etc/ssh/ssh_host_ed25519_key",
+    assert psd.sshd_host_key_paths(str(tmp_path)) == ["/etc/ssh/extra_key", "/etc/ssh/ssh_host_ed25519_key",
                                                      "/srv/keys/rsa_key"]
     (etc / "sshd_config").write_text("Port 22\n")
-    assert ps.sshd_host_key_paths(str(tmp_path)) == list(ps.DEFAULT_HOST_KEYS)
+    assert psd.sshd_host_key_paths(str(tmp_path)) == list(psd.DEFAULT_HOST_KEYS)
 
 
 # ----------------------------------------------------------------------------
@@ -399,23 +401,23 @@ SAMPLES = [
 
 
 def test_parse_pdsh_attributes_a_name_pdsh_cannot_resolve():
-    ok, errors = ps.parse_pdsh(["pfn2", "pfn9"], "pfn2: Thu Jan  1 00:00:00 UTC 2026\n",
+    ok, errors = psm.parse_pdsh(["pfn2", "pfn9"], "pfn2: Thu Jan  1 00:00:00 UTC 2026\n",
                                'pdsh@pfn1: gethostbyname("pfn9") failed\n')
     assert ok == ["pfn2"] and list(errors) == ["pfn9"]
-    assert ps.classify_ssh(255, errors["pfn9"][0])[0] == "dns"
+    assert psm.classify_ssh(255, errors["pfn9"][0])[0] == "dns"
 
 
 @pytest.mark.parametrize("rc,stderr,timed_out,status", SAMPLES)
 def test_classify_ssh_messages(rc, stderr, timed_out, status):
-    assert ps.classify_ssh(rc, stderr, timed_out)[0] == status
+    assert psm.classify_ssh(rc, stderr, timed_out)[0] == status
 
 
 def test_classify_changed_key_details():
-    status, detail = ps.classify_ssh(255, CHANGED)
+    status, detail = psm.classify_ssh(255, CHANGED)
     assert status == "host_key_changed"
     assert detail == {"key_type": "ED25519", "new_fingerprint": "SHA256:fUa/fqJnEiaXctTa9x4o/GHfpTYL1WrhGoelAiJdjik",
                       "offending_file": "/etc/ssh/ssh_known_hosts", "offending_line": 3}
-    assert ps.host_key_verified("auth_denied") and not ps.host_key_verified("host_key_unknown")
+    assert psm.host_key_verified("auth_denied") and not psm.host_key_verified("host_key_unknown")
 
 
 # ----------------------------------------------------------------------------
@@ -582,7 +584,7 @@ def render_dropin(**overrides):
     values = {"names": ["pfn%d" % i for i in range(1, 21)] + ["198.19.7.1"], "cluster_key": True,
               "key_name": "id_ed25519_cluster", "relaxed": False}
     values.update(overrides)
-    return preflight_ssh_trust.render_dropin(**values)
+    return ssh_trust_plan.render_dropin(**values)
 
 
 def test_dropin_scopes_settings_to_cluster_names_only():

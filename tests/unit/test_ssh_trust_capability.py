@@ -12,8 +12,11 @@ import pytest
 
 import known_hosts_block
 from preflight_node import checks as pc
+from cluster_preflight.capabilities import ssh_trust as st
+from cluster_preflight.capabilities import ssh_trust_plan, ssh_trust_settings
 from preflight_node import ssh as ps
-from preflight_node import ssh_trust as st
+from preflight_node import ssh_checks
+from preflight_node import ssh_trust as node_st
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, role_yaml, write
 
@@ -120,7 +123,7 @@ def assert_contract(host, checks):
 def test_defaults_validate_and_are_mirrored_in_python():
     assert st.validate(settings()) == []
     defaults = settings()
-    for name, value in st.DEFAULTS.items():
+    for name, value in ssh_trust_settings.DEFAULTS.items():
         assert defaults[name] == value, name
 
 
@@ -182,7 +185,7 @@ def args_for(root, **overrides):
 
 def test_read_without_sshd_or_any_ssh_file_is_facts_not_an_exception(tmp_path):
     ops = FakeOps()
-    result = st.read(args_for(tmp_path), ops)
+    result = node_st.read(args_for(tmp_path), ops)
     assert result["keys"] == [] and result["problems"] == [NO_SSHD]
     assert result["sshd_config"] == {"path": "/etc/ssh/sshd_config", "exists": False}
     assert result["sshd"]["source"] == "default" and result["sshd"]["discovery"] == NO_LISTENER
@@ -223,7 +226,7 @@ def test_read_host_keys_block_client_and_cluster_key(tmp_path):
                             ("/usr/bin/getent", "passwd", "ghost"): (2, "", "")})
     args = args_for(tmp_path, ssh_trust_sshd_config="/srv/sshd/sshd_config", ssh_trust_cluster_key=True,
                     ssh_trust_cluster_key_users=["train", "ghost"])
-    result = st.read(args, ops)
+    result = node_st.read(args, ops)
     assert [k["public_key"] for k in result["keys"]] == [ed, ecdsa]
     assert result["keys"][1]["path"] == "/srv/sshd/ecdsa_key (public half derived with ssh-keygen -y)"
     assert result["problems"] == ["/srv/sshd/rsa_key: no such host key (neither it nor /srv/sshd/rsa_key.pub exists)"]
@@ -249,7 +252,7 @@ def test_read_records_broken_markers_and_an_unreadable_key_file(tmp_path):
     write(tmp_path, KH, begin + "\nnode2 %s node=node2\n" % KEYS["node2"])
     write(tmp_path, "/etc/ssh/sshd_config", "HostKey /etc/ssh/ssh_host_ed25519_key\n")
     os.makedirs(os.path.join(str(tmp_path), "etc/ssh/ssh_host_ed25519_key.pub"))  # a directory: cannot be read
-    result = st.read(args_for(tmp_path), FakeOps())
+    result = node_st.read(args_for(tmp_path), FakeOps())
     assert "markers are broken" in result["known_hosts"]["error"]
     assert result["keys"] == [] and "cannot be read" in result["problems"][0]
 
@@ -410,13 +413,13 @@ def test_the_writer_and_the_audit_agree(run_module, tmp_path):
     args = {"root": str(root), "entries": plan["entries"], "keep_nodes": plan["keep_nodes"]}
     result, failed = run_module(known_hosts_block, args, check_mode=True)
     assert not failed and result["changed"] and result["checks"]["ssh_known_hosts"]["status"] == "fail"
-    before = st.read(args_for(root), FakeOps())
+    before = node_st.read(args_for(root), FakeOps())
     drift = st.decide("node1", dict(view["facts"]["node1"], known_hosts=before["known_hosts"]),
                       view["settings"]["node1"], None, view)["known_hosts"]
     assert drift["status"] == "warn"
     result, failed = run_module(known_hosts_block, args)
     assert not failed and result["changed"]
-    after = st.read(args_for(root), FakeOps())
+    after = node_st.read(args_for(root), FakeOps())
     view["facts"]["node1"] = dict(view["facts"]["node1"], known_hosts=after["known_hosts"])
     view = dict(view, facts=dict(view["facts"]))
     assert st.decide("node1", view["facts"]["node1"], view["settings"]["node1"], None,
@@ -519,7 +522,7 @@ def test_client_dropin_plan_and_decide():
     plan = st.plan(view)
     content = plan["dropin"]["node1"]["content"]
     assert plan["dropin"]["node1"]["state"] == "present"
-    assert content == st.render_dropin(plan["names"], True, "id_ed25519_cluster", False)
+    assert content == ssh_trust_plan.render_dropin(plan["names"], True, "id_ed25519_cluster", False)
     assert "Host node1 198.19.0.1 198.18.0.1 node2 198.19.0.2 198.18.0.2 node3" in content
     assert "IdentityFile ~/.ssh/id_ed25519_cluster" in content and "Host *" not in content
     cases = [(dict(dropin_text=content), "pass", ""),
@@ -704,7 +707,7 @@ def probe_result(source, by_peer, **kwargs):
     hosts = sorted(set(by_peer) | {source})
     view_nodes = {h: node(h, int(h[-1])) for h in hosts}
     args = st.probe_args(settings(**kwargs), view_nodes[source], {"hosts": hosts, "nodes": view_nodes})
-    return st.probe(args, ops)
+    return node_st.probe(args, ops)
 
 
 def test_probe_runs_strict_batch_ssh_to_every_peer_and_classifies_rc_and_stderr(tmp_path):
@@ -721,7 +724,7 @@ def test_probe_runs_strict_batch_ssh_to_every_peer_and_classifies_rc_and_stderr(
     args = st.probe_args(settings(ssh_trust_mesh_timeout=7, ssh_trust_pdsh="never"), nodes["node1"],
                          {"hosts": hosts, "nodes": nodes})
     args["root"] = str(tmp_path)
-    result = st.probe(args, ops)
+    result = node_st.probe(args, ops)
     rows = {r["target"]: r for r in result["results"]}
     assert {t: r["status"] for t, r in rows.items()} == {
         "198.19.0.2": "ok", "node2": "ok", "198.19.0.3": "auth_denied", "node3": "refused",
@@ -745,12 +748,12 @@ def test_probe_without_ssh_client_pdsh_states_and_mesh_off():
     nodes = {h: node(h, i + 1) for i, h in enumerate(hosts)}
     args = st.probe_args(settings(), nodes["node1"], {"hosts": hosts, "nodes": nodes})
     assert args["pdsh_hosts"] == ["node2"] and args["connect"] is True
-    result = st.probe(args, FakeOps())
+    result = node_st.probe(args, FakeOps())
     assert result["problem"] == "no ssh client (ssh) on node1; install openssh-client"
     assert result["pdsh"] == {"state": "no_ssh"}
 
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh"}, commands={("/usr/bin/ssh",): ssh_answers({})})
-    assert st.probe(args, ops)["pdsh"] == {"state": "not_installed", "program": "pdsh", "hosts": ["node2"]}
+    assert node_st.probe(args, ops)["pdsh"] == {"state": "not_installed", "program": "pdsh", "hosts": ["node2"]}
 
     def pdsh(argv):
         assert argv[argv.index("-w") + 1] == "node2" and argv[-1] == "date"
@@ -758,12 +761,12 @@ def test_probe_without_ssh_client_pdsh_states_and_mesh_off():
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh", "pdsh": "/usr/bin/pdsh"},
                   commands={("/usr/bin/ssh",): ssh_answers({"198.19.0.2": (0, ""), "node2": (0, "")}),
                             ("/usr/bin/pdsh",): pdsh})
-    report = st.probe(args, ops)["pdsh"]
+    report = node_st.probe(args, ops)["pdsh"]
     assert report["state"] == "ran" and report["failed"]["node2"]["status"] == "host_key_unknown"
 
     off = st.probe_args(settings(ssh_trust_mesh=False), nodes["node1"], {"hosts": hosts, "nodes": nodes})
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh"}, commands={("/usr/bin/ssh",): ssh_answers({})})
-    result = st.probe(off, ops)
+    result = node_st.probe(off, ops)
     assert result["connect"] is False and result["results"] == [] and result["pdsh"] == {"state": "off"}
     assert ops.calls and all("-G" in argv for argv in ops.calls)  # only the client configuration is read
 
@@ -856,9 +859,9 @@ def test_unreachable_peer_is_collateral_and_no_ssh_client_is_the_nodes_own_findi
 def test_client_config_relaxation_is_a_warning_only_when_opted_in():
     configs = {"198.19.0.2": {"stricthostkeychecking": "false", "globalknownhostsfile": [KH], "userknownhostsfile": [],
                             "identityfile": []}}
-    result = st.client_config_check("node1", configs, KH)
+    result = ssh_checks.client_config_check("node1", configs, KH)
     assert result["status"] == "fail" and "set outside the ssh_trust role" in result["found"]
-    result = st.client_config_check("node1", configs, KH, relaxed=True)
+    result = ssh_checks.client_config_check("node1", configs, KH, relaxed=True)
     assert result["status"] == "warn" and "ssh_trust_strict_host_key_checking_no: true" in result["found"]
 
 

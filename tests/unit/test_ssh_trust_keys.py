@@ -14,8 +14,12 @@ import time
 import pytest
 
 import ssh_cluster_key
-from preflight_node import ssh as ps
-from preflight_node import ssh_trust as st
+from cluster_preflight.capabilities import ssh_trust as st
+from preflight_node import ssh_checks
+from preflight_node import ssh_keys as psk
+from preflight_node import ssh_mesh as psm
+from preflight_node import ssh_trust as node_st
+from preflight_node import sshd as psd
 from capability_helpers import write
 from fake_ops import FakeOps, LocalOps
 from preflight_node import checks as pc
@@ -60,27 +64,27 @@ def fake_proc(root, port=22, inode="4242", cmdline=None, exe="/usr/sbin/sshd", p
 
 def test_sshd_command_lines_and_options():
     title = "sshd: /usr/sbin/sshd -D -f /srv/sshd/sshd_config [listener] 0 of 10-100 startups"
-    assert ps.sshd_command_line(title) == ["/usr/sbin/sshd", "-D", "-f", "/srv/sshd/sshd_config"]
-    assert ps.sshd_command_line("/usr/sbin/sshd\0-D\0-f\0/etc/alt\0") == ["/usr/sbin/sshd", "-D", "-f", "/etc/alt"]
-    assert ps.sshd_command_line("sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups\0") == [
+    assert psd.sshd_command_line(title) == ["/usr/sbin/sshd", "-D", "-f", "/srv/sshd/sshd_config"]
+    assert psd.sshd_command_line("/usr/sbin/sshd\0-D\0-f\0/etc/alt\0") == ["/usr/sbin/sshd", "-D", "-f", "/etc/alt"]
+    assert psd.sshd_command_line("sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups\0") == [
         "/usr/sbin/sshd", "-D"]
-    assert ps.sshd_options(["/usr/sbin/sshd", "-Df/x/cfg", "-h", "/k1", "-h/k2", "-o", "HostKey=/k3", "-p", "2222"]) \
+    assert psd.sshd_options(["/usr/sbin/sshd", "-Df/x/cfg", "-h", "/k1", "-h/k2", "-o", "HostKey=/k3", "-p", "2222"]) \
         == ("/x/cfg", ["/k1", "/k2"], ["HostKey=/k3"], None)
-    assert ps.sshd_options(["/usr/sbin/sshd", "-D"]) == (None, [], [], None)
-    assert ps.sshd_options(["/usr/sbin/sshd", "-Z"])[3].startswith("cannot parse sshd's options")
+    assert psd.sshd_options(["/usr/sbin/sshd", "-D"]) == (None, [], [], None)
+    assert psd.sshd_options(["/usr/sbin/sshd", "-Z"])[3].startswith("cannot parse sshd's options")
 
 
 def test_the_listening_sshd_is_found_from_proc(tmp_path):
     fake_proc(tmp_path)
-    assert ps.listening_inodes(str(tmp_path), 22) == ["4242", "4243"]
-    assert ps.listening_inodes(str(tmp_path), 631) == ["999"]
-    assert ps.socket_holders(str(tmp_path), ["4242", "4243"]) == ([1], 0)
-    found = ps.discover_sshd(str(tmp_path), 22)
+    assert psd.listening_inodes(str(tmp_path), 22) == ["4242", "4243"]
+    assert psd.listening_inodes(str(tmp_path), 631) == ["999"]
+    assert psd.socket_holders(str(tmp_path), ["4242", "4243"]) == ([1], 0)
+    found = psd.discover_sshd(str(tmp_path), 22)
     assert found["pid"] == 1 and found["config"] == "/srv/sshd/sshd_config" and found["problem"] == ""
     assert found["host_key_args"] == ["/srv/sshd/extra_key"] and found["exe"] == "/usr/sbin/sshd"
-    assert ps.discover_sshd(str(tmp_path), 2222)["problem"] == \
+    assert psd.discover_sshd(str(tmp_path), 2222)["problem"] == \
         "no process listens on TCP port 2222 (/proc/net/tcp, /proc/net/tcp6)"
-    held = ps.discover_sshd(str(tmp_path), 631)
+    held = psd.discover_sshd(str(tmp_path), 631)
     assert held["pid"] is None and "not by an sshd (socket activation?" in held["problem"]
 
 
@@ -108,7 +112,7 @@ def test_read_takes_the_host_keys_the_running_sshd_serves_not_etc_ssh(tmp_path):
     ops = FakeOps(programs={"sshd": "/usr/sbin/sshd"}, commands={("/usr/sbin/sshd", "-T"): answer})
     args = st.read_args(settings(), {"name": "node1"})
     args["root"] = str(tmp_path)
-    result = st.read(args, ops)
+    result = node_st.read(args, ops)
     assert [k["public_key"] for k in result["keys"]] == [extra, served]
     assert stale not in json.dumps(result)
     assert answer.calls == [["/usr/sbin/sshd", "-T", "-f", os.path.join(str(tmp_path), "srv/sshd/sshd_config"),
@@ -116,23 +120,23 @@ def test_read_takes_the_host_keys_the_running_sshd_serves_not_etc_ssh(tmp_path):
     assert all(isinstance(part, str) for part in answer.calls[0])
     assert result["sshd"]["source"] == "listener" and result["sshd"]["pid"] == 1
     assert result["sshd"]["how"] == "sshd -T" and result["sshd_config"]["path"] == "/srv/sshd/sshd_config"
-    check = st.host_keys_check("node1", result["keys"], result["problems"], result["sshd"])
+    check = ssh_checks.host_keys_check("node1", result["keys"], result["problems"], result["sshd"])
     assert check["status"] == "pass" and "listening on port 22 (pid 1" in check["found"]
 
     # A version that wants a connection spec for Match blocks: retried with -C.
     answer = sshd_t([(255, "", "Match blocks need -C"), (0, "hostkey /srv/sshd/ssh_host_ed25519_key\n", "")])
     ops = FakeOps(programs={"sshd": "/usr/sbin/sshd"}, commands={("/usr/sbin/sshd", "-T"): answer})
-    assert [k["public_key"] for k in st.read(args, ops)["keys"]] == [served]
+    assert [k["public_key"] for k in node_st.read(args, ops)["keys"]] == [served]
     assert answer.calls[1][-2:] == ["-C", "user=root,host=localhost,addr=127.0.0.1"]
 
     # No sshd -T (no binary): the file is parsed, the -h key first.
-    result = st.read(args, FakeOps())
+    result = node_st.read(args, FakeOps())
     assert [k["public_key"] for k in result["keys"]] == [extra, served]
     assert result["sshd"]["how"].startswith("parsed")
 
     # An explicit ssh_trust_sshd_config wins over the running sshd.
     args["sshd_config"] = "/etc/ssh/sshd_config"
-    result = st.read(args, FakeOps())
+    result = node_st.read(args, FakeOps())
     assert [k["public_key"] for k in result["keys"]] == [stale] and result["sshd"]["source"] == "ssh_trust_sshd_config"
 
 
@@ -142,9 +146,9 @@ def test_without_a_running_sshd_the_default_is_assumed_and_said(tmp_path):
     write(tmp_path, "/etc/ssh/ssh_host_ed25519_key.pub", KEYS["node1"] + "\n")
     args = st.read_args(settings(), {"name": "node1"})
     args["root"] = str(tmp_path)
-    result = st.read(args, FakeOps())
+    result = node_st.read(args, FakeOps())
     assert result["sshd"]["source"] == "default" and "socket activation" in result["sshd"]["discovery"]
-    check = st.host_keys_check("node1", result["keys"], result["problems"], result["sshd"])
+    check = ssh_checks.host_keys_check("node1", result["keys"], result["problems"], result["sshd"])
     assert check["status"] == "warn" and "node1" in check["found"] and "running sshd was not found" in check["found"]
     assert "preflight_become" in check["fix"] and "ssh_trust_host_key_files" in check["fix"]
 
@@ -167,16 +171,16 @@ def test_a_real_sshd_started_with_f_is_found_and_its_keys_read(tmp_path):
     proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-f", str(config), "-E", str(directory / "log")])
     try:
         deadline = time.monotonic() + 10
-        while not ps.listening_inodes("/", port) and time.monotonic() < deadline:
+        while not psd.listening_inodes("/", port) and time.monotonic() < deadline:
             time.sleep(0.05)
-        paths, problem, sshd = ps.host_key_sources("/", "", (), LocalOps(), port)
+        paths, problem, sshd = psd.host_key_sources("/", "", (), LocalOps(), port)
         assert problem is None and sshd["source"] == "listener" and sshd["pid"] == proc.pid, sshd
         assert paths == [key] and sshd["how"] == "sshd -T"
-        keys, _problems = ps.read_host_keys("/", paths, LocalOps())
+        keys, _problems = psd.read_host_keys("/", paths, LocalOps())
         with open(key + ".pub", encoding="ascii") as handle:
             assert keys[0]["public_key"] == " ".join(handle.read().split()[:2])
         # ssh-keyscan (the mesh's confirmation) sees the same key.
-        row = ps._keyscan(LocalOps(), ps.keyscan_argv("ssh-keyscan", "127.0.0.1", port, 5), 10, "127.0.0.1")
+        row = psm._keyscan(LocalOps(), psm.keyscan_argv("ssh-keyscan", "127.0.0.1", port, 5), 10, "127.0.0.1")
         assert row["keys"] == [keys[0]["public_key"]], row
     finally:
         proc.terminate()
@@ -225,15 +229,15 @@ def test_probe_scans_each_peer_and_decide_compares_with_its_files():
     assert result["status"] == "warn" and "not served by its sshd" in result["found"]
     # The module face: one peer's scan against that peer's files.
     row = {"target": "198.19.0.2", "keys": [KEYS["stranger"]], "error": ""}
-    assert st.served_keys_check("node1", "node2", [KEYS["node2"]], row)["status"] == "fail"
-    assert st.served_keys_check("node1", "node2", [KEYS["stranger"]], row)["status"] == "pass"
+    assert ssh_checks.served_keys_check("node1", "node2", [KEYS["node2"]], row)["status"] == "fail"
+    assert ssh_checks.served_keys_check("node1", "node2", [KEYS["stranger"]], row)["status"] == "pass"
 
 
 def test_keyscan_argv_is_a_list_and_parses_its_output():
-    argv = ps.keyscan_argv("/usr/bin/ssh-keyscan", "pfn2", 2222, 3)
+    argv = psm.keyscan_argv("/usr/bin/ssh-keyscan", "pfn2", 2222, 3)
     assert argv == ["/usr/bin/ssh-keyscan", "-T", "3", "-p", "2222", "-t", "rsa,ecdsa,ed25519", "--", "pfn2"]
     out = "# pfn2:22 SSH-2.0-OpenSSH_9.2\n[pfn2]:2222 %s\n[pfn2]:2222 %s\n" % (KEYS["node1"], KEYS["node2"])
-    assert ps.parse_keyscan(out) == [KEYS["node1"]]  # one per type
+    assert psm.parse_keyscan(out) == [KEYS["node1"]]  # one per type
 
 
 # ----------------------------------------------------------------------------
@@ -246,16 +250,16 @@ def test_plan_authorized_keys_keeps_foreign_lines_and_unreached_nodes():
            + "%s node=node9 %s\n" % (fake_key("node9"), COMMENT)
            + "%s node=node3 %s\n" % (fake_key("node3-old"), COMMENT)
            + "command=\"true\" ssh-rsa AAAAB3 backup\n")
-    wanted = {n: ps.authorized_line(fake_key(n), n, COMMENT) for n in ("node2", "node1")}
-    plan = ps.plan_authorized_keys(old, COMMENT, wanted, keep_nodes=["node1", "node2", "node3"])
+    wanted = {n: psk.authorized_line(fake_key(n), n, COMMENT) for n in ("node2", "node1")}
+    plan = psk.plan_authorized_keys(old, COMMENT, wanted, keep_nodes=["node1", "node2", "node3"])
     lines = plan["text"].split("\n")
     assert lines[:2] == ["# my keys\r", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFOREIGN laptop"]
     assert lines[2:5] == [wanted["node1"], wanted["node2"], "%s node=node3 %s" % (fake_key("node3-old"), COMMENT)]
     assert lines[5] == 'command="true" ssh-rsa AAAAB3 backup'
     assert fake_key("old-shared") not in plan["text"] and "node9" not in plan["text"]
-    assert ps.plan_authorized_keys(plan["text"], COMMENT, wanted, ["node1", "node2", "node3"])["text"] == plan["text"]
-    assert ps.plan_authorized_keys(None, COMMENT, {}, [])["text"] == ""
-    assert ps.authorized_line(fake_key("a"), "node1", COMMENT, 'from="198.18.200.1"') == \
+    assert psk.plan_authorized_keys(plan["text"], COMMENT, wanted, ["node1", "node2", "node3"])["text"] == plan["text"]
+    assert psk.plan_authorized_keys(None, COMMENT, {}, [])["text"] == ""
+    assert psk.authorized_line(fake_key("a"), "node1", COMMENT, 'from="198.18.200.1"') == \
         'from="198.18.200.1" %s node=node1 %s' % (fake_key("a"), COMMENT)
 
 
@@ -283,7 +287,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize("state,words", REFUSALS)
 def test_ssh_dir_refusal_rules(state, words):
-    refusal = ps.ssh_dir_refusal("node7", "u", 1000, state)
+    refusal = psk.ssh_dir_refusal("node7", "u", 1000, state)
     if words is None:
         assert refusal is None
         return
@@ -296,7 +300,8 @@ def test_the_reader_never_reads_through_a_symlinked_ssh_dir(tmp_path):
     os.makedirs(os.path.join(str(tmp_path), "home/train"), mode=0o750)
     os.symlink(os.path.dirname(secret), os.path.join(str(tmp_path), "home/train/.ssh"))
     write(tmp_path, "/etc/passwd", "train:x:1000:1000::/home/train:/bin/sh\n")
-    state = st.read_cluster_key(str(tmp_path), ["train"], "id_ed25519_cluster", COMMENT, FakeOps())["users"]["train"]
+    state = node_st.read_cluster_key(str(tmp_path), ["train"], "id_ed25519_cluster", COMMENT,
+                                     FakeOps())["users"]["train"]
     assert state["ssh"]["ssh_dir_state"]["kind"] == "symlink" and state["public_key"] == ""
     assert fake_key("elsewhere").split()[1] not in json.dumps(state)
     view = cluster({n: facts(n, [KEYS[n]], cluster_key={"users": {"train": state}}) for n in ("node1", "node2")},
@@ -493,23 +498,23 @@ def test_a_reader_without_root_records_that_the_listener_needs_root(tmp_path, mo
     write(tmp_path, "/etc/ssh/sshd_config", "HostKey /etc/ssh/ssh_host_ed25519_key\n")
     write(tmp_path, "/etc/ssh/ssh_host_ed25519_key.pub", KEYS["node1"] + "\n")
     # What a login without root sees: the socket listens, but root's descriptors cannot be read.
-    monkeypatch.setattr(ps, "socket_holders", lambda root, inodes: ([], 3))
-    monkeypatch.setattr(st, "privileged", lambda: False)
+    monkeypatch.setattr(psd, "socket_holders", lambda root, inodes: ([], 3))
+    monkeypatch.setattr(node_st, "privileged", lambda: False)
     args = st.read_args(settings(), {"name": "node1"})
     args["root"] = str(tmp_path)
-    result = st.read(args, FakeOps())
+    result = node_st.read(args, FakeOps())
     assert result["privileged"] is False and result["sshd"]["source"] == "default"
     assert result["sshd"]["needs_root"].startswith("the process listening on port 22") and "/proc/<pid>/fd" in \
         result["sshd"]["needs_root"]
     assert result["needs_root"] == [result["sshd"]["needs_root"]]
     # As root the same node records nothing it lacks (there, not finding the sshd is a finding of its own).
-    monkeypatch.setattr(st, "privileged", lambda: True)
-    result = st.read(args, FakeOps())
+    monkeypatch.setattr(node_st, "privileged", lambda: True)
+    result = node_st.read(args, FakeOps())
     assert result["privileged"] is True and result["needs_root"] == [] and "needs_root" not in result["sshd"]
     # Nothing listens: root would not find more, so nothing needs root.
-    monkeypatch.setattr(st, "privileged", lambda: False)
+    monkeypatch.setattr(node_st, "privileged", lambda: False)
     args["port"] = 2222
-    assert st.read(args, FakeOps())["needs_root"] == []
+    assert node_st.read(args, FakeOps())["needs_root"] == []
 
 
 def unprivileged_view(block=True, served=None, sshd=None):
@@ -578,11 +583,11 @@ def test_a_key_that_differs_from_the_fallback_is_blocked_not_a_changed_key():
 
 def test_host_keys_no_file_readable_without_root_is_blocked():
     denied = ["/etc/ssh/ssh_host_ed25519_key: ssh-keygen -y failed: Load key: Permission denied"]
-    result = st.host_keys_check("node1", [], denied, dict(FALLBACK))
+    result = ssh_checks.host_keys_check("node1", [], denied, dict(FALLBACK))
     assert result["status"] == "skipped" and result["details"]["blocked"] and result["found"].startswith(
         "needs root: ") and "preflight_become" in result["fix"]
-    assert st.host_keys_check("node1", [], denied, dict(FALLBACK, privileged=True))["status"] == "fail"
-    assert st.host_keys_check("node1", [], ["no such host key"], dict(FALLBACK))["status"] == "fail"
+    assert ssh_checks.host_keys_check("node1", [], denied, dict(FALLBACK, privileged=True))["status"] == "fail"
+    assert ssh_checks.host_keys_check("node1", [], ["no such host key"], dict(FALLBACK))["status"] == "fail"
 
 
 def test_another_users_ssh_dir_unreadable_without_root_blocks_ssh_dirs_and_cluster_key():
