@@ -14,6 +14,7 @@ import getpass
 import traceback
 
 from cluster_preflight import capabilities as registry
+from cluster_preflight import registers
 from cluster_preflight.capabilities.allreduce import (
     candidates, launch_plan, readiness, summarize, version_checks)
 from preflight_node.checks import CheckError, decision, error, put
@@ -51,7 +52,7 @@ def stage_inputs(view):
     """Every node's settings must be valid before anything runs on any node.  Also this run's lock (the
     ``lock`` argument of the gate's node calls, ``module_utils/preflight_node/lock.py``)."""
     invalid = sorted(host for host in view.hosts
-                     if not (view.result(host, "preflight_settings") or {}).get("ok"))
+                     if not (view.result(host, registers.SETTINGS) or {}).get("ok"))
     blockers = ["invalid settings on %s (see each node's <capability>.inputs check)" % ", ".join(invalid)] \
         if invalid else []
     return decision(blockers=blockers, invalid_hosts=invalid, lock={} if invalid else lock_args(view))
@@ -152,7 +153,7 @@ def _probe_args(view, hosts, checks_by_host, pairing):
 
 def _mesh_results(view, host):
     """A node's port_probe result, from the foreground task or the background job's wait."""
-    for register in ("port_mesh_wait", "port_mesh_probe"):
+    for register in (registers.PORT_MESH_WAIT, registers.PORT_MESH_PROBE):
         state, _message = view.outcome(host, register)
         result = view.result(host, register)
         if state == "ok" and isinstance(result, dict) and "results" in result:
@@ -161,7 +162,7 @@ def _mesh_results(view, host):
 
 
 def stage_launch(view):
-    plan = view.result(view.hosts[0], "preflight_plan") if view.hosts else None
+    plan = view.result(view.hosts[0], registers.PLAN) if view.hosts else None
     plan = plan or {"hosts": [], "nic": {}, "port_mesh": {"run": False}, "ready": [], "blockers": []}
     checks_by_host = {}
     lost = view.lost(["facts", "port_mesh", "port_mesh_wait"])
@@ -188,7 +189,7 @@ def stage_launch(view):
                                                          "skip_reason": "the launch plan failed", "checks_by_host": {}}
     for host, checks in gate.pop("checks_by_host").items():
         _put(checks_by_host, host, "allreduce", checks)
-    run_id = ((view.result(view.hosts[0], "preflight_inputs") or {}).get("lock") or {}).get("run_id") or ""
+    run_id = ((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock") or {}).get("run_id") or ""
     for args in (gate.get("args_by_host") or {}).values():
         args["run_id"] = run_id
     reachable = [host for host in plan["hosts"] if host not in lost]
@@ -207,8 +208,8 @@ def _may_localise(view, gate):
 
 def stage_final(view):
     first = view.hosts[0] if view.hosts else None
-    plan = (view.result(first, "preflight_plan") if first else None) or {"hosts": [], "probe_args_by_host": {}}
-    launch = (view.result(first, "preflight_launch") if first else None) or {"gate": {"launch": False},
+    plan = (view.result(first, registers.PLAN) if first else None) or {"hosts": [], "probe_args_by_host": {}}
+    launch = (view.result(first, registers.LAUNCH) if first else None) or {"gate": {"launch": False},
                                                                             "reachable": []}
     checks_by_host = {}
     hosts = plan.get("hosts") or []
@@ -216,8 +217,8 @@ def stage_final(view):
     probes = {}
     for host in hosts:
         probe_args = (plan.get("probe_args_by_host") or {}).get(host) or {}
-        state, message = view.outcome(host, "preflight_probes")
-        result = view.result(host, "preflight_probes") if state == "ok" else None
+        state, message = view.outcome(host, registers.PROBES)
+        result = view.result(host, registers.PROBES) if state == "ok" else None
         probes[host] = (result or {}).get("probes") or {}
         for name in probe_args:
             if result is None:
@@ -254,7 +255,7 @@ def stage_final(view):
         if host in first_lost:
             gate_lost[host] = first_lost[host]
             continue
-        job = (view.result(host, "preflight_probes") or {}).get("job")
+        job = (view.result(host, registers.PROBES) or {}).get("job")
         if isinstance(job, dict) and job.get("failed"):
             gate_lost[host] = "the all-reduce failed on %s: %s" % (host, str(job.get("msg"))[:300])
         elif isinstance(job, dict) and isinstance(job.get("ranks"), list):
@@ -283,14 +284,14 @@ def _logs(result):
     return {"log": result.get("log"), "ranks": result.get("ranks") or [], "rank_logs": result.get("rank_logs") or {}}
 
 
-CONFIRM_REGISTER = "allreduce_confirm"
+CONFIRM_REGISTER = registers.CONFIRM
 
 
 def _reconciled(view, first, summary, gate_checks, nic_facts, logs, mesh_reached):
     """The all-node run's checks once localisation concluded and the nodes left were confirmed
     (``preflight_localize.reconcile``); the confirmation run's summary goes into ``summary["confirm"]`` and its
     logs into ``logs`` as ``<node>.confirm``.  Unchanged when nothing was localised."""
-    localized = (view.result(first, "allreduce_localize") or {}) if first else {}
+    localized = (view.result(first, registers.LOCALIZE) or {}) if first else {}
     conclusion, plan = localized.get("localize") or {}, localized.get("confirm_plan")
     confirm = conclusion.get("confirm") or {}
     if not plan or confirm.get("status") in (None, "planned", "skipped"):
@@ -316,7 +317,7 @@ def stage_local(view):
     checks_by_host = {}
     for host in view.read_hosts():
         facts, errors = view.facts(host)
-        result = view.result(host, "preflight_facts") or {}
+        result = view.result(host, registers.FACTS) or {}
         probes, probe_errors = result.get("probes") or {}, result.get("probe_errors") or {}
         settings = view.settings[host]
         for name, problem in sorted(errors.items()):
