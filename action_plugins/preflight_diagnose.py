@@ -2,7 +2,7 @@
 """Controller-side diagnosis of a running job: group the ranks of every node, name the suspects, write the report.
 
 Its documentation lives in ``library/preflight_diagnose.py``; the grouping is
-``module_utils/preflight_node/diagnose.py`` (:func:`diagnose`, unit-tested); the files are written with
+``cluster_preflight/diagnosis.py`` (:func:`diagnose`, unit-tested); the files are written with
 the verdict's helpers (0750 directories, 0640 files, atomic).
 """
 
@@ -17,7 +17,7 @@ from ansible.plugins.action import ActionBase
 
 from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView
-from preflight_node.diagnose import diagnose, label
+from cluster_preflight.diagnosis import diagnose, label
 from cluster_preflight.accounting import atomic_write, prepare_results_dir, prepare_run_dir
 
 REPORT_FILE = "diagnose.json"

@@ -24,7 +24,8 @@ description:
   - Optionally runs C(gdb -batch -ex 'thread apply all bt') on the newest core file in O(core_dir), bounded by
     O(core_timeout).
   - Only reads. The controller (action C(preflight_diagnose)) groups the ranks of every node by the innermost
-    frame of their main thread and names the suspects. The logic is in C(module_utils/preflight_node/diagnose.py).
+    frame of their main thread and names the suspects (C(cluster_preflight/diagnosis.py)). The node side is in
+    C(module_utils/preflight_node/diagnose.py).
 version_added: "1.0.0"
 options:
   pattern:

@@ -247,8 +247,8 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.files import fail_write, refuse_symlinks, write_atomic
 from ansible.module_utils.preflight_node.grub import (
-    AUTO_UPDATE_COMMANDS, CMDLINE_VARIABLES, argument_problems, cmdline_check, grub_check, plan, read_cmdline,
-    read_files, reboot_required, rooted, running_args, wanted_args)
+    AUTO_UPDATE_COMMANDS, CMDLINE_VARIABLES, argument_problems, plan, read_cmdline, read_files, rooted, wanted_args)
+from ansible.module_utils.preflight_node.grub_checks import cmdline_check, grub_check, reboot_required, running_args
 
 
 def find_update_command(module, root):
@@ -317,6 +317,26 @@ def regenerate(module, params, update_command, changed_paths, result):
     return "grub.cfg was not regenerated: none of update-grub, grub2-mkconfig, grub-mkconfig was found"
 
 
+def report_plan(module, outcome, variable, result):
+    """Put what a planned outcome will change into ``result`` (and the diff when asked for)."""
+    changed_paths = outcome["changed_paths"]
+    effective = outcome["effective"]
+    result.update(changed=bool(changed_paths), files=changed_paths, effective=effective,
+                  effective_args=effective[variable], added=outcome["added"], removed=outcome["removed"],
+                  converged=not outcome["findings_after"], notes=outcome["notes"])
+    if changed_paths and module._diff:
+        diffs = [dict(before_header=path, after_header=path, before=outcome["original"].get(path) or "",
+                      after=outcome["files"].contents.get(path) or "") for path in changed_paths]
+        result["diff"] = diffs[0] if len(diffs) == 1 else diffs
+
+
+def chosen_update_command(module, update_command, root):
+    """The argv that regenerates grub.cfg: as given, found on the node (None given), or None ([] given)."""
+    if update_command is None:
+        return find_update_command(module, root)
+    return update_command or None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -367,20 +387,8 @@ def main():
         module.exit_json(**result)
 
     changed_paths = outcome["changed_paths"]
-    effective = outcome["effective"]
-    result.update(changed=bool(changed_paths), files=changed_paths, effective=effective,
-                  effective_args=effective[params["variable"]], added=outcome["added"], removed=outcome["removed"],
-                  converged=not outcome["findings_after"], notes=outcome["notes"])
-    if changed_paths and module._diff:
-        diffs = [dict(before_header=path, after_header=path, before=outcome["original"].get(path) or "",
-                      after=outcome["files"].contents.get(path) or "") for path in changed_paths]
-        result["diff"] = diffs[0] if len(diffs) == 1 else diffs
-
-    update_command = params["update_command"]
-    if update_command is None:
-        update_command = find_update_command(module, root)
-    elif not update_command:
-        update_command = None
+    report_plan(module, outcome, params["variable"], result)
+    update_command = chosen_update_command(module, params["update_command"], root)
     result["update_command"] = update_command
 
     # Decided before anything is written (and in check mode, where the real run would fail).

@@ -35,8 +35,8 @@ also expose ``plan``/``report`` functions used by ``action_plugins/preflight_dec
 
 from __future__ import annotations
 
-from preflight_node import debug_tools as preflight_debug_tools
-from preflight_node import iommu as preflight_iommu
+from . import debug_tools as preflight_debug_tools
+from . import iommu as preflight_iommu
 
 from . import allreduce as preflight_allreduce
 from . import ssh_trust as preflight_ssh_trust

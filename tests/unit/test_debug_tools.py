@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from preflight_node import checks as preflight_checks
-from preflight_node import debug_tools as tools
+from preflight_node import debug_tools as node_tools
+from cluster_preflight.capabilities import debug_tools as tools
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, typed_settings
 
@@ -80,7 +81,7 @@ class Node(object):
             return None, wanted
         args["os_release"] = [str(self.os_release), str(self.fallback)]
         ops = FakeOps()
-        facts = tools.read(args, ops)
+        facts = node_tools.read(args, ops)
         assert ops.calls == []  # file reads only
         return json.loads(json.dumps(facts)), wanted  # facts travel from the node as JSON
 
@@ -115,7 +116,7 @@ def test_os_family_from_os_release(tmp_path, text, family, os_id):
 
 
 def test_os_release_quotes_and_escapes():
-    values = tools.parse_os_release('A="x \\"y\\""\nB=\'single $z\'\n# comment\nC=plain\nbroken line\n')
+    values = node_tools.parse_os_release('A="x \\"y\\""\nB=\'single $z\'\n# comment\nC=plain\nbroken line\n')
     assert values == {"A": 'x "y"', "B": "single $z", "C": "plain"}
 
 
@@ -416,14 +417,14 @@ def test_role_installs_pyspy_offline_from_a_wheel_directory_and_the_audit_passes
     # And the audit's reader and decider find it.
     wanted = settings(**json.loads(extra))
     wanted["debug_tools_search_paths"] = [str(tmp_path / "bin")]
-    facts = tools.read(tools.read_args(wanted, NODE), FakeOps())
+    facts = node_tools.read(tools.read_args(wanted, NODE), FakeOps())
     result = tools.decide(HOST, facts, wanted)["tool_py_spy"]
     assert result["status"] == "pass" and str(tmp_path / "bin" / "py-spy") in result["found"]
 
 
 def debian_with_python_apt():
     """This machine is Debian-family (by the capability's own reader) and Ansible's apt module can run."""
-    return tools.read_os(tools.OS_RELEASE)["family"] == "Debian" and os.path.exists("/usr/bin/python3") and \
+    return node_tools.read_os(node_tools.OS_RELEASE)["family"] == "Debian" and os.path.exists("/usr/bin/python3") and \
         subprocess.run(["/usr/bin/python3", "-c", "import apt"], capture_output=True, timeout=30).returncode == 0
 
 

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from preflight_node import diagnose as diag
+from cluster_preflight import diagnosis as controller
 
 SLEEP = (
     'Process 24316: /usr/bin/python3 sleeper.py\n'
@@ -339,7 +340,7 @@ def rank(pid, rank_no, frame=ALL_REDUCE, state="S", error=""):
     ({"a": [rank(1, 0, ""), rank(2, 1, "")]}, "", []),
 ])
 def test_grouping_and_suspects(nodes, majority, suspects):
-    report = diag.diagnose({host: {"ok": True, "processes": procs} for host, procs in nodes.items()})
+    report = controller.diagnose({host: {"ok": True, "processes": procs} for host, procs in nodes.items()})
     assert report["majority"] == majority
     assert [suspect["id"] for suspect in report["suspects"]] == suspects
     assert report["status"] == ("suspect" if suspects else "no_suspect")
@@ -350,7 +351,7 @@ def test_the_report_reads_as_lines_and_names_the_stopped_rank():
         {"pid": 9, "role": "launcher", "launcher": "torchrun", "state": "S", "frame": "run (x.py:1)"},
         rank(10, 0), rank(11, 1)]},
         "b": {"ok": True, "processes": [rank(20, 2), rank(21, 3, LOOP, "T")]}}
-    report = diag.diagnose(nodes)
+    report = controller.diagnose(nodes)
     lines = report["lines"]
     assert lines[0] == ("DIAGNOSIS: 4 rank(s) on 2 of 2 node(s); 3 wait in %s; SUSPECT: b:21 rank 3" % ALL_REDUCE)
     assert "a:9 torchrun launcher [S] run (x.py:1)" in lines
@@ -364,7 +365,7 @@ def test_the_report_reads_as_lines_and_names_the_stopped_rank():
 
 
 def test_a_node_without_answer_is_a_suspect_and_a_node_without_ranks_is_said():
-    report = diag.diagnose({"a": {"ok": True, "processes": [rank(1, 0), rank(2, 1)]},
+    report = controller.diagnose({"a": {"ok": True, "processes": [rank(1, 0), rank(2, 1)]},
                             "b": {"ok": False, "error": "unreachable: ssh timed out"},
                             "c": {"ok": True, "processes": []}})
     assert [s["id"] for s in report["suspects"]] == ["b"] and report["failed_hosts"] == ["b"]
@@ -374,7 +375,7 @@ def test_a_node_without_answer_is_a_suspect_and_a_node_without_ranks_is_said():
 
 
 def test_no_training_process_anywhere():
-    report = diag.diagnose({"a": {"ok": True, "processes": []}})
+    report = controller.diagnose({"a": {"ok": True, "processes": []}})
     assert report["status"] == "no_ranks" and "no training process found" in report["lines"][0]
 
 

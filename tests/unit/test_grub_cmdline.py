@@ -13,7 +13,9 @@ import yaml
 
 import grub_cmdline
 from preflight_node import grub as pg
-from preflight_node import iommu as preflight_iommu
+from preflight_node import grub_shell
+from preflight_node import iommu as node_iommu
+from cluster_preflight.capabilities import iommu as preflight_iommu
 from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -98,7 +100,7 @@ def test_parser_follows_shell_semantics(tmp_path):
     path = tmp_path / "f"
     path.write_text(text)
     env = {}
-    assignments, notes = pg.parse(text, str(path), env)
+    assignments, notes = grub_shell.parse(text, str(path), env)
     assert notes == []
     for name in "ABCDEFGHIJ":
         assert env[name] == sh_value([path], name), name
@@ -115,14 +117,14 @@ def test_parser_skips_what_it_cannot_evaluate_and_says_so(tmp_path):
         "Y=`uname`\n"
     )
     env = {}
-    _assignments, notes = pg.parse(text, "grub", env)
+    _assignments, notes = grub_shell.parse(text, "grub", env)
     assert any("line 2" in note and "not a plain assignment" in note for note in notes)
     assert any("line 5" in note and "command substitution" in note for note in notes)
 
 
 def test_unterminated_quote_is_a_parse_error():
-    with pytest.raises(pg.ShellParseError) as info:
-        pg.parse('A=1\nGRUB_CMDLINE_LINUX="quiet\n', "grub", {})
+    with pytest.raises(grub_shell.ShellParseError) as info:
+        grub_shell.parse('A=1\nGRUB_CMDLINE_LINUX="quiet\n', "grub", {})
     assert info.value.line == 2
 
 
@@ -466,7 +468,7 @@ def test_iommu_role_in_check_and_apply_mode(tmp_path, update_script):
 
     def audit():
         args = preflight_iommu.read_args(settings, {"name": "localhost"})
-        facts = json.loads(json.dumps(preflight_iommu.read(args, FakeOps())))
+        facts = json.loads(json.dumps(node_iommu.read(args, FakeOps())))
         return preflight_iommu.decide("localhost", facts, settings)
 
     proc = subprocess.run(command + ["--check"], capture_output=True, text=True, env=env, timeout=120)

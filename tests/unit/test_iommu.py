@@ -11,7 +11,8 @@ import yaml
 import grub_cmdline
 from preflight_node import checks as preflight_checks
 from preflight_node import grub as preflight_grub
-from preflight_node import iommu
+from preflight_node import iommu as node_iommu
+from cluster_preflight.capabilities import iommu
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, typed_settings
 
@@ -75,7 +76,7 @@ def node_settings(sysfs, root, **overrides):
 def read_node(sysfs, root, **overrides):
     wanted = node_settings(sysfs, root, **overrides)
     ops = FakeOps()
-    facts = iommu.read(iommu.read_args(wanted, NODE), ops)
+    facts = node_iommu.read(iommu.read_args(wanted, NODE), ops)
     assert ops.calls == []  # file reads only
     # Facts travel from the node as JSON.
     facts = json.loads(json.dumps(facts))
@@ -219,7 +220,7 @@ def test_decide(tmp_path, case):
     sysfs, root = make_node(tmp_path, **node_kwargs)
     wanted = node_settings(sysfs, root, **overrides)
     args = iommu.read_args(wanted, NODE)
-    facts = None if args is None else json.loads(json.dumps(iommu.read(args, FakeOps())))
+    facts = None if args is None else json.loads(json.dumps(node_iommu.read(args, FakeOps())))
     checks = iommu.decide(HOST, facts, wanted)
     assert_contract(checks)
     assert sorted(checks) == sorted(expected)
@@ -406,7 +407,7 @@ def test_grub_defaults_refused_to_a_reader_without_root_are_blocked_never_failed
             raise PermissionError(13, "Permission denied")
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(iommu, "privileged", lambda: False)
+    monkeypatch.setattr(node_iommu, "privileged", lambda: False)
     monkeypatch.setattr("builtins.open", deny)
     facts, wanted = read_node(sysfs, root, iommu_drift_policy="fail")
     monkeypatch.undo()
