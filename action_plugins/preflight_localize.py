@@ -22,7 +22,7 @@ from ansible.plugins.action import ActionBase
 from cluster_preflight import gpu_pairs
 from cluster_preflight import localize
 from cluster_preflight import registers
-from cluster_preflight.capabilities.allreduce import own_faults
+from cluster_preflight.allreduce_outcome import own_faults
 from preflight_node.checks import error
 from cluster_preflight.cluster import ClusterView, outcome as localize_outcome, without_gc
 

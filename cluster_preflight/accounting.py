@@ -170,6 +170,67 @@ def budget_check(elapsed, limit):
                   "preflight_healthcheck_budget only if the scheduler allows it")
 
 
+def _node_verdict(host, records, decisions, capabilities, stages, stopped, budget):
+    """``(node entry, lost)`` of one targeted node: its inputs, stage, decision and ``no_result`` checks
+    (see :func:`build_verdict`)."""
+    flat, problems = {}, []
+
+    def _add(capability, name, result):
+        try:
+            add(flat, capability, name, result, host)
+        except CheckError as exc:
+            problems.append(str(exc))
+
+    settings_result = records.get(registry.STAGE_REGISTERS["settings"])
+    inputs = _input_checks(host, settings_result)
+    for (capability, name), result in inputs.items():
+        _add(capability, name, result)
+    if stopped and not inputs:
+        _add(RUN, "inputs", blocked("not checked: the run stopped before touching any node because of invalid "
+                                    "settings on %s" % ", ".join(stopped["invalid_hosts"]),
+                                    "valid settings on every node"))
+    for capability, message in sorted((records.get(registry.STAGE_REGISTERS["apply"]) or {}).items()):
+        # A rescue's record: text, or the failed task's result (reduced to its message).
+        _add(capability, "error", failed(
+            "%s could not be applied on %s: %s" % (capability, host, task_message(message)[:600]),
+            "every capability of the bring-up applies on the node",
+            "fix what the message names (a package mirror, a read-only /etc, a missing file), then re-run "
+            "bringup.yml; the other capabilities were applied"))
+    stage_checks, lost = _stage_checks(host, records, stages)
+    busy = lock_checks(host, records.get(registry.STAGE_REGISTERS["facts"]), stage_checks)
+    if not stopped:
+        for (capability, name), result in stage_checks.items():
+            _add(capability, name, result)
+    for item in decisions:
+        for capability, checks in sorted(((item.get("checks_by_host") or {}).get(host) or {}).items()):
+            for name, result in sorted(checks.items()):
+                _add(capability, name, result)
+    if not stopped:
+        _no_result_checks(host, records, capabilities, stages, busy, flat, _add)
+    if budget is not None:
+        _add(RUN, "budget", budget_check(budget["elapsed"], budget["limit"]))
+    for problem in problems:
+        flat.setdefault("%s.contract" % RUN, failed(
+            problem, "unique, well-formed check names", "a defect of the preflight: report it with this file"))
+    return {"status": node_status(flat), "reachable": not lost, "checks": flat}, lost
+
+
+def _no_result_checks(host, records, capabilities, stages, busy, flat, _add):
+    """``<capability>.no_result`` for every capability that applies but gave nothing on ``host``."""
+    covered = {capability_of(key) for key in flat}
+    for capability in capabilities:
+        if capability not in covered and busy:
+            _add(capability, "no_result", blocked("not checked on %s: %s" % (host, busy), "a node this run "
+                                                  "holds", "wait for that run to end, then re-run"))
+        elif capability not in covered:
+            _add(capability, "no_result", failed(
+                "no result from %s on %s: %s" % (capability, host,
+                                                 _why_nothing(host, records, capability, stages)),
+                "every capability that applies gives its outcome on every targeted node",
+                "fix the stage the finding names (preflight.reachable, preflight.facts, ...) on %s, see the "
+                "play output for it, then re-run" % host))
+
+
 def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_id, run_dir, bound_seconds=None,
                   gate=True, budget=None):
     """The verdict dict.
@@ -184,60 +245,10 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
     nodes = {}
     unreachable_hosts = []
     for host in hosts:
-        records = records_by_host.get(host) or {}
-        flat, problems = {}, []
-
-        def _add(capability, name, result):
-            try:
-                add(flat, capability, name, result, host)
-            except CheckError as exc:
-                problems.append(str(exc))
-
-        settings_result = records.get(registry.STAGE_REGISTERS["settings"])
-        inputs = _input_checks(host, settings_result)
-        for (capability, name), result in inputs.items():
-            _add(capability, name, result)
-        if stopped and not inputs:
-            _add(RUN, "inputs", blocked("not checked: the run stopped before touching any node because of invalid "
-                                        "settings on %s" % ", ".join(stopped["invalid_hosts"]),
-                                        "valid settings on every node"))
-        for capability, message in sorted((records.get(registry.STAGE_REGISTERS["apply"]) or {}).items()):
-            # A rescue's record: text, or the failed task's result (reduced to its message).
-            _add(capability, "error", failed(
-                "%s could not be applied on %s: %s" % (capability, host, task_message(message)[:600]),
-                "every capability of the bring-up applies on the node",
-                "fix what the message names (a package mirror, a read-only /etc, a missing file), then re-run "
-                "bringup.yml; the other capabilities were applied"))
-        stage_checks, lost = _stage_checks(host, records, stages)
-        busy = lock_checks(host, records.get(registry.STAGE_REGISTERS["facts"]), stage_checks)
+        nodes[host], lost = _node_verdict(host, records_by_host.get(host) or {}, decisions, capabilities, stages,
+                                          stopped, budget)
         if lost:
             unreachable_hosts.append(host)
-        if not stopped:
-            for (capability, name), result in stage_checks.items():
-                _add(capability, name, result)
-        for item in decisions:
-            for capability, checks in sorted(((item.get("checks_by_host") or {}).get(host) or {}).items()):
-                for name, result in sorted(checks.items()):
-                    _add(capability, name, result)
-        if not stopped:
-            covered = {capability_of(key) for key in flat}
-            for capability in capabilities:
-                if capability not in covered and busy:
-                    _add(capability, "no_result", blocked("not checked on %s: %s" % (host, busy), "a node this run "
-                                                          "holds", "wait for that run to end, then re-run"))
-                elif capability not in covered:
-                    _add(capability, "no_result", failed(
-                        "no result from %s on %s: %s" % (capability, host,
-                                                         _why_nothing(host, records, capability, stages)),
-                        "every capability that applies gives its outcome on every targeted node",
-                        "fix the stage the finding names (preflight.reachable, preflight.facts, ...) on %s, see the "
-                        "play output for it, then re-run" % host))
-        if budget is not None:
-            _add(RUN, "budget", budget_check(budget["elapsed"], budget["limit"]))
-        for problem in problems:
-            flat.setdefault("%s.contract" % RUN, failed(
-                problem, "unique, well-formed check names", "a defect of the preflight: report it with this file"))
-        nodes[host] = {"status": node_status(flat), "reachable": not lost, "checks": flat}
     localize = next((item["localize"] for item in decisions if item.get("localize")), None)
     if gate and localize:
         hold_contradictions(nodes, localize)

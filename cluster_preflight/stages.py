@@ -15,8 +15,9 @@ import traceback
 
 from cluster_preflight import capabilities as registry
 from cluster_preflight import registers
-from cluster_preflight.capabilities.allreduce import (
-    candidates, launch_plan, readiness, summarize, version_checks)
+from cluster_preflight.capabilities.allreduce import candidates, launch_plan, readiness
+from cluster_preflight.allreduce_outcome import summarize
+from cluster_preflight.allreduce_versions import version_checks
 from preflight_node.checks import CheckError, decision, error, put
 from cluster_preflight.cluster import ClusterView, live_runs, run_identity, without_gc
 from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host

@@ -313,26 +313,10 @@ def find_py_spy(params):
     return shutil.which("py-spy")
 
 
-def run_gate(params, host, role, scratch, marker):
-    """Launch, bound, take stacks, kill; the module's result (without ``changed``)."""
-    worker_path = os.path.join(scratch, WORKER_NAME)
-    with open(worker_path, "w") as handle:
-        handle.write(params["worker_source"])
-    account, credentials = None, None
-    if params["run_as"] and params["run_as"] != _me():
-        # torchrun, its ranks and py-spy of them run as the job's user, in a scratch directory it owns.
-        account, credentials = as_user(params["run_as"])
-        for path in (scratch, worker_path):
-            os.chown(path, account.pw_uid, account.pw_gid)
-    out_dir = os.path.join(scratch, "ranks")
-    log_dir = os.path.join(scratch, "torchrun-logs")
-    log_path = os.path.join(scratch, "torchrun.log")
-    argv = build_argv(params, worker_path, out_dir, role, log_dir)
-    py_spy = find_py_spy(params)
-    stacks = {}
-    # One budget for every stack collection of the run, so the module's bound
-    # is hard_timeout + stack_budget + the kill, however often ranks fail.
-    budget = {"left": float(params["stack_budget"]), "spent": 0.0}
+def _watchers(worker_path, out_dir, py_spy, marker, credentials, stacks, budget):
+    """``(take_stacks, poll)`` of one run: stacks of its ranks into ``stacks`` within ``budget``
+    (``{left, spent}`` seconds), and the poll that takes them and ends the run early when a rank failed,
+    fell below the bandwidth deadline or was held stopped (see :func:`run_gate`)."""
 
     def take_stacks(pid):
         if budget["left"] <= 0:
@@ -390,6 +374,30 @@ def run_gate(params, host, role, scratch, marker):
             # at the hard timeout.
             kill_tree(pid, marker=marker)
 
+    return take_stacks, poll
+
+
+def run_gate(params, host, role, scratch, marker):
+    """Launch, bound, take stacks, kill; the module's result (without ``changed``)."""
+    worker_path = os.path.join(scratch, WORKER_NAME)
+    with open(worker_path, "w") as handle:
+        handle.write(params["worker_source"])
+    account, credentials = None, None
+    if params["run_as"] and params["run_as"] != _me():
+        # torchrun, its ranks and py-spy of them run as the job's user, in a scratch directory it owns.
+        account, credentials = as_user(params["run_as"])
+        for path in (scratch, worker_path):
+            os.chown(path, account.pw_uid, account.pw_gid)
+    out_dir = os.path.join(scratch, "ranks")
+    log_dir = os.path.join(scratch, "torchrun-logs")
+    log_path = os.path.join(scratch, "torchrun.log")
+    argv = build_argv(params, worker_path, out_dir, role, log_dir)
+    py_spy = find_py_spy(params)
+    stacks = {}
+    # One budget for every stack collection of the run, so the module's bound
+    # is hard_timeout + stack_budget + the kill, however often ranks fail.
+    budget = {"left": float(params["stack_budget"]), "spent": 0.0}
+    take_stacks, poll = _watchers(worker_path, out_dir, py_spy, marker, credentials, stacks, budget)
     rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, scratch, account),
                                          cwd=scratch, stdout_path=log_path, marker=marker, on_timeout=take_stacks,
                                          poll=poll, credentials=credentials)

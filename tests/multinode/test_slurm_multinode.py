@@ -23,6 +23,7 @@ import time
 import pytest
 
 from cluster_preflight import slurm as preflight_slurm
+from cluster_preflight import slurm_local as preflight_slurm_local
 from slurm_bed import ROOT, slurm_fixture
 from testbed import testbed_fixture
 
@@ -273,7 +274,7 @@ def test_run_by_a_slurmd_started_with_f_the_health_check_finds_that_file(idle, b
     # Run by the real slurmd: HealthCheckProgram added to the file slurmd was started with (-f).
     with open(slurm.conf, encoding="utf-8") as handle:
         original = handle.read()
-    default_results = not os.path.exists(preflight_slurm.RESULTS_BASE)
+    default_results = not os.path.exists(preflight_slurm_local.RESULTS_BASE)
     try:
         with open(slurm.conf, "a", encoding="utf-8") as handle:
             handle.write(HEALTH_CHECK_LINES % script)
@@ -291,4 +292,4 @@ def test_run_by_a_slurmd_started_with_f_the_health_check_finds_that_file(idle, b
             time.sleep(1)
         if default_results:
             import shutil
-            shutil.rmtree(preflight_slurm.RESULTS_BASE, ignore_errors=True)
+            shutil.rmtree(preflight_slurm_local.RESULTS_BASE, ignore_errors=True)

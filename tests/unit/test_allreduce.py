@@ -9,6 +9,8 @@ import sys
 import pytest
 
 from cluster_preflight.capabilities import allreduce as ar
+from cluster_preflight import allreduce_outcome as outcome
+from cluster_preflight import allreduce_versions as versions_mod
 from preflight_node import allreduce as node_ar
 from fake_ops import LocalOps
 
@@ -262,7 +264,7 @@ def two_node_plan():
 
 
 def test_all_ranks_done_pass_with_the_planned_world_size():
-    summary, checks = ar.summarize(two_node_plan(), {"n1": result([rank("n1", 0), rank("n1", 1)]),
+    summary, checks = outcome.summarize(two_node_plan(), {"n1": result([rank("n1", 0), rank("n1", 1)]),
                                                      "n2": result([rank("n2", 2), rank("n2", 3)])})
     assert summary["status"] == "pass" and summary["world_size"] == 4 and summary["correct"] is True
     assert summary["sizes"][0]["busbw_gbps"] == 1.5
@@ -273,7 +275,7 @@ def test_dead_rank_is_blamed_and_peers_are_collateral():
     n1 = [rank("n1", 0, "error", "correctness", error="RuntimeError: Connection closed by peer"),
           rank("n1", 1, "error", "correctness", error="RuntimeError: Connection reset by peer")]
     n2 = [rank("n2", 2, "died", "correctness", exitcode=-9), rank("n2", 3, "died", "correctness", exitcode=-15)]
-    summary, checks = ar.summarize(two_node_plan(), {"n1": result(n1, ok=False), "n2": result(n2, ok=False)})
+    summary, checks = outcome.summarize(two_node_plan(), {"n1": result(n1, ok=False), "n2": result(n2, ok=False)})
     assert summary["status"] == "fail"
     assert [(s["host"], s["rank"]) for s in summary["suspects"]] == [("n2", 2)]
     collateral = checks["n1"]["ranks"]
@@ -284,7 +286,7 @@ def test_dead_rank_is_blamed_and_peers_are_collateral():
 
 
 def test_a_node_whose_result_never_came_back_is_the_suspect_and_the_world_size_is_short():
-    summary, checks = ar.summarize(two_node_plan(), {"n1": result([rank("n1", 0, "error", "correctness",
+    summary, checks = outcome.summarize(two_node_plan(), {"n1": result([rank("n1", 0, "error", "correctness",
                                                                          error="Connection reset by peer"),
                                                                     rank("n1", 1, "error", "correctness",
                                                                          error="Connection reset by peer")],
@@ -300,7 +302,7 @@ def test_a_node_whose_result_never_came_back_is_the_suspect_and_the_world_size_i
 def test_wrong_data_is_blamed():
     n1 = [rank("n1", 0), rank("n1", 1, "wrong", correct=False, correctness={"wrong": 5})]
     plan = plan_for(["n1"])
-    summary, _ = ar.summarize(plan, {"n1": result(n1, ok=False)})
+    summary, _ = outcome.summarize(plan, {"n1": result(n1, ok=False)})
     assert summary["status"] == "fail" and summary["correct"] is False
     assert summary["suspects"][0]["rank"] == 1
 
@@ -309,19 +311,19 @@ def test_hung_rank_blamed_when_peers_timed_out():
     rows = [dict(rank("n1", 0, "error", "correctness", error="RuntimeError: Timed out waiting 4000ms for recv"),
                  host="n1"),
             dict(rank("n1", 1, "hung", "init", exitcode=-15, process_state="sleeping"), host="n1")]
-    assert [(s["host"], s["rank"]) for s in ar.find_suspects(rows)] == [("n1", 1)]
+    assert [(s["host"], s["rank"]) for s in outcome.find_suspects(rows)] == [("n1", 1)]
 
 
 def test_monitored_barrier_names_missing_rank():
     rows = [dict(rank("n1", 0, "error", "barrier",
                       error="RuntimeError: Rank 1 failed to pass monitoredBarrier in 30000 ms"), host="n1"),
             dict(rank("n1", 1, "error", "barrier", error="RuntimeError: something else"), host="n1")]
-    assert [s["rank"] for s in ar.find_suspects(rows)] == [1]
+    assert [s["rank"] for s in outcome.find_suspects(rows)] == [1]
 
 
 def test_a_plan_that_did_not_launch_is_skipped_with_its_reason():
     plan = plan_for(["n1", "n2"], blockers=["port mesh failures without a single culprit"])
-    summary, checks = ar.summarize(plan, {})
+    summary, checks = outcome.summarize(plan, {})
     assert summary["status"] == "skipped" and "culprit" in summary["reason"] and checks == {}
 
 
@@ -331,7 +333,7 @@ def test_a_lost_node_explains_peers_whose_rendezvous_failed():
             dict(rank("n1", 1, "missing", "not started"), host="n1"),
             dict(rank("n2", 2, "no_result", "unknown"), host="n2"),
             dict(rank("n3", 4, "wrong", correct=False, correctness={"wrong": 3}), host="n3")]
-    suspects = ar.find_suspects(rows, lost={"n2": "unreachable while running the probes"})
+    suspects = outcome.find_suspects(rows, lost={"n2": "unreachable while running the probes"})
     assert [(s["host"], s["rank"]) for s in suspects] == [("n2", 2), ("n3", 4)]
     assert "unreachable while running the probes" in suspects[0]["reason"]
 
@@ -365,12 +367,12 @@ def nccl_plan():
 
 
 def test_node_fabrics_come_from_the_nic_discovery_facts():
-    assert ar.node_fabrics(nic_facts(True)) == ["infiniband"]
-    assert ar.node_fabrics(nic_facts(False)) == [] and ar.node_fabrics(None) is None
+    assert outcome.node_fabrics(nic_facts(True)) == ["infiniband"]
+    assert outcome.node_fabrics(nic_facts(False)) == [] and outcome.node_fabrics(None) is None
 
 
 def test_a_healthy_gloo_run_has_no_signature_check():
-    _summary, checks = ar.summarize(two_node_plan(), {
+    _summary, checks = outcome.summarize(two_node_plan(), {
         "n1": logged([rank("n1", 0), rank("n1", 1)], log=GLOO_CLOSED),
         "n2": logged([rank("n2", 2), rank("n2", 3)])})
     assert "signatures" not in checks["n1"] and "signatures" not in checks["n2"]
@@ -381,7 +383,7 @@ def test_a_healthy_gloo_run_has_no_signature_check():
     (False, "pass", "no fabric"),
 ])
 def test_a_healthy_nccl_run_reports_each_nodes_transport_and_warns_sockets_on_a_fabric(fabric, status, words):
-    summary, checks = ar.summarize(nccl_plan(), {
+    summary, checks = outcome.summarize(nccl_plan(), {
         "n1": logged([rank("n1", 0), rank("n1", 1)], rank_logs=[(0, NCCL_IB)]),
         "n2": logged([rank("n2", 2), rank("n2", 3)], rank_logs=[(2, NCCL_SOCKET), (3, REFUSED)])},
         nic_facts={"n1": nic_facts(True), "n2": nic_facts(fabric)})
@@ -395,7 +397,7 @@ def test_a_healthy_nccl_run_reports_each_nodes_transport_and_warns_sockets_on_a_
 
 
 def test_a_healthy_nccl_run_without_transport_lines_says_so():
-    _summary, checks = ar.summarize(nccl_plan(), {"n1": logged([rank("n1", 0), rank("n1", 1)]),
+    _summary, checks = outcome.summarize(nccl_plan(), {"n1": logged([rank("n1", 0), rank("n1", 1)]),
                                                   "n2": logged([rank("n2", 2), rank("n2", 3)])})
     assert checks["n1"]["signatures"]["status"] == "not_applicable"
     assert "NCCL_DEBUG" in checks["n1"]["signatures"]["found"]
@@ -405,7 +407,7 @@ def test_a_failed_run_names_each_nodes_signatures_and_the_suspects_are_not_colla
     n1 = [rank("n1", 0, "error", "correctness", error=GLOO_CLOSED),
           rank("n1", 1, "error", "correctness", error=GLOO_CLOSED)]
     n2 = [rank("n2", 2, "died", "init", exitcode=1), rank("n2", 3, "died", "init", exitcode=-15)]
-    summary, checks = ar.summarize(two_node_plan(), {
+    summary, checks = outcome.summarize(two_node_plan(), {
         "n1": logged(n1, ok=False, log="[n1:0]:" + GLOO_CLOSED + "\n[n1:1]:" + GLOO_CLOSED),
         "n2": logged(n2, ok=False, rank_logs=[(2, REFUSED), (3, REFUSED)])})
     assert {s["host"] for s in summary["suspects"]} == {"n2"}
@@ -419,7 +421,7 @@ def test_a_failed_run_names_each_nodes_signatures_and_the_suspects_are_not_colla
 def test_a_healthy_peers_failed_signature_is_collateral_and_a_quiet_log_is_said_to_be_quiet():
     n1 = [rank("n1", 0, "error", "init", error="x"), rank("n1", 1, "error", "init", error="y")]
     n2 = [rank("n2", 2, "died", "init", exitcode=1), rank("n2", 3, "died", "init", exitcode=-15)]
-    _summary, checks = ar.summarize(two_node_plan(), {
+    _summary, checks = outcome.summarize(two_node_plan(), {
         "n1": logged(n1, ok=False, log="[n1:0]:" + REFUSED),
         "n2": logged(n2, ok=False, log="[n2:0]: nothing known here")})
     collateral = checks["n1"]["signatures"]
@@ -430,7 +432,7 @@ def test_a_healthy_peers_failed_signature_is_collateral_and_a_quiet_log_is_said_
 
 
 def test_a_lost_node_gets_no_signature_check():
-    _summary, checks = ar.summarize(two_node_plan(), {"n1": logged([rank("n1", 0, "error", "init", error=REFUSED),
+    _summary, checks = outcome.summarize(two_node_plan(), {"n1": logged([rank("n1", 0, "error", "init", error=REFUSED),
                                                                     rank("n1", 1, "error", "init", error=REFUSED)],
                                                                    ok=False, log=REFUSED)},
                                     lost={"n2": "unreachable"})
@@ -474,7 +476,7 @@ def ran(host, first, **versions):
     ({"n1": reader(), "n2": reader(), "n3": reader()}, [], "the same on all 3 node(s)"),
 ])
 def test_version_drift_from_the_reader_names_the_odd_nodes(facts, odd, words):
-    checks = ar.version_checks(sorted(facts), facts)
+    checks = versions_mod.version_checks(sorted(facts), facts)
     assert sorted(h for h, c in checks.items() if c["status"] == "fail") == odd
     text = " ".join(c["found"] for c in checks.values())
     assert words in text
@@ -489,7 +491,7 @@ def test_version_drift_from_the_reader_names_the_odd_nodes(facts, odd, words):
 def test_the_ranks_versions_win_and_bring_nccl():
     facts = {"n1": reader(), "n2": reader(), "n3": reader()}
     results = {"n1": ran("n1", 0), "n2": ran("n2", 2, nccl="2.14.3"), "n3": ran("n3", 4)}
-    checks = ar.version_checks(["n1", "n2", "n3"], facts, results)
+    checks = versions_mod.version_checks(["n1", "n2", "n3"], facts, results)
     assert checks["n2"]["status"] == "fail" and "nccl 2.14.3 on n2, but 2.18.1" in checks["n2"]["found"]
     assert checks["n2"]["details"]["odd"] == ["nccl"]
     assert checks["n1"]["status"] == "pass" and "nccl 2.18.1" in checks["n1"]["found"]
@@ -497,7 +499,7 @@ def test_the_ranks_versions_win_and_bring_nccl():
 
 def test_a_node_the_reader_could_not_ask_is_skipped_and_not_counted():
     facts = {"n1": reader(), "n2": {"python_path": "/nope", "python": None, "torch": None}, "n3": reader()}
-    checks = ar.version_checks(["n1", "n2", "n3"], facts)
+    checks = versions_mod.version_checks(["n1", "n2", "n3"], facts)
     assert checks["n2"]["status"] == "skipped" and "allreduce.python" in checks["n2"]["found"]
     assert checks["n1"]["status"] == checks["n3"]["status"] == "pass"
 
@@ -515,7 +517,7 @@ def test_a_node_the_reader_could_not_ask_is_skipped_and_not_counted():
 ])
 def test_known_bad_versions_warn_and_point_at_the_cuda_launch_blocking_check(facts, results, settings, status,
                                                                              words):
-    checks = ar.version_checks(["n1"], {"n1": facts}, {"n1": results} if results else None, {"n1": settings})
+    checks = versions_mod.version_checks(["n1"], {"n1": facts}, {"n1": results} if results else None, {"n1": settings})
     assert checks["n1"]["status"] == status and words in checks["n1"]["found"]
     if status == "warn":
         assert "torch to 2.1" in checks["n1"]["fix"]
@@ -539,7 +541,7 @@ def three_node_plan():
 def test_a_store_no_node_reaches_names_the_master_and_its_port_not_the_peers():
     plan = three_node_plan()
     results = {host: never_started(host, 2 * index, STORE_TIMEOUT) for index, host in enumerate(("n1", "n2", "n3"))}
-    summary, checks = ar.summarize(plan, results, mesh_reached={"n1", "n2", "n3"})
+    summary, checks = outcome.summarize(plan, results, mesh_reached={"n1", "n2", "n3"})
     assert summary["status"] == "fail"
     assert summary["rendezvous"] == {"blamed": ["n1"], "endpoint": "198.19.0.1:%d" % plan["master_port"]}
     assert {s["host"] for s in summary["suspects"]} == {"n1"}
@@ -550,7 +552,7 @@ def test_a_store_no_node_reaches_names_the_master_and_its_port_not_the_peers():
         assert "rendezvous" not in checks[host]
         assert not [name for name, check in checks[host].items() if check["status"] == "fail"], checks[host]
     # Without the mesh having reached the master, the text does not claim it did.
-    _summary, checks = ar.summarize(plan, results, mesh_reached=set())
+    _summary, checks = outcome.summarize(plan, results, mesh_reached=set())
     assert "port mesh" not in checks["n1"]["rendezvous"]["found"]
 
 
@@ -559,7 +561,7 @@ def test_a_node_that_alone_cannot_reach_the_store_is_named_not_the_master():
     quiet = "torchrun: waiting for the other nodes\n"
     results = {"n1": never_started("n1", 0, quiet), "n2": never_started("n2", 2, quiet),
                "n3": never_started("n3", 4, STORE_TIMEOUT)}
-    summary, checks = ar.summarize(plan, results)
+    summary, checks = outcome.summarize(plan, results)
     assert summary["rendezvous"]["blamed"] == ["n3"]
     assert "n3 could not reach the rendezvous store on n1" in checks["n3"]["rendezvous"]["found"]
     assert "iptables -S OUTPUT" in checks["n3"]["rendezvous"]["fix"]
@@ -570,7 +572,7 @@ def test_ranks_that_started_are_not_a_rendezvous_fault():
     plan = two_node_plan()
     n1 = [rank("n1", 0, "error", "init", error=STORE_TIMEOUT), rank("n1", 1, "error", "init", error=STORE_TIMEOUT)]
     n2 = [rank("n2", 2, "died", "correctness", exitcode=-9), rank("n2", 3, "ok")]
-    summary, checks = ar.summarize(plan, {"n1": logged(n1, ok=False, log=STORE_TIMEOUT),
+    summary, checks = outcome.summarize(plan, {"n1": logged(n1, ok=False, log=STORE_TIMEOUT),
                                           "n2": logged(n2, ok=False)})
     assert "rendezvous" not in summary and "rendezvous" not in checks["n1"]
     assert [(s["host"], s["rank"]) for s in summary["suspects"]] == [("n2", 2)]

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from cluster_preflight import slurm as ps
+from cluster_preflight import slurm_local as psl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -267,26 +268,26 @@ def test_failure_line_of_the_prolog_is_one_line_with_node_check_found_fix():
 
 
 def test_node_inventory_is_this_node_over_the_local_connection():
-    inventory = ps.node_inventory("gpu07", "/venv/bin/python", {"preflight_training_python": "/opt/t/python"})
+    inventory = psl.node_inventory("gpu07", "/venv/bin/python", {"preflight_training_python": "/opt/t/python"})
     assert inventory == {"all": {"children": {"cluster": {"hosts": {"gpu07": {
         "ansible_connection": "local", "ansible_python_interpreter": "/venv/bin/python",
         "preflight_training_python": "/opt/t/python"}}}}}}
 
 
 def test_node_name_from_slurmd_else_short_hostname():
-    assert ps.local_node_name({"SLURMD_NODENAME": "gpu07"}) == "gpu07"
-    assert "." not in ps.local_node_name({})
+    assert psl.local_node_name({"SLURMD_NODENAME": "gpu07"}) == "gpu07"
+    assert "." not in psl.local_node_name({})
 
 
 def test_node_vars_file(tmp_path):
-    assert ps.load_node_vars(str(tmp_path / "none.yml")) == {}
+    assert psl.load_node_vars(str(tmp_path / "none.yml")) == {}
     good = tmp_path / "node.yml"
     good.write_text("preflight_training_python: /opt/t/python\n")
-    assert ps.load_node_vars(str(good)) == {"preflight_training_python": "/opt/t/python"}
+    assert psl.load_node_vars(str(good)) == {"preflight_training_python": "/opt/t/python"}
     bad = tmp_path / "bad.yml"
     bad.write_text("- a list\n")
     with pytest.raises(ValueError, match="not a mapping"):
-        ps.load_node_vars(str(bad))
+        psl.load_node_vars(str(bad))
 
 
 # -- scripts/slurm-drain with a recording scontrol/sinfo ------------------------------------------
@@ -459,7 +460,7 @@ def test_slurm_drain_refuses_a_slurm_conf_that_is_not_there(tmp_path):
 def test_the_health_check_stops_before_the_playbook_on_a_slurm_conf_that_is_not_there(tmp_path):
     import io
     err = io.StringIO()
-    code = ps.local_main(["--node", "n1", "--vars", str(tmp_path / "none.yml"), "--results-dir", str(tmp_path),
+    code = psl.local_main(["--node", "n1", "--vars", str(tmp_path / "none.yml"), "--results-dir", str(tmp_path),
                           "--slurm-conf", str(tmp_path / "nope.conf")], "healthcheck", ROOT, stderr=err)
     assert code == 2
     assert err.getvalue().startswith("preflight: n1: slurm: --slurm-conf names %s" % (tmp_path / "nope.conf"))

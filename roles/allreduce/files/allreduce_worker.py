@@ -234,6 +234,43 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def selftest_after_init(fault, rank):
+    """The self-test faults of --selftest-rank right after init: ``exit`` (code 3) or ``hang``."""
+    if fault == "exit":
+        print("selftest: rank %d exits with code 3 after init" % rank, flush=True)
+        os._exit(3)
+    if fault == "hang":
+        print("selftest: rank %d hangs before the correctness all-reduce" % rank, flush=True)
+        while True:
+            time.sleep(1)
+
+
+def bandwidth_stage(rec, args, torch, dist, device, world_size, sync):
+    """The timed all-reduces at every size (with the --bandwidth-deadline watchdog); the rank's status."""
+    sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
+    progress = Progress(world_size)
+    if args.bandwidth_deadline > 0:
+        threading.Thread(target=watch_bandwidth, args=(rec, progress, args.bandwidth_deadline),
+                         daemon=True).start()
+    bandwidth = [measure(torch, dist, device, world_size, size, args.iters, args.warmup, sync, progress)
+                 for size in sizes]
+    progress.finished.set()
+    with rec.lock:
+        rec.data["bandwidth"] = bandwidth
+        if rec.data["status"] != "slow":
+            rec.data["status"] = "ok" if rec.data["correct"] else "wrong"
+
+
+def print_summary(rec, world_size, backend):
+    """Rank 0's lines on stdout: the run, then one line per size."""
+    info = rec.data["versions"]
+    print("preflight: world_size=%d backend=%s torch=%s cuda=%s nccl=%s correct=%s" % (
+        world_size, backend, info["torch"], info["cuda"], info["nccl"], rec.data["correct"]), flush=True)
+    for row in rec.data["bandwidth"]:
+        print("preflight: all_reduce %10d bytes  %9.1f us  algbw %.3f GB/s  busbw %.3f GB/s" % (
+            row["size_bytes"], row["time_us"], row["algbw_gbps"], row["busbw_gbps"]), flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
@@ -271,13 +308,8 @@ def main(argv=None):
             # monitored_barrier exists only on gloo; a side group names missing ranks.
             barrier_group = dist.new_group(backend="gloo", timeout=timeout)
 
-        if faulty and args.selftest_fault == "exit":
-            print("selftest: rank %d exits with code 3 after init" % rank, flush=True)
-            os._exit(3)
-        if faulty and args.selftest_fault == "hang":
-            print("selftest: rank %d hangs before the correctness all-reduce" % rank, flush=True)
-            while True:
-                time.sleep(1)
+        if faulty:
+            selftest_after_init(args.selftest_fault, rank)
 
         rec.stage("correctness")
         wrong, first = check_correctness(torch, dist, device, world_size, rank, args.check_elements,
@@ -289,26 +321,10 @@ def main(argv=None):
         dist.monitored_barrier(group=barrier_group, timeout=timeout, wait_all_ranks=True)
 
         rec.stage("bandwidth")
-        sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
-        progress = Progress(world_size)
-        if args.bandwidth_deadline > 0:
-            threading.Thread(target=watch_bandwidth, args=(rec, progress, args.bandwidth_deadline),
-                             daemon=True).start()
-        bandwidth = [measure(torch, dist, device, world_size, size, args.iters, args.warmup, sync, progress)
-                     for size in sizes]
-        progress.finished.set()
-        with rec.lock:
-            rec.data["bandwidth"] = bandwidth
-            if rec.data["status"] != "slow":
-                rec.data["status"] = "ok" if rec.data["correct"] else "wrong"
+        bandwidth_stage(rec, args, torch, dist, device, world_size, sync)
         rec.stage("done")
         if rank == 0:
-            info = rec.data["versions"]
-            print("preflight: world_size=%d backend=%s torch=%s cuda=%s nccl=%s correct=%s" % (
-                world_size, backend, info["torch"], info["cuda"], info["nccl"], rec.data["correct"]), flush=True)
-            for row in rec.data["bandwidth"]:
-                print("preflight: all_reduce %10d bytes  %9.1f us  algbw %.3f GB/s  busbw %.3f GB/s" % (
-                    row["size_bytes"], row["time_us"], row["algbw_gbps"], row["busbw_gbps"]), flush=True)
+            print_summary(rec, world_size, backend)
     except Exception as exc:
         rec.data["status"] = "error"
         rec.data["error"] = "%s: %s" % (type(exc).__name__, exc)

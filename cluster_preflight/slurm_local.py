@@ -1,0 +1,240 @@
+# -*- coding: utf-8 -*-
+"""The node-local Slurm modes (controller layer, ``cluster_preflight/slurm_local.py``): the
+HealthCheckProgram and the prolog, run on a Slurm node by ``scripts/slurm-healthcheck`` and
+``scripts/slurm-prolog``.
+
+:func:`local_main` is their command line; :func:`local_check` runs healthcheck.yml on this node alone
+over the local connection within a budget (:func:`run_bounded` kills the whole session at its end).
+The drain and resume rules, the parsers and the runners are ``cluster_preflight/slurm.py``.
+Standard library plus PyYAML (the node's variables file), no Ansible import.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+
+from cluster_preflight.slurm import (BAD_CONF_FIX, PREFIX, SLURM_CONF_HELP, conf_words, failure_line, find_slurm_conf,
+                                     one_line, reconcile, slurm_runner)
+
+def local_node_name(environ=None):
+    """This node's Slurm name: ``SLURMD_NODENAME`` (set by slurmd for a prolog and a health check),
+    else the short host name."""
+    environ = os.environ if environ is None else environ
+    return (environ.get("SLURMD_NODENAME") or "").strip() or socket.gethostname().split(".")[0]
+
+
+def node_inventory(node, python, host_vars=None, group="cluster"):
+    """An inventory of this node alone, reached with the local connection (no sshd, no key)."""
+    hostvars = {"ansible_connection": "local", "ansible_python_interpreter": python,
+                "preflight_training_python": python}
+    hostvars.update(host_vars or {})
+    return {"all": {"children": {group: {"hosts": {node: hostvars}}}}}
+
+
+def healthcheck_argv(ansible_playbook, playbook, inventory, results_dir, budget):
+    return [ansible_playbook, playbook, "-i", inventory, "-e", "preflight_results_dir=%s" % results_dir,
+            "-e", "preflight_healthcheck_budget=%d" % budget]
+
+
+def run_bounded(argv, timeout, env, cwd):
+    """Run argv in its own session; on timeout kill the whole session. ``(rc, output)``, rc None on timeout."""
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          env=env, cwd=cwd, start_new_session=True, text=True) as proc:
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            _killpg(proc.pid)
+            output, _ = proc.communicate()
+            return None, output
+    # What a timed-out node task left behind (a hung probe's children) goes with the run, not later.
+    _killpg(proc.pid)
+    return rc, output
+
+
+def _killpg(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+BUDGET = 30
+# Seconds of the budget kept for the script itself: its start, the report, scontrol.
+SCRIPT_MARGIN = 3.0
+# ansible-playbook is killed this long before the budget ends, whatever it is doing.
+KILL_MARGIN = 1.5
+VARS_FILE = "/etc/preflight/node.yml"
+RESULTS_BASE = "/var/tmp/preflight-slurm"
+
+
+def load_node_vars(path):
+    """The node's variables file (a YAML mapping), ``{}`` when there is none; ValueError names a bad one."""
+    if not path or not os.path.exists(path):
+        return {}
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError("cannot read %s: %s" % (path, one_line(exc)[:300])) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(key, str) for key in data):
+        raise ValueError("%s is not a mapping of variable names to values" % path)
+    return data
+
+
+def run_failure(node, check, found, fix):
+    """A report of one failed run-level check, for when the playbook gave none (shapes like a verdict)."""
+    return {"status": "fail", "hosts": [node], "healthy_hosts": [], "failed_hosts": [node],
+            "nodes": {node: {"status": "fail", "checks": {check: {
+                "status": "fail", "found": found, "expected": "a health-check report within the budget",
+                "fix": fix}}}}}
+
+
+def local_check(node, root, python, results_base, budget=BUDGET, host_vars=None, environ=None):
+    """healthcheck.yml on this node alone over the local connection, bounded by ``budget`` seconds.
+
+    Returns ``(report, log)``: the health-check report (``run_failure`` when there is none) and
+    ansible-playbook's output.  The run's directory is temporary; the caller keeps what it wants."""
+    import json  # pylint: disable=import-outside-toplevel
+    import shutil  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+
+    started = time.monotonic()
+    os.makedirs(results_base, mode=0o750, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="run-", dir=results_base)
+    try:
+        inventory = os.path.join(work, "inventory.json")  # JSON is YAML: the yaml inventory plugin reads it
+        with open(inventory, "w", encoding="utf-8") as handle:
+            json.dump(node_inventory(node, python, host_vars), handle)
+        results_dir = os.path.join(work, "results")
+        env = dict(os.environ if environ is None else environ)
+        env.update(ANSIBLE_CONFIG=os.path.join(root, "ansible.cfg"), ANSIBLE_NOCOLOR="1", LANG="C.UTF-8",
+                   ANSIBLE_LOCAL_TEMP=os.path.join(work, "tmp"), ANSIBLE_RETRY_FILES_ENABLED="0")
+        venv_bin = os.path.dirname(python)
+        env["PATH"] = os.pathsep.join([venv_bin, env.get("PATH") or "/usr/bin:/bin", "/usr/sbin", "/sbin"])
+        if not env.get("HOME"):
+            import pwd  # pylint: disable=import-outside-toplevel
+
+            env["HOME"] = pwd.getpwuid(os.geteuid()).pw_dir
+        playbook_budget = max(int(budget - SCRIPT_MARGIN), 5)
+        argv = healthcheck_argv(os.path.join(os.path.dirname(python), "ansible-playbook"),
+                                os.path.join(root, "healthcheck.yml"), inventory, results_dir, playbook_budget)
+        rc, log = run_bounded(argv, max(budget - KILL_MARGIN - (time.monotonic() - started), 1), env, root)
+        reports = []
+        if os.path.isdir(results_dir):
+            reports = sorted(name for name in os.listdir(results_dir)
+                             if os.path.exists(os.path.join(results_dir, name, "healthcheck.json")))
+        if reports:
+            with open(os.path.join(results_dir, reports[-1], "healthcheck.json"), encoding="utf-8") as handle:
+                return json.load(handle), log
+        if rc is None:
+            return run_failure(node, "preflight.budget", "no report within the %d s budget (ansible-playbook killed)"
+                               % budget, "find the slow step in %s (a hung mount or sysfs read, an overloaded "
+                               "node)" % os.path.join(results_base, "last.log")), log
+        last = [line for line in (log or "").splitlines() if line.strip()][-1:] or ["no output"]
+        return run_failure(node, "preflight.report", "ansible-playbook ended (rc %s) without a report: %s"
+                           % (rc, last[0]), "run scripts/slurm-healthcheck --dry-run on the node and read "
+                           "%s" % os.path.join(results_base, "last.log")), log
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _keep_last(results_base, report, log):
+    """The last run's report and ansible output, for the admin (``last.json``, ``last.log``), atomically."""
+    import json  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    for name, text in (("last.log", log or ""), ("last.json", json.dumps(report, indent=2, sort_keys=True) + "\n")):
+        fd, tmp = tempfile.mkstemp(dir=results_base, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(tmp, 0o640)
+            os.replace(tmp, os.path.join(results_base, name))
+        except OSError:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def local_main(argv, mode, root, stderr=None):
+    """The command line of ``scripts/slurm-healthcheck`` (mode ``healthcheck``) and
+    ``scripts/slurm-prolog`` (mode ``prolog``).  Prints nothing when the node passes."""
+    import argparse  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    stderr = stderr or sys.stderr
+    parser = argparse.ArgumentParser(
+        prog="slurm-" + mode,
+        description="Run healthcheck.yml on this node alone (local connection) within the budget. "
+                    + ("On failure drain the node with a 'preflight:' reason; resume it when it passes and the "
+                       "preflight had drained it." if mode == "healthcheck" else
+                       "On failure print one line on stderr and exit 1 (Slurm drains a node whose prolog "
+                       "fails); never calls scontrol."))
+    parser.add_argument("--node", default=None, help="Slurm node name (default: $SLURMD_NODENAME, else the short "
+                                                       "host name)")
+    parser.add_argument("--budget", type=int, default=int(os.environ.get("PREFLIGHT_HEALTHCHECK_BUDGET") or BUDGET),
+                        help="seconds for the whole run (default 30, $PREFLIGHT_HEALTHCHECK_BUDGET)")
+    parser.add_argument("--vars", default=os.environ.get("PREFLIGHT_NODE_VARS") or VARS_FILE,
+                        help="YAML file of the node's preflight variables (default %s, $PREFLIGHT_NODE_VARS)"
+                             % VARS_FILE)
+    parser.add_argument("--results-dir", default=os.environ.get("PREFLIGHT_SLURM_RESULTS") or RESULTS_BASE,
+                        help="where last.json and last.log of the last run are kept (default %s, "
+                             "$PREFLIGHT_SLURM_RESULTS)" % RESULTS_BASE)
+    parser.add_argument("--slurm-conf", default=None, metavar="PATH", help=SLURM_CONF_HELP)
+    if mode == "healthcheck":
+        parser.add_argument("--dry-run", action="store_true", help="print the scontrol commands, run none")
+    args = parser.parse_args(argv)
+    node = args.node or local_node_name()
+    python = sys.executable
+    found = find_slurm_conf(args.slurm_conf)
+    if found["error"] and mode == "healthcheck":  # a prolog never calls scontrol: nothing to stop for
+        print("%s %s: slurm: %s -- fix: %s" % (PREFIX, node, found["error"], BAD_CONF_FIX), file=stderr)
+        return 2
+    try:
+        host_vars = load_node_vars(args.vars)
+    except ValueError as exc:
+        print("%s %s: preflight.node_vars: %s -- fix: correct or remove %s" % (PREFIX, node, exc, args.vars),
+              file=stderr)
+        return 2
+    host_vars.setdefault("preflight_training_python", os.environ.get("PREFLIGHT_TRAINING_PYTHON") or python)
+    environ = dict(os.environ)
+    if found["path"]:  # the playbook's own Slurm clients, if any, read the same file
+        environ["SLURM_CONF"] = found["path"]
+    report, log = local_check(node, root, python, args.results_dir, args.budget, host_vars, environ)
+    _keep_last(args.results_dir, report, log)
+    result = (report.get("nodes") or {}).get(node) or {}
+    line = failure_line(node, result) if report.get("status") != "pass" else None
+    if report.get("status") != "pass" and line is None:
+        line = "%s %s: preflight.status: the report says %s -- fix: read %s" % (
+            PREFIX, node, report.get("status"), os.path.join(args.results_dir, "last.json"))
+    if mode == "prolog":
+        if line:
+            print(line, file=stderr)
+            return 1
+        return 0
+    # HealthCheckProgram: Slurm ignores its exit code; the drain is what takes the node out.
+    if line:
+        print(line, file=stderr)
+    try:
+        _actions, results = reconcile(report, runner=slurm_runner(found), dry_run=args.dry_run, nodes=[node])
+    except RuntimeError as exc:
+        print("%s %s: slurm: %s; %s" % (PREFIX, node, exc, conf_words(found)), file=stderr)
+        return 2
+    failed = False
+    for item, cmd, rc, err in results:
+        if args.dry_run:
+            print(" ".join(cmd))
+        elif rc != 0:
+            failed = True
+            print("%s %s: could not %s: %s (rc %d)" % (PREFIX, node, item["action"], err, rc), file=stderr)
+    if failed:
+        return 2
+    return 1 if line else 0
