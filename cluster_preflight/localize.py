@@ -354,8 +354,8 @@ def plan_round(round_no, hosts, results_so_far, base_args_by_host, addr_by_host,
 
 def confirm_plan(hosts, base_args_by_host, addr_by_host, master_port, floor):
     """The confirmation run over ``hosts`` (the nodes neither named bad nor lost): the all-node launch plan's
-    shape (as ``cluster_preflight.allreduce_outcome.summarize`` takes it), on the run's own master port and the first node as
-    master, with a bandwidth deadline for its own world size."""
+    shape (as ``cluster_preflight.allreduce_outcome.summarize`` takes it), on the run's own master port and the
+    first node as master, with a bandwidth deadline for its own world size."""
     args = group_args(base_args_by_host, hosts, addr_by_host[hosts[0]], master_port, floor)
     for host in hosts:
         # The gate's own minimum busbw applies, as it did to the all-node run (pairs leave it to the floors).
