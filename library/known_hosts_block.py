@@ -16,7 +16,7 @@ description:
     END marker line in O(path) (by default C(/etc/ssh/ssh_known_hosts), which every ssh client on
     the node reads). Every line outside the markers, hashed (C(|1|...)) entries included, is kept
     byte for byte.
-  - The keys come from the nodes themselves (module C(ssh_host_keys)), never from C(ssh-keyscan).
+  - The keys come from the nodes themselves (the C(ssh_trust) reader of every node), never from C(ssh-keyscan).
   - "A node whose key differs from the one the block already holds (reinstalled, or spoofed) is never
     silently replaced: its old lines stay, RV(changed_keys) names it with both SHA256 fingerprints and
     the command to accept the new key, until the node is listed in O(accept_changed)."

@@ -3,7 +3,8 @@
 
 ``read`` reads ``kernel.core_pattern`` (now, in its drop-in, at the next boot), the core directory and the
 core limits login sessions get; ``probe`` crashes a throw-away child with SIGSEGV and finds its core, and
-:func:`probe_check` turns its result into the ``core_probe`` check (``library/core_probe.py`` runs both).
+``probe_check`` (controller, ``cluster_preflight/capabilities/core_dumps.py``) turns its result into the
+``core_probe`` check.
 The role ``roles/core_dumps`` holds the variables and the bring-up writers (``sysctl_setting``,
 ``limits_dropin``, the core directory), which share the readers used here
 (``module_utils/preflight_node/sysctl.py``, ``module_utils/preflight_node/limits.py``).
@@ -33,8 +34,7 @@ import time
 from . import corepattern
 from . import limits
 from . import sysctl
-from .checks import failed, not_applicable, passed
-from .privilege import BECOME_FIX, assumed, file_errors, needs_root, privileged, refused
+from .privilege import file_errors, privileged, refused
 
 CAPABILITY = "core_dumps"
 
@@ -203,7 +203,7 @@ def probe(args, ops):
     Returns JSON-safe facts; ``outcome`` is one of ``found``, ``not_found``
     (dumped, no file), ``no_dump``, ``timeout``, ``pipe``, ``pipe_dumped``,
     ``pipe_not_dumped``, ``empty_pattern``, ``unreadable``, ``user_missing``,
-    ``hard_limit_zero``, ``no_sleep``, ``start_failed``; :func:`probe_check`
+    ``hard_limit_zero``, ``no_sleep``, ``start_failed``; ``probe_check`` (controller)
     turns it into the ``core_probe`` check.  What a node lacks is an outcome,
     never an exception; nothing is left behind.
     """
@@ -372,93 +372,3 @@ def _crash(result, args, proc_root, timeout, sleep, workdir, uid, gid, entry, ch
             result["core_dir_listing"] = []
     result["suid_dumpable"] = (_read(os.path.join(proc_root, "sys", "fs", "suid_dumpable")) or "").strip() or None
 
-
-def probe_check(result):
-    """The ``core_probe`` check for a :func:`probe` result.  A child that could not run as the user it
-    should (no root to switch) proves nothing for that user: a core found is a warning naming who crashed
-    instead, a core missing is blocked (``needs root``)."""
-    checked = _probe_outcome(result)
-    lacking = result.get("needs_root")
-    if not lacking:
-        return checked
-    instead = "the child ran as %s, not as %s: switching users needs root" % (result.get("who"), lacking)
-    if checked["status"] == "pass":
-        return assumed(checked, instead, BECOME_FIX)
-    if result.get("outcome") in ("no_dump", "not_found", "start_failed"):
-        return needs_root("%s; %s" % (checked["found"], instead), checked["expected"])
-    return checked
-
-
-def _probe_outcome(result):
-    outcome = result.get("outcome")
-    pattern = result.get("core_pattern")
-    note = " (%s)" % result["note"] if result.get("note") else ""
-    expected = "a core file (WCOREDUMP set in the wait status)"
-    if result.get("expected_path"):
-        expected = "a core file matching %s" % result["expected_path"]
-    if outcome == "found":
-        found = "%s written by a child running as %s (WCOREDUMP %s) and removed%s" % (
-            result["core_file"], result["who"], "set" if result["wcoredump"] else "not set", note)
-        return passed(found, expected, core_file=result["core_file"], removed=result["core_removed"])
-    if outcome in ("pipe", "pipe_dumped"):
-        dest = result["destination"]
-        reason = ("kernel.core_pattern %s pipes cores to a helper, so there is no core file to look for: %s. "
-                  "To get plain core files instead: %s" % (pattern, dest["where"], dest["override"]))
-        if outcome == "pipe_dumped":
-            reason = "the kernel handed a dump to the pipe helper (WCOREDUMP set); " + reason
-        return not_applicable(reason, "a core file written by the kernel")
-    if outcome == "pipe_not_dumped":
-        return failed("the kernel did not dump the child (no WCOREDUMP) with pipe pattern %s" % pattern,
-                      expected, result["destination"]["override"])
-    if outcome == "unreadable":
-        return failed("kernel.core_pattern is unknown: %s" % result["error"], "a readable kernel.core_pattern",
-                      "check that procfs is mounted at the probe's proc_root (core_dumps_proc_root)")
-    if outcome == "empty_pattern":
-        return failed("kernel.core_pattern is empty: the kernel writes no core file", "a core file pattern",
-                      corepattern.OVERRIDE_HINT)
-    if outcome == "user_missing":
-        return failed("the probe user %s does not exist on this node, so no child was crashed" % result["run_as"],
-                      "a crash as the job user %s leaves a core file" % result["run_as"],
-                      "create the user, or set core_dumps_probe_user to a user every node has (empty: the "
-                      "connecting user)")
-    if outcome == "hard_limit_zero":
-        return failed("the hard core limit of this session is 0, so no process started from it can dump core",
-                      "a hard core limit above 0 (unlimited)",
-                      "raise it in /etc/security/limits.d (limits_dropin module: '* hard core unlimited') and log "
-                      "in again")
-    if outcome == "no_sleep":
-        return failed("no sleep program on the search path: nothing to crash", "sleep (coreutils) installed",
-                      "install coreutils")
-    if outcome == "start_failed":
-        return failed(result["error"], "a child the probe can crash", "check that %s may run programs (a noexec "
-                      "or full /tmp, a missing home, limits on processes)" % result["who"])
-    if outcome == "timeout":
-        return failed("the child did not exit within %ss of SIGSEGV" % result["timeout"],
-                      "the child dumps core and exits",
-                      "check for a slow or full file system under the core directory, or a stuck pipe helper; "
-                      "raise core_dumps_probe_timeout if the node is just slow")
-    core_dir = result.get("core_dir") or "?"
-    who = result.get("who") or "?"
-    if outcome == "no_dump":
-        if not result.get("core_dir_exists"):
-            found = "the core directory %s does not exist (the kernel does not create it)" % core_dir
-            fix = "mkdir -p %s && chmod 1777 %s (the core_dumps role does this)" % (core_dir, core_dir)
-        elif not result.get("core_dir_writable"):
-            found = "%s (mode %s) is not writable by %s" % (core_dir, result.get("core_dir_mode"), who)
-            fix = ("chmod 1777 %s so every job user can write cores there (the core_dumps role does this)"
-                   % core_dir)
-        else:
-            found = "%s exists and is writable by %s; fs.suid_dumpable is %s" % (
-                core_dir, who, result.get("suid_dumpable") or "unknown")
-            fix = ("check free space and RLIMIT_FSIZE under %s, that the file system allows writes, and dmesg "
-                   "for 'core dump' messages" % core_dir)
-        found = "no core file: the kernel did not dump the child (no WCOREDUMP in the wait status); " + found
-        return failed(found + note, expected, fix)
-    if outcome == "not_found":
-        found = ("the kernel reports a core dump (WCOREDUMP) but no file matches %s; %s holds: %s" % (
-            result["expected_path"], core_dir, ", ".join(result.get("core_dir_listing") or []) or "nothing"))
-        return failed(found + note, expected,
-                      "compare kernel.core_pattern with what the node really writes (a second sysctl writer, a "
-                      "cleaner removing cores, or a file system that hides them)")
-    return failed("the probe gave no known outcome (%r)" % (outcome,), "an outcome of the core probe",
-                  "this is a defect of the preflight itself: report it with the verdict file")

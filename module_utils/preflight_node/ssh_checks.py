@@ -1,12 +1,12 @@
 # -*- coding: utf-8 -*-
-"""The ssh_trust check builders shared by the preflight and the bring-up modules.
+"""The ssh_trust check builders shared by the preflight and the bring-up module ``known_hosts_block``.
 
 Node layer (``module_utils/preflight_node/ssh_checks.py``, shipped in module calls): the checks for
 one peer (:func:`peer_host_key_check`, :func:`peer_login_check`), the client configuration, pdsh,
-the known-hosts block, the host keys and the keys an sshd serves.  The modules ``ssh_mesh``,
-``known_hosts_block`` and ``ssh_host_keys`` build them on the node; the controller half
-(``cluster_preflight/capabilities/ssh_trust*.py``) builds the same ones, so the audit and bring-up
-judge alike.
+the known-hosts block, the host keys and the keys an sshd serves.  The bring-up module
+``known_hosts_block`` (``library/known_hosts_block.py``) builds the known-hosts check on the node,
+which keeps this file in the node layer; the controller half (``cluster_preflight/capabilities/ssh_trust*.py``)
+builds the others, so the audit and bring-up judge alike.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ssh-keyscan and pdsh, each call bounded, and the classification of what ssh printed.
 
 Node layer (``module_utils/preflight_node/ssh_mesh.py``, shipped in module calls): the probe of
-``module_utils/preflight_node/ssh_trust.py`` and the module ``ssh_mesh`` run :func:`run_mesh`.
+``module_utils/preflight_node/ssh_trust.py`` runs :func:`run_mesh`.
 Commands run through an ``ops`` object (``module_utils/preflight_node/ops.py``) as argv lists;
 rows are classified here, judged by the check builders (``module_utils/preflight_node/ssh_checks.py``).
 """

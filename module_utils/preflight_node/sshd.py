@@ -2,7 +2,7 @@
 """The running sshd and its host keys, and the ssh client configuration's Includes.
 
 Node layer (``module_utils/preflight_node/sshd.py``, shipped in module calls): used by the reader of
-``module_utils/preflight_node/ssh_trust.py`` and the module ``ssh_host_keys`` (a node's own host keys).
+``module_utils/preflight_node/ssh_trust.py`` (a node's own host keys).
 Commands run through an ``ops`` object (``module_utils/preflight_node/ops.py``) as argv lists;
 nothing here decides a check.
 """

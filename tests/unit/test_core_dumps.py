@@ -322,7 +322,7 @@ def test_probe_pipe_pattern_crashes_nothing_and_is_not_applicable(pattern, where
     ops = FakeOps(programs={"sleep": SLEEP})
     result = core_dumps.probe(dict(probe_args(), core_pattern=pattern), ops)
     assert result["outcome"] == "pipe" and result["child_pid"] is None and result["wcoredump"] is None
-    check = core_dumps.probe_check(result)
+    check = controller.probe_check(result)
     assert check["status"] == "not_applicable" and where in check["found"]
     assert json.loads(json.dumps(result)) == result
 
@@ -345,14 +345,14 @@ def test_probe_reads_the_running_pattern_from_proc_root(tmp_path):
 def test_probe_what_a_node_lacks_is_an_outcome_with_a_fix(args, outcome, found, fix):
     result = core_dumps.probe(dict(probe_args(), **args), FakeOps(programs={"sleep": SLEEP}))
     assert result["outcome"] == outcome and result["child_pid"] is None
-    check = core_dumps.probe_check(result)
+    check = controller.probe_check(result)
     assert check["status"] == "fail" and found in check["found"] and fix in check["fix"], check
 
 
 def test_probe_without_sleep_crashes_nothing():
     result = core_dumps.probe(dict(probe_args(), core_pattern="/tmp/core-%p", run_as=""), FakeOps())
     assert result["outcome"] == "no_sleep" and result["child_pid"] is None
-    assert core_dumps.probe_check(result)["fix"] == "install coreutils"
+    assert controller.probe_check(result)["fix"] == "install coreutils"
 
 
 def test_probe_hard_limit_zero_crashes_nothing(monkeypatch):
@@ -362,7 +362,7 @@ def test_probe_hard_limit_zero_crashes_nothing(monkeypatch):
                               FakeOps(programs={"sleep": SLEEP}))
     assert result["outcome"] == "hard_limit_zero" and result["child_pid"] is None
     assert result["session_rlimit_core"] == {"soft": "0", "hard": "0"}
-    check = core_dumps.probe_check(result)
+    check = controller.probe_check(result)
     assert "hard core limit" in check["found"] and "limits.d" in check["fix"]
 
 
@@ -381,7 +381,7 @@ def test_probe_hard_limit_zero_crashes_nothing(monkeypatch):
 ])
 def test_probe_check_for_every_outcome(result, status):
     base = {"core_pattern": PATTERN, "note": "", "wcoredump": None, "expected_path": None}
-    check = core_dumps.probe_check(dict(base, **result))
+    check = controller.probe_check(dict(base, **result))
     assert check["status"] == status
     assert preflight_checks.normalize(check, "core_probe") == check
 
@@ -445,7 +445,7 @@ def test_real_probe_missing_directory_fails_with_mkdir_fix(kernel_core, tmp_path
     kernel_core(str(tmp_path / "missing") + "/core-%e.%p")
     result = core_dumps.probe(probe_args(core_dumps_probe_user=""), FakeOps(programs={"sleep": SLEEP}))
     assert result["outcome"] == "no_dump" and result["core_dir_exists"] is False
-    check = core_dumps.probe_check(result)
+    check = controller.probe_check(result)
     assert check["status"] == "fail" and "does not exist" in check["found"]
     assert check["fix"].startswith("mkdir -p %s" % (tmp_path / "missing"))
 
@@ -460,7 +460,7 @@ def test_real_probe_directory_not_writable_by_the_job_user(kernel_core, tmp_path
     ops = FakeOps(programs={"sleep": SLEEP})
     ops.job_user = "nobody"  # no core_dumps_probe_user: the probe crashes a process of the job user
     result = core_dumps.probe(probe_args(), ops)
-    check = core_dumps.probe_check(result)
+    check = controller.probe_check(result)
     assert result["outcome"] == "no_dump" and check["status"] == "fail"
     assert "not writable by nobody" in check["found"]
     assert check["fix"].startswith("chmod 1777 %s" % cores)
@@ -588,15 +588,15 @@ def test_limits_files_refused_to_a_reader_without_root_are_blocked_not_failed(tm
 def test_a_crash_that_could_not_run_as_the_job_user_never_passes_for_it():
     found = {"outcome": "found", "core_file": "/tmp/core.1", "who": "pfuser", "wcoredump": True,
              "core_removed": True, "note": "", "needs_root": "pfjob (the job user)"}
-    check = core_dumps.probe_check(found)
+    check = controller.probe_check(found)
     assert check["status"] == "warn" and "ran as pfuser, not as pfjob (the job user)" in check["found"]
     assert check["fix"].startswith("set preflight_become: true")
     missing = {"outcome": "no_dump", "who": "pfuser", "core_dir": "/var/cores", "core_dir_exists": True,
                "core_dir_writable": False, "core_dir_mode": "0755", "needs_root": "pfjob (core_dumps_probe_user)"}
-    check = core_dumps.probe_check(missing)
+    check = controller.probe_check(missing)
     assert check["status"] == "skipped" and check["details"]["blocked"] and check["found"].startswith("needs root: ")
-    assert core_dumps.probe_check(dict(missing, needs_root=""))["status"] == "fail"
-    assert core_dumps.probe_check(dict(found, needs_root=""))["status"] == "pass"
+    assert controller.probe_check(dict(missing, needs_root=""))["status"] == "fail"
+    assert controller.probe_check(dict(found, needs_root=""))["status"] == "pass"
 
 
 def test_the_probe_names_the_job_user_it_cannot_switch_to_without_root():

@@ -1,6 +1,6 @@
-"""Unit tests of the ssh_trust modules: known_hosts_block, ssh_host_keys, ssh_mesh and
-module_utils/preflight_ssh.  Files live in a sandbox root; keys are made with ssh-keygen so
-fingerprints are compared with what ssh-keygen -lf prints."""
+"""Unit tests of the ssh_trust module known_hosts_block and the node helpers
+(module_utils/preflight_node/ssh.py, sshd.py, ssh_mesh.py).  Files live in a sandbox root; keys are
+made with ssh-keygen so fingerprints are compared with what ssh-keygen -lf prints."""
 
 import base64
 import hashlib
@@ -8,14 +8,11 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import known_hosts_block
-import ssh_host_keys
-import ssh_mesh
 from cluster_preflight.capabilities import ssh_trust_plan
 from preflight_node import ssh as ps
 from preflight_node import ssh_mesh as psm
@@ -313,56 +310,6 @@ def test_sshd_host_key_paths_follow_includes_until_match(tmp_path):
 
 
 # ----------------------------------------------------------------------------
-# ssh_host_keys
-
-
-@needs_keygen
-def test_ssh_host_keys_reads_public_halves_and_derives_a_missing_one(run_module, tmp_path):
-    etc = tmp_path / "etc" / "ssh"
-    etc.mkdir(parents=True)
-    for key_type in ("ed25519", "ecdsa"):
-        subprocess.run(["ssh-keygen", "-q", "-t", key_type, "-N", "", "-f", str(etc / f"ssh_host_{key_type}_key")],
-                       check=True, timeout=30, capture_output=True)
-    expected = {}
-    for key_type in ("ed25519", "ecdsa"):
-        pub = str(etc / f"ssh_host_{key_type}_key.pub")
-        expected[key_type] = subprocess.run(["ssh-keygen", "-lf", pub], check=True, timeout=30, capture_output=True,
-                                            text=True).stdout.split()[1]
-    os.unlink(etc / "ssh_host_ecdsa_key.pub")
-    (etc / "sshd_config").write_text("HostKey /etc/ssh/ssh_host_ed25519_key\nHostKey /etc/ssh/ssh_host_ecdsa_key\n"
-                                     "HostKey /etc/ssh/ssh_host_rsa_key\n")
-    result, failed = run_module(ssh_host_keys, {"root": str(tmp_path), "sshd_config": "/etc/ssh/sshd_config"},
-                                check_mode=True)
-    assert not failed and result["changed"] is False and result["check_mode"] is True
-    assert result["sshd"]["source"] == "ssh_trust_sshd_config"
-    assert [k["type"] for k in result["keys"]] == ["ssh-ed25519", "ecdsa-sha2-nistp256"]
-    assert [k["fingerprint"] for k in result["keys"]] == [expected["ed25519"], expected["ecdsa"]]
-    assert result["keys"][0]["path"] == "/etc/ssh/ssh_host_ed25519_key.pub"
-    assert "ssh-keygen -y" in result["keys"][1]["path"]
-    assert "PRIVATE" not in str(result)
-    assert result["problems"] == ["/etc/ssh/ssh_host_rsa_key: no such host key (neither it nor "
-                                  "/etc/ssh/ssh_host_rsa_key.pub exists)"]
-    assert result["checks"]["ssh_host_keys"]["status"] == "pass"
-    assert result["hostname"] and result["short_name"] == result["hostname"].split(".")[0]
-    assert not os.path.exists(etc / "ssh_host_ecdsa_key.pub")
-
-
-def test_ssh_host_keys_without_any_key_is_a_finding_not_an_error(run_module, tmp_path):
-    (tmp_path / "etc" / "ssh").mkdir(parents=True)
-    (tmp_path / "etc" / "ssh" / "sshd_config").write_text("HostKey /etc/ssh/none_key\n")
-    result, failed = run_module(ssh_host_keys, {"root": str(tmp_path)})
-    assert not failed and result["keys"] == []
-    check = result["checks"]["ssh_host_keys"]
-    assert check["status"] == "fail" and "/etc/ssh/none_key" in check["found"] and check["fix"]
-    # No sshd configuration (no openssh-server): a finding that names the variable, never a module failure.
-    result, failed = run_module(ssh_host_keys, {"root": str(tmp_path), "sshd_config": "/etc/ssh/missing"})
-    assert not failed and result["keys"] == []
-    check = result["checks"]["ssh_host_keys"]
-    assert check["status"] == "fail" and "/etc/ssh/missing does not exist" in check["found"]
-    assert "ssh_trust_sshd_config" in check["fix"] and "ssh_trust_host_key_files" in check["fix"]
-
-
-# ----------------------------------------------------------------------------
 # ssh_mesh: classification of real ssh messages (OpenSSH 9.2)
 
 UNKNOWN = ("No ED25519 host key is known for pfn2 and you have requested strict checking.\n"
@@ -418,158 +365,6 @@ def test_classify_changed_key_details():
     assert detail == {"key_type": "ED25519", "new_fingerprint": "SHA256:fUa/fqJnEiaXctTa9x4o/GHfpTYL1WrhGoelAiJdjik",
                       "offending_file": "/etc/ssh/ssh_known_hosts", "offending_line": 3}
     assert psm.host_key_verified("auth_denied") and not psm.host_key_verified("host_key_unknown")
-
-
-# ----------------------------------------------------------------------------
-# ssh_mesh: the module against a stand-in ssh client
-
-FAKE_SSH = r'''#!PYTHON
-import sys, time
-args = sys.argv[1:]
-if "-G" in args:
-    target = args[-1]
-    shkc = "false" if target == "198.18.7.5" else "ask"
-    print("hostname %s\nstricthostkeychecking %s\nidentityfile ~/.ssh/id_rsa\nidentityfile ~/.ssh/id_ed25519_cluster"
-          % (target, shkc))
-    print("globalknownhostsfile /etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2")
-    print("userknownhostsfile ~/.ssh/known_hosts ~/.ssh/known_hosts2")
-    sys.exit(0)
-assert args[args.index("--") + 2] == "true" and "-n" in args and "BatchMode=yes" in args
-assert "StrictHostKeyChecking=yes" in args and "UpdateHostKeys=no" in args
-target = args[args.index("--") + 1]
-with open(sys.argv[0] + ".log", "a") as log:
-    log.write(target + "\n")
-BEHAVIOUR
-'''
-BEHAVIOUR = r'''
-if target in ("198.18.7.2", "pfn2"):
-    sys.exit(0)
-if target == "198.18.7.3":
-    sys.stderr.write("root@198.18.7.3: Permission denied (publickey).\n"); sys.exit(255)
-if target == "pfn3":
-    sys.stderr.write("root@pfn3: Permission denied (publickey).\n"); sys.exit(255)
-if target in ("198.18.7.4", "pfn4"):
-    sys.stderr.write(open(sys.argv[0] + ".changed").read()); sys.exit(255)
-if target == "198.18.7.5":
-    sys.stderr.write("No ED25519 host key is known for 198.18.7.5 and you have requested strict checking.\nHost key verification failed.\n"); sys.exit(255)
-if target == "pfn5":
-    sys.stderr.write("ssh: Could not resolve hostname pfn5: Name or service not known\n"); sys.exit(255)
-if target == "198.18.7.6":
-    time.sleep(30)
-sys.stderr.write("ssh: connect to host %s port 22: Connection refused\n" % target); sys.exit(255)
-'''
-
-
-def fake_ssh(tmp_path, behaviour=BEHAVIOUR):
-    path = tmp_path / "fake-ssh"
-    path.write_text(FAKE_SSH.replace("PYTHON", sys.executable).replace("BEHAVIOUR", behaviour))
-    path.chmod(0o755)
-    return str(path)
-
-
-@needs_keygen
-def test_mesh_separates_host_key_trust_from_login(run_module, tmp_path, keys):
-    ssh = fake_ssh(tmp_path)
-    old_line = "pfn4,198.18.7.4 %s node=pfn4" % keys["pfn2"][0]
-    write_kh(tmp_path, ("# 1\n# 2\n%s\n" % old_line).encode())
-    with open(ssh + ".changed", "w", encoding="ascii") as handle:
-        handle.write(CHANGED.replace("SHA256:fUa/fqJnEiaXctTa9x4o/GHfpTYL1WrhGoelAiJdjik", keys["pfn2new"][2]))
-    peers = [{"node": "pfn2", "targets": ["198.18.7.2", "pfn2"]},
-             {"node": "pfn3", "targets": ["198.18.7.3", "pfn3"]},
-             {"node": "pfn4", "targets": ["198.18.7.4", "pfn4"]},
-             {"node": "pfn5", "targets": ["198.18.7.5", "pfn5"]},
-             {"node": "pfn6", "targets": ["198.18.7.6"]}]
-    result, failed = run_module(ssh_mesh, {"peers": peers, "source": "pfn1", "ssh_bin": ssh, "root": str(tmp_path),
-                                           "connect_timeout": 1, "timeout": 3, "pdsh": "never",
-                                           "identity_file": "~/.ssh/id_ed25519_cluster"}, check_mode=True)
-    assert not failed and result["changed"] is False
-    rows = {(r["destination"], r["target"]): r for r in result["results"]}
-    assert {k: r["status"] for k, r in rows.items()} == {
-        ("pfn2", "198.18.7.2"): "ok", ("pfn2", "pfn2"): "ok",
-        ("pfn3", "198.18.7.3"): "auth_denied", ("pfn3", "pfn3"): "auth_denied",
-        ("pfn4", "198.18.7.4"): "host_key_changed", ("pfn4", "pfn4"): "host_key_changed",
-        ("pfn5", "198.18.7.5"): "host_key_unknown", ("pfn5", "pfn5"): "dns",
-        ("pfn6", "198.18.7.6"): "timeout"}
-    assert all(r["source"] == "pfn1" for r in result["results"])
-    changed = rows[("pfn4", "pfn4")]
-    assert changed["old_fingerprint"] == keys["pfn2"][2] and changed["new_fingerprint"] == keys["pfn2new"][2]
-    assert changed["offending"] == "/etc/ssh/ssh_known_hosts:3"
-
-    checks = result["checks"]
-    assert checks["ssh_host_key_pfn2"]["status"] == "pass" and checks["ssh_login_pfn2"]["status"] == "pass"
-    # Host key verified, login refused: the host-key check passes, the login check says why.
-    assert checks["ssh_host_key_pfn3"]["status"] == "pass"
-    assert checks["ssh_login_pfn3"]["status"] == "fail"
-    assert "auth_denied" in checks["ssh_login_pfn3"]["found"] and "cluster_key" in checks["ssh_login_pfn3"]["fix"]
-    assert checks["ssh_host_key_pfn4"]["status"] == "fail"
-    assert keys["pfn2"][2] in checks["ssh_host_key_pfn4"]["found"]
-    assert keys["pfn2new"][2] in checks["ssh_host_key_pfn4"]["found"]
-    assert "ssh_trust_accept_changed=pfn4" in checks["ssh_host_key_pfn4"]["fix"]
-    assert checks["ssh_login_pfn4"]["status"] == "skipped"
-    assert checks["ssh_host_key_pfn5"]["status"] == "fail"
-    assert "does not know pfn5's host key for 198.18.7.5" in checks["ssh_host_key_pfn5"]["found"]
-    assert checks["ssh_login_pfn5"]["status"] == "fail" and "dns" in checks["ssh_login_pfn5"]["found"]
-    assert checks["ssh_host_key_pfn6"]["status"] == "skipped"
-    assert checks["ssh_login_pfn6"]["status"] == "fail" and "killed after 3s" in checks["ssh_login_pfn6"]["found"]
-    # The client configuration turns host-key checking off for one peer address.
-    assert checks["ssh_client_config"]["status"] == "fail"
-    assert "StrictHostKeyChecking no applies to 198.18.7.5" in checks["ssh_client_config"]["found"]
-    assert checks["ssh_pdsh"]["status"] == "skipped"
-    # All peers at once: the sleeping target did not hold the others back (bounded by timeout).
-    with open(ssh + ".log", encoding="ascii") as handle:
-        assert sorted(handle.read().split()) == sorted(t for _d, t in rows)
-
-
-def test_mesh_warns_for_the_opt_in_relaxation_and_refuses_overrides(run_module, tmp_path):
-    ssh = fake_ssh(tmp_path)
-    peers = [{"node": "pfn5", "targets": ["198.18.7.5"]}]
-    args = {"peers": peers, "source": "pfn1", "ssh_bin": ssh, "pdsh": "never", "relaxed": True,
-            "connect_timeout": 1, "timeout": 3}
-    result, failed = run_module(ssh_mesh, args)
-    assert not failed
-    assert result["checks"]["ssh_client_config"]["status"] == "warn"
-    assert "ssh_trust_strict_host_key_checking_no: true" in result["checks"]["ssh_client_config"]["found"]
-    assert result["checks"]["ssh_host_key_pfn5"]["status"] == "fail"
-    result, failed = run_module(ssh_mesh, dict(args, unknown_policy="warn"))
-    assert result["checks"]["ssh_host_key_pfn5"]["status"] == "warn"
-    result, failed = run_module(ssh_mesh, dict(args, ssh_options=["StrictHostKeyChecking=no"]))
-    assert failed and "StrictHostKeyChecking=no" in result["msg"]
-    result, failed = run_module(ssh_mesh, dict(args, known_hosts_file="/etc/ssh/cluster_hosts"))
-    assert result["checks"]["ssh_client_config"]["status"] == "fail"
-    assert "/etc/ssh/cluster_hosts is not read" in result["checks"]["ssh_client_config"]["found"]
-
-
-FAKE_PDSH = r'''#!PYTHON
-import os, sys
-assert os.environ["PDSH_RCMD_TYPE"] == "ssh" and "BatchMode=yes" in os.environ["PDSH_SSH_ARGS_APPEND"]
-hosts = sys.argv[sys.argv.index("-w") + 1].split(",")
-assert sys.argv[-1] == "date"
-for host in hosts:
-    if host == "pfn3":
-        sys.stderr.write("pfn3: Host key verification failed.\r\n")
-        sys.stderr.write("pdsh@pfn1: pfn3: ssh exited with exit code 255\n")
-    else:
-        print("%s: Thu Jan  1 00:00:00 UTC 2026" % host)
-sys.exit(1 if "pfn3" in hosts else 0)
-'''
-
-
-def test_mesh_pdsh_check(run_module, tmp_path):
-    ssh = fake_ssh(tmp_path)
-    pdsh = tmp_path / "pdsh"
-    pdsh.write_text(FAKE_PDSH.replace("PYTHON", sys.executable))
-    pdsh.chmod(0o755)
-    base = {"peers": [{"node": "pfn2", "targets": ["pfn2"]}], "source": "pfn1", "ssh_bin": ssh,
-            "pdsh_bin": str(pdsh), "connect_timeout": 1, "timeout": 5}
-    result, _ = run_module(ssh_mesh, dict(base, pdsh_hosts=["pfn2"]))
-    assert result["checks"]["ssh_pdsh"]["status"] == "pass" and result["pdsh"]["ok"] == ["pfn2"]
-    result, _ = run_module(ssh_mesh, dict(base, pdsh_hosts=["pfn2", "pfn3"]))
-    check = result["checks"]["ssh_pdsh"]
-    assert check["status"] == "fail" and "pfn3 host_key_unknown" in check["found"]
-    assert result["pdsh"]["failed"]["pfn3"]["status"] == "host_key_unknown"
-    result, _ = run_module(ssh_mesh, dict(base, pdsh_hosts=["pfn2"], pdsh_bin=str(tmp_path / "no-pdsh")))
-    assert result["checks"]["ssh_pdsh"]["status"] == "not_applicable"
-    assert "pdsh is not installed on pfn1" in result["checks"]["ssh_pdsh"]["found"]
 
 
 # ----------------------------------------------------------------------------

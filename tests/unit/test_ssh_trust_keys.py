@@ -453,35 +453,6 @@ def test_files_in_the_users_ssh_dir_are_never_followed_nor_chowned(run_module, s
     assert os.stat(os.path.join(ssh_dir, "id_ed25519_cluster")).st_uid == 0
 
 
-FAKE_KEYSCAN = r'''#!PYTHON
-import sys
-args = sys.argv[1:]
-assert args[args.index("-t") + 1] == "rsa,ecdsa,ed25519" and args[-2] == "--"
-print("# %s:22 SSH-2.0-OpenSSH_9.2" % args[-1], file=sys.stderr)
-print("%s %s" % (args[-1], SERVED[args[-1]]))
-'''
-
-
-def test_the_mesh_module_compares_each_peers_served_keys_with_its_files(run_module, tmp_path):
-    import sys  # pylint: disable=import-outside-toplevel
-    from test_ssh_trust import fake_ssh  # pylint: disable=import-outside-toplevel
-    import ssh_mesh  # pylint: disable=import-outside-toplevel
-
-    keyscan = tmp_path / "fake-keyscan"
-    served = {"198.18.7.2": KEYS["node2"], "198.18.7.3": KEYS["stranger"]}
-    keyscan.write_text(FAKE_KEYSCAN.replace("PYTHON", sys.executable).replace("SERVED", repr(served)))
-    keyscan.chmod(0o755)
-    peers = [{"node": "pfn2", "targets": ["198.18.7.2", "pfn2"], "keys": [KEYS["node2"]]},
-             {"node": "pfn3", "targets": ["198.18.7.3", "pfn3"], "keys": [KEYS["node3"]]}]
-    result, failed = run_module(ssh_mesh, {"peers": peers, "source": "pfn1", "ssh_bin": fake_ssh(tmp_path),
-                                           "keyscan_bin": str(keyscan), "root": str(tmp_path), "connect_timeout": 1,
-                                           "timeout": 3, "pdsh": "never"}, check_mode=True)
-    assert not failed and result["served"]["pfn2"] == {"target": "198.18.7.2", "keys": [KEYS["node2"]], "error": ""}
-    assert result["checks"]["ssh_served_pfn2"]["status"] == "pass"
-    bad = result["checks"]["ssh_served_pfn3"]
-    assert bad["status"] == "fail" and fp(KEYS["stranger"]) in bad["found"] and "pfn3" in bad["fix"]
-
-
 # ----------------------------------------------------------------------------
 # A login without root: what it cannot observe is blocked, a fallback never passes
 
