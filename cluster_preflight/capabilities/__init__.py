@@ -1,28 +1,32 @@
 # -*- coding: utf-8 -*-
-"""Every capability the preflight checks, and the interface each one implements.
+"""Every capability the preflight checks (the controller halves), and the interface each one implements.
 
-A capability is one role (``roles/<name>``: its variables, prefixed ``<name>_``,
-in ``defaults/main.yml`` mirrored by ``meta/argument_specs.yml``; its
-bring-up writers in ``tasks/``), one file ``module_utils/preflight_<name>.py``
-and one test file ``tests/unit/test_<name>.py``.  The file provides:
+A capability is one role (``roles/<name>``: its variables, prefixed ``<name>_``, in ``defaults/main.yml``
+mirrored by ``meta/argument_specs.yml``; its bring-up writers in ``tasks/``), a node half
+``module_utils/preflight_node/<name>.py`` (shipped), a controller half ``cluster_preflight/capabilities/<name>.py``
+(this package) and one test file ``tests/unit/test_<name>.py``.
+
+Node half (registered in ``module_utils/preflight_node/facts.py``):
 
 ``CAPABILITY``
     its name: the role name, the variables' prefix, the check namespace.
-``validate(settings) -> [problem]``  (controller)
-    what ``meta/argument_specs.yml`` cannot say (ranges, paths, combinations);
-    ``settings`` maps the role's variable names to typed values.  A problem is
-    ``{"name": variable, "found": ..., "expected": ..., "fix": ...}``.
-``read_args(settings, node) -> dict or None``  (controller)
-    the JSON-safe arguments ``read`` needs on ``node`` (see :func:`node_info`);
-    None when the capability is switched off.
-``read(args, ops) -> facts``  (node, inside ``library/preflight_facts.py``)
+``read(args, ops) -> facts``  (inside ``library/preflight_facts.py``)
     pure reads, commands only through ``ops`` (``module_utils/preflight_node/ops.py``).
     What a node may lack (no sshd config, no Yama, no torch) is a fact, never
     an exception; an exception is recorded as ``<name>.error``.
-``probe_args(settings, node, plan) -> dict or None`` and ``probe(args, ops)``  (optional)
-    a check that has to act (crash a child, ssh to the peers); runs in
-    ``library/preflight_probes.py`` while the all-reduce runs.
-``decide(host, facts, settings, probe=None, cluster=None) -> {name: check}``  (controller, pure)
+``probe(args, ops)``  (optional, inside ``library/preflight_probes.py``)
+    a check that has to act (crash a child, ssh to the peers), while the all-reduce runs.
+
+Controller half (listed here, in verdict order):
+
+``validate(settings) -> [problem]``
+    what ``meta/argument_specs.yml`` cannot say (ranges, paths, combinations);
+    ``settings`` maps the role's variable names to typed values.  A problem is
+    ``{"name": variable, "found": ..., "expected": ..., "fix": ...}``.
+``read_args(settings, node) -> dict or None`` and ``probe_args(settings, node, plan) -> dict or None``
+    the JSON-safe arguments of ``read``/``probe`` on ``node`` (see :func:`node_info`);
+    None when the capability is switched off.
+``decide(host, facts, settings, probe=None, cluster=None) -> {name: check}``  (pure)
     ``facts``/``probe`` are this capability's reader/probe results on
     ``host`` (None when it did not read); ``cluster`` is the view of every
     targeted node for decisions that need peers (``hosts``, ``nodes``,
@@ -32,18 +36,16 @@ and one test file ``tests/unit/test_<name>.py``.  The file provides:
 The cluster-wide steps of the gate (interface choice, port mesh, all-reduce)
 also expose ``plan``/``report`` functions used by ``action_plugins/preflight_decide.py``.
 """
-
 from __future__ import annotations
 
+from . import allreduce as preflight_allreduce
+from . import core_dumps as preflight_core_dumps
 from . import debug_tools as preflight_debug_tools
 from . import iommu as preflight_iommu
-
-from . import allreduce as preflight_allreduce
-from . import ssh_trust as preflight_ssh_trust
+from . import kernel_debug as preflight_kernel_debug
 from . import nic_discovery as preflight_nic_discovery
 from . import port_mesh as preflight_port_mesh
-from . import core_dumps as preflight_core_dumps
-from . import kernel_debug as preflight_kernel_debug
+from . import ssh_trust as preflight_ssh_trust
 from .. import registers
 
 # The order of the verdict and of the audit: the gate's inputs first.
