@@ -35,6 +35,7 @@ description:
     combined log, the tail of each rank's own log files, and findings in the shape C({status, found, expected,
     fix}) named without a capability prefix (C(ranks), C(correctness), C(bandwidth)).
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.run_state]
 options:
   python:
     description: The training environment's Python on this node (must import torch).
@@ -188,15 +189,10 @@ attributes:
       - The gate is a probe and runs the same in check mode; C(changed) is always false. Its scratch directory is
         removed at the end (unless O(keep_scratch)); with O(background) the results file stays until
         C(job_wait) reads and removes it.
-  diff_mode:
-    support: none
-    description: Nothing is configured, so there is nothing to diff.
 notes:
   - The scratch directory is removed unless O(keep_scratch) is set.
   - Give the task an C(async) time of at least O(hard_timeout) + O(stack_budget) + 15 s, so that the module
     always reports before the wrapper kills it.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

@@ -27,6 +27,7 @@ description:
     frame of their main thread and names the suspects (C(cluster_preflight/diagnosis.py)). The node side is in
     C(module_utils/preflight_node/diagnose.py).
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.no_change]
 options:
   pattern:
     description:
@@ -67,15 +68,10 @@ attributes:
   check_mode:
     support: full
     description: Only reads C(/proc) and a core file, and runs py-spy and gdb, which read; the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is nothing to diff.
 notes:
   - Give the task a C(timeout) of at least O(stack_budget) + O(core_timeout) + 30 s.
   - py-spy needs ptrace rights over the process as its owner (C(kernel.yama.ptrace_scope) 0, or 1 with
     C(CAP_SYS_PTRACE)); a dump that fails says why and makes that rank a suspect only if its peers were dumped.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

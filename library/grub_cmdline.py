@@ -36,8 +36,7 @@ description:
     C(iommu) decider also runs, so an audit reports exactly what bring-up would change; the files are written
     only outside check mode.
 version_added: "1.0.0"
-author:
-  - Cluster preflight contributors (@cluster-preflight)
+extends_documentation_fragment: [preflight]
 options:
   args:
     description:

@@ -21,6 +21,7 @@ description:
   - A job whose module failed (including Ansible's own C(Timeout exceeded) when the job outlived its C(async)
     time) fails this task with the job's message.
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.run_state, preflight.acts_in_check_mode]
 options:
   results_file:
     description: The C(results_file) of the registered async task.
@@ -47,16 +48,9 @@ options:
     required: true
 attributes:
   check_mode:
-    support: partial
-    description: Runs in check mode, and acts there as in a normal run.
     details:
       - It reads the job's result file and removes it in check mode too, leaving the node as it was before the
         job. C(changed) is always false.
-  diff_mode:
-    support: none
-    description: Nothing is configured, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

@@ -28,8 +28,7 @@ description:
   - The file is replaced atomically (temp file in the same directory, then rename); O(backup) keeps a
     copy first. A file with a BEGIN marker but no END (or two blocks) is refused, not guessed at.
 version_added: "1.0.0"
-author:
-  - Cluster preflight contributors (@cluster-preflight)
+extends_documentation_fragment: [preflight]
 options:
   path:
     description: The known_hosts file.

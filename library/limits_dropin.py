@@ -35,8 +35,7 @@ description:
     found, expected and fix.
     A missing C(limits.d), PAM directory or unreadable limits file is a finding, not an error.
 version_added: "1.0.0"
-author:
-  - Cluster preflight contributors (@cluster-preflight)
+extends_documentation_fragment: [preflight, preflight.dropin]
 options:
   path:
     description:
@@ -88,10 +87,6 @@ options:
     description: Prefix for every path above; tests point it at a sandbox tree. Reported paths stay logical.
     type: path
     default: /
-  backup:
-    description: Keep a timestamped copy of an existing drop-in before replacing it.
-    type: bool
-    default: false
   policy:
     description: Status of a finding (drift in check mode or audit, a conflicting line that wins, no pam_limits).
     type: str
@@ -100,14 +95,7 @@ options:
   check_name:
     description: Prefix of the names in RV(checks); defaults to C(<item>_limits).
     type: str
-  comment:
-    description: Extra comment lines for the drop-in header.
-    type: str
-    default: ""
 attributes:
-  check_mode:
-    support: full
-    description: Reports what would change and the resulting drift findings; writes nothing.
   diff_mode:
     support: full
     description: Before/after of the drop-in.

@@ -22,8 +22,7 @@ description:
     a bus that exists but cannot be read fails the task, saying what to check.
   - The scan is the reader the preflight audit's C(iommu) capability runs (C(module_utils/preflight_node/iommu.py)).
 version_added: "1.0.0"
-author:
-  - Cluster preflight contributors (@cluster-preflight)
+extends_documentation_fragment: [preflight, preflight.no_change]
 options:
   sysfs_root:
     description: Where sysfs is mounted; a fake tree for tests.
@@ -41,9 +40,6 @@ attributes:
   check_mode:
     support: full
     description: Read-only; behaves the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is nothing to diff.
   facts:
     support: full
     description: The summary (RV(gpus), RV(count) and the per-vendor counts) is also returned as the fact C(preflight_pci_gpus).

@@ -33,6 +33,7 @@ description:
   - The module always returns within O(window) + 2 seconds and closes its listening socket
     before it returns.
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.no_change]
 options:
   listen_addr:
     description:
@@ -104,9 +105,6 @@ attributes:
     support: full
     description: The probe only opens sockets for its own duration and changes nothing, so it runs
       in check mode exactly as in a normal run.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is nothing to diff.
   platform:
     support: full
     platforms: posix
@@ -115,8 +113,6 @@ notes:
   - All nodes must run the task at the same time (one task over all hosts, enough C(forks)).
   - The controller combines every node's RV(results) with C(mesh_summary) from
     C(cluster_preflight/mesh.py) to name a node that no peer can reach.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

@@ -28,6 +28,7 @@ description:
   - C(final) runs every capability's decider over its facts and probe results and summarises the all-reduce,
     suspects, collateral failures of healthy peers, and the world size compared with the plan.
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.controller]
 options:
   probes:
     description: With C(stage=plan), whether to plan the probes (bring-up does not probe).
@@ -42,11 +43,6 @@ attributes:
   check_mode:
     support: full
     description: Decides only, on the controller; writes nothing, the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

@@ -25,6 +25,7 @@ description:
   - Succeeds when the report is written, suspects or not (they are findings), unless O(fail_on_suspect).
     The logic is in C(cluster_preflight/diagnosis.py).
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.controller, preflight.results]
 options:
   results_dir:
     description: Directory holding one run directory per run; created 0750.
@@ -41,15 +42,6 @@ options:
     description: The variable the nodes registered the C(diagnose_stacks) result in.
     type: str
     default: diagnose_stacks
-attributes:
-  check_mode:
-    support: full
-    description: Runs the same in check mode; writes only the run directory on the controller, never on a node.
-  diff_mode:
-    support: none
-    description: Nothing on a node is changed, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

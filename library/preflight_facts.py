@@ -19,6 +19,7 @@ description:
     the others still run. The controller (C(preflight_decide)) turns facts into checks.
   - The arguments come from C(preflight_settings), which validated the role variables they derive from.
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.run_state, preflight.node_call]
 options:
   capabilities:
     description: Capability name to the arguments of its reader (C(read_args) of the capability).
@@ -29,13 +30,6 @@ options:
       - Capability name to the arguments of a probe that needs no peer (the core crash), run after the readers in
         the same call; used by the node-local C(healthcheck.yml). Empty in C(preflight.yml), whose probes run
         while the all-reduce runs.
-    type: dict
-    default: {}
-  job:
-    description:
-      - The job user wanted on the node, C({user, named, python}) from C(preflight_settings). Job-side commands of
-        the readers and probes (the training Python, the core crash, the ptrace attach) run as that account with a
-        minimal environment; with none wanted and root, as C(nobody) when it can use the training Python.
     type: dict
     default: {}
   lock:
@@ -61,11 +55,6 @@ attributes:
     description:
       - Runs the same in check mode. The readers only read; with O(lock) the lease is taken (written) in check mode
         too, and the probes of O(probes) act as they do in C(preflight_probes), leaving nothing that persists.
-  diff_mode:
-    support: none
-    description: Nothing is configured, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

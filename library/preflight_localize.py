@@ -31,6 +31,7 @@ description:
     (C(localize.confirm)) - a pass proves them together, anything else leaves them unverified, never healthy.
   - The logic is in C(cluster_preflight/localize.py).
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.controller]
 options:
   start:
     description: Decide whether to localise and plan round 1 (true), or fold the last round in and go on (false).
@@ -44,11 +45,6 @@ attributes:
   check_mode:
     support: full
     description: Plans only, on the controller; it contacts no node, the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

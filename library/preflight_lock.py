@@ -17,6 +17,7 @@ description:
     next run finds the node free. A one-node run releases it in its probes call instead.
   - Only this run's lease is removed (the run id must match), under C(flock); another run's lease is left alone.
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.run_state, preflight.acts_in_check_mode]
 options:
   dir:
     description: The lock directory the lease was taken in (C(preflight_lock_dir)).
@@ -28,16 +29,9 @@ options:
     required: true
 attributes:
   check_mode:
-    support: partial
-    description: Runs in check mode, and acts there as in a normal run.
     details:
       - The lease is run-time state of the gate (a tmpfs file the gate itself created), not configuration - it is
         removed in check mode too, so an audit leaves nothing behind. C(changed) is always false.
-  diff_mode:
-    support: none
-    description: Nothing is configured, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

@@ -18,6 +18,7 @@ description:
   - Each probe is its own failure domain; one that raises is reported under RV(errors) and the others still
     run. The controller (C(preflight_decide)) turns the results into checks.
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.run_state, preflight.node_call]
 options:
   capabilities:
     description: Capability name to the arguments of its probe (C(probe_args) of the capability).
@@ -30,8 +31,6 @@ options:
         minimal environment; with none wanted and root, as C(nobody) when it can use the training Python.
       - C(resolved) (the facts call's RV(job_user)) is taken as it is, and C(hangs) (program to C({seconds, user}),
         the facts call's C(hangs)) are not run again - a training Python that hung once is not waited for twice.
-    type: dict
-    default: {}
   probes:
     description:
       - Not used by the playbooks; accepted because this call shares its arguments with C(preflight_facts), where
@@ -64,11 +63,6 @@ attributes:
       - Probes act (a crashing child, ssh logins) but change nothing that persists; they run in an audit (check
         mode) too. With O(wait_for) the job's result file is removed once read, and with O(release_lock) this
         run's lease is removed, in check mode too.
-  diff_mode:
-    support: none
-    description: Nothing is configured, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

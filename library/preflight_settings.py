@@ -23,6 +23,7 @@ description:
   - Never fails the task; invalid settings are returned in RV(errors) with found / expected / fix and the
     C(preflight_decide) stage C(inputs) stops the run before any node is touched.
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.controller]
 options:
   capabilities:
     description: The capabilities to load; all of them by default.
@@ -36,11 +37,6 @@ attributes:
   check_mode:
     support: full
     description: Reads the project's role files only, on the controller; the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

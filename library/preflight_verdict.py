@@ -27,6 +27,7 @@ description:
     failing or blocked check as node / check / found / expected / fix. The logic is in
     C(cluster_preflight/accounting.py).
 version_added: "1.0.0"
+extends_documentation_fragment: [preflight, preflight.controller, preflight.results]
 options:
   kind:
     description: Which playbook the verdict is for.
@@ -49,15 +50,6 @@ options:
     description: Fail the task unless the verdict is C(pass).
     type: bool
     default: true
-attributes:
-  check_mode:
-    support: full
-    description: Runs the same in check mode; writes only the run directory on the controller, never on a node.
-  diff_mode:
-    support: none
-    description: Nothing on a node is changed, so there is nothing to diff.
-author:
-  - Cluster preflight contributors (@cluster-preflight)
 """
 
 EXAMPLES = r"""

@@ -36,8 +36,7 @@ description:
   - The same rules as the preflight's audit (C(ssh_dir_refusal) and C(plan_authorized_keys) in
     C(module_utils/preflight_node/ssh_keys.py)), so bring-up and audit judge alike.
 version_added: "1.1.0"
-author:
-  - Cluster preflight contributors (@cluster-preflight)
+extends_documentation_fragment: [preflight]
 options:
   users:
     description: The users that get a pair of their own on this node.

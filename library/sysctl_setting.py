@@ -36,8 +36,7 @@ description:
     when a drop-in cannot be written (read-only C(/etc), no permission) or is a symlink (see O(dropin)), or
     when the kernel refuses the new value, each with found, expected and fix.
 version_added: "1.0.0"
-author:
-  - Cluster preflight contributors (@cluster-preflight)
+extends_documentation_fragment: [preflight, preflight.dropin]
 options:
   name:
     description: Key, dotted (C(kernel.yama.ptrace_scope)) or with slashes (C(kernel/yama/ptrace_scope)).
@@ -90,10 +89,6 @@ options:
         differs is reported as a warning until the next boot or C(sysctl -p <dropin>).
     type: bool
     default: true
-  backup:
-    description: Keep a timestamped copy of an existing drop-in before replacing it.
-    type: bool
-    default: false
   policy:
     description:
       - Status of a finding that means the desired value does not hold (drift in check mode or with
@@ -106,14 +101,7 @@ options:
       - Prefix of the names in RV(checks). Defaults to the last component of O(name)
         (C(ptrace_scope), C(core_pattern)).
     type: str
-  comment:
-    description: Extra comment lines for the drop-in header (why the value is what it is).
-    type: str
-    default: ""
 attributes:
-  check_mode:
-    support: full
-    description: Reports what would change and the resulting drift findings; writes nothing.
   diff_mode:
     support: full
     description: Before/after of the drop-in and of the running value.
