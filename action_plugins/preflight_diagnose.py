@@ -8,7 +8,6 @@ the verdict's helpers (0750 directories, 0640 files, atomic).
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 
@@ -18,7 +17,7 @@ from ansible.plugins.action import ActionBase
 from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView
 from cluster_preflight.diagnosis import diagnose, label
-from cluster_preflight.accounting import atomic_write, prepare_results_dir, prepare_run_dir
+from cluster_preflight.accounting import atomic_write, prepare_results_dir, prepare_run_dir, run_place
 
 REPORT_FILE = "diagnose.json"
 
@@ -81,8 +80,7 @@ class ActionModule(ActionBase):
         view = ClusterView(task_vars or {})
         nodes = node_results(view, str(args.get("register") or registers.DIAGNOSE_STACKS))
         report = diagnose(nodes)
-        results_dir = os.path.abspath(str(args.get("results_dir") or "results"))
-        run_id = str(args.get("run_id") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+        results_dir, run_id = run_place(args)
         if run_id == "latest" or "/" in run_id or run_id.startswith("."):
             result.update(failed=True, msg="Found run_id %r. Expected: one directory name inside %s (not latest, not "
                                            "starting with a dot). Fix: set diagnose_run_id to a plain name such as "

@@ -8,7 +8,6 @@ the task, and so the play, unless the verdict is ``pass``.
 
 from __future__ import annotations
 
-import datetime
 import errno
 import getpass
 import os
@@ -21,7 +20,7 @@ from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.localize import MAX_ROUNDS
 from cluster_preflight.outputs import write_outputs
-from cluster_preflight.accounting import build_verdict, failure_lines, summary_line, write_run_dir
+from cluster_preflight.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
 
 KINDS = {
     # kind: (decisions in order, node stages, capabilities that apply, verdict file)
@@ -145,8 +144,7 @@ class ActionModule(ActionBase):
             capabilities = tuple(name for name in capabilities if name in loaded)
         records = {host: {registry.STAGE_REGISTERS[stage]: view.result(host, registry.STAGE_REGISTERS[stage])
                           for stage in stages} for host in view.hosts}
-        results_dir = os.path.abspath(args.get("results_dir") or "results")
-        run_id = str(args.get("run_id") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+        results_dir, run_id = run_place(args)
         if not run_id or run_id == "latest" or "/" in run_id or run_id.startswith("."):
             # A directory of its own inside results_dir (under its modes), not latest nor a temporary.
             result.update(failed=True, msg="Found run_id %r. Expected: one directory name inside %s (not latest, not "

@@ -26,7 +26,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,8 +34,8 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 # pylint: disable=wrong-import-position
 from gate_helpers import REPLACE_FILE, RESOLV_CONF  # noqa: E402
-from multinode import BRINGUP_VARS  # noqa: E402
-from testbed import Testbed, unavailable_reason  # noqa: E402
+from multinode import BRINGUP_VARS, bench_workdir  # noqa: E402
+from testbed import Testbed  # noqa: E402
 
 THROTTLES = {"mild": ["root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency", "400ms"],
              "hard": ["root", "tbf", "rate", "8mbit", "burst", "32kbit", "latency", "400ms"]}
@@ -79,10 +78,7 @@ def main():
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--fault", choices=sorted(THROTTLES), default="mild")
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        raise SystemExit("test bed unavailable: %s" % reason)
-    workdir = tempfile.mkdtemp(prefix="preflight-bench-localize-")
+    workdir = bench_workdir("localize")
     try:
         with Testbed(nodes=args.nodes) as bed:
             run_bench(args, bed, workdir)

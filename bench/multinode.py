@@ -80,6 +80,14 @@ def timed_gate(bed, inventory, results_dir, extra):
     return elapsed, cpu, own, verdict
 
 
+def bench_workdir(name):
+    """A fresh work directory for the bench ``name``; exits when the test bed is unavailable."""
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit("test bed unavailable: %s" % reason)
+    return tempfile.mkdtemp(prefix="preflight-bench-%s-" % name)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs per size")
@@ -90,11 +98,7 @@ def main():
     parser.add_argument("--forks", type=int, default=0,
                         help="ansible forks (0: ansible.cfg's 64); fewer forks than nodes runs the mesh in batches")
     args = parser.parse_args()
-    reason = unavailable_reason()
-    if reason:
-        raise SystemExit("test bed unavailable: %s" % reason)
-
-    workdir = tempfile.mkdtemp(prefix="preflight-bench-multinode-")
+    workdir = bench_workdir("multinode")
     try:
         run_bench(args, workdir)
     finally:

@@ -383,6 +383,14 @@ def atomic_write(path, text, mode=FILE_MODE):
         raise
 
 
+def run_place(args):
+    """``(results_dir, run_id)`` from a controller action's arguments: ``results_dir`` made absolute
+    (default ``results``), ``run_id`` the one given or the time now (UTC, ``%Y%m%dT%H%M%SZ``)."""
+    results_dir = os.path.abspath(str(args.get("results_dir") or "results"))
+    run_id = str(args.get("run_id") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ"))
+    return results_dir, run_id
+
+
 def prepare_results_dir(results_dir):
     """Create ``results_dir`` 0750, or tighten the one that is there; returns notes for the operator.
 

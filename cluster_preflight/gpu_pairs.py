@@ -70,8 +70,8 @@ from __future__ import annotations
 
 from preflight_node.checks import blocked, failed, not_applicable, passed
 from preflight_node.gpus import sysfs_address
-from cluster_preflight.localize import (LOOPBACK_ADDR, MAX_ROUNDS, derived_port, graded, judge, loopback_args,
-                                        run_outcome)
+from cluster_preflight.localize import (LOOPBACK_ADDR, MAX_ROUNDS, derived_port, describe_outcome, graded, judge,
+                                        loopback_args, run_outcome)
 
 CHECK_CAPABILITY, CHECK_NAME = "allreduce", "gpu_pairs"
 BACKEND = "nccl"
@@ -270,17 +270,7 @@ def describe_gpu(gpu):
 def _describe(launch):
     what = "pair GPU %d+GPU %d in round %d (CUDA_VISIBLE_DEVICES=%d,%d)" % (
         launch["gpus"][0], launch["gpus"][1], launch["round"], launch["gpus"][0], launch["gpus"][1])
-    if launch["verdict"] == "pass":
-        return "%s passed at busbw %s" % (what, _bw(launch.get("busbw_gbps")))
-    if launch["verdict"] == "slow":
-        return "%s was slow: %s" % (what, launch["why"])
-    if launch["verdict"] == "lost":
-        return "%s gave no result: %s" % (what, launch["why"])
-    return "%s failed: %s" % (what, launch["why"])
-
-
-def _bw(value):
-    return "unmeasured" if value is None else "%.4f GB/s" % value
+    return describe_outcome(what, launch, "gave no result")
 
 
 def _plain(launches):

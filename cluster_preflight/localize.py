@@ -404,12 +404,18 @@ def ambiguous(hosts, rounds, floor):
 def _describe(launch, host):
     what = ("pair %s in round %d" % ("+".join(launch["hosts"]), launch["round"]) if launch["kind"] == "pair"
             else "loopback of %s over lo in round %d" % (host, launch["round"]))
+    return describe_outcome(what, launch, "lost a node")
+
+
+def describe_outcome(what, launch, lost):
+    """``what`` (the launch in words) and how ``launch`` ended; ``lost`` says what a lost launch did
+    (node pairs: "lost a node"; GPU pairs: "gave no result")."""
     if launch["verdict"] == "pass":
         return "%s passed at busbw %s" % (what, _bw(launch.get("busbw_gbps")))
     if launch["verdict"] == "slow":
         return "%s was slow: %s" % (what, launch["why"])
     if launch["verdict"] == "lost":
-        return "%s lost a node: %s" % (what, launch["why"])
+        return "%s %s: %s" % (what, lost, launch["why"])
     return "%s failed: %s" % (what, launch["why"])
 
 

@@ -1,6 +1,7 @@
 """What the capability unit tests share: a role's settings as preflight_settings hands them over,
 files written under a sandbox root, and the check contract every decider must keep."""
 
+import hashlib
 import json
 import os
 
@@ -69,3 +70,103 @@ def read_as_the_node_does(capability, settings, node):
     facts = node_halves.get(capability.CAPABILITY).read(json.loads(json.dumps(args)), ops)
     assert ops.calls == []
     return json.loads(json.dumps(facts))
+
+
+def role_path(role):
+    """The role's folder under roles/."""
+    return os.path.join(ROOT, "roles", role)
+
+
+def inventory_node(host, addr):
+    """The inventory entry of ``host`` at ``addr`` as the controller hands it to ``read_args``."""
+    return {"name": host, "ansible_host": addr, "node_addr": addr, "user": "root", "ssh_port": 22}
+
+
+def statuses(checks):
+    return {name: result["status"] for name, result in checks.items()}
+
+
+def write_files(root, files):
+    """Write every ``{path: text}`` of ``files`` (may be None) under the sandbox ``root``."""
+    for path, text in (files or {}).items():
+        write(root, path, text)
+
+
+def read_text(root, path):
+    """The text at ``path`` under the sandbox ``root``."""
+    with open(os.path.join(str(root), path.lstrip("/"))) as handle:
+        return handle.read()
+
+
+def deny_reading(monkeypatch, module, suffix):
+    """A reader without root (``module.privileged`` false) refused every file whose path ends in ``suffix``."""
+    real_open = open
+
+    def deny(path, *args, **kwargs):
+        if str(path).endswith(suffix):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(module, "privileged", lambda: False)
+    monkeypatch.setattr("builtins.open", deny)
+
+
+def assert_table(checks, expected):
+    """``checks`` are exactly ``expected``'s names, each with its ``(status, found, fix)`` (found and fix as parts)."""
+    assert sorted(checks) == sorted(expected)
+    for name, (status, found, fix) in expected.items():
+        result = checks[name]
+        assert result["status"] == status, (name, result)
+        assert found in result["found"], (name, result)
+        assert fix in result["fix"], (name, result)
+
+
+def saved_umask():
+    """A fixture body: sets umask 022, yields a setter, puts the umask back."""
+    saved = os.umask(0o022)
+    yield lambda value: os.umask(value)
+    os.umask(saved)
+
+
+def sysctl_tree(root):
+    """The sandbox's sysctl tree: /etc/sysctl.conf with one site setting and an empty /etc/sysctl.d."""
+    write(root, "/etc/sysctl.conf", "# site settings\nvm.swappiness = 10\n")
+    os.makedirs(str(root / "etc/sysctl.d"), exist_ok=True)
+
+
+def sandbox_reader(capability, node, settings_of):
+    """``(read_node, assert_contract)`` for a capability's tests on a sandbox root: ``read_node(root,
+    **overrides)`` is ``(facts, settings)``, the settings ``settings_of(root, **overrides)`` and the facts
+    read from them the way the node does; ``assert_contract(checks, host=<node's name>)`` is
+    :func:`assert_contract` for the capability."""
+    def read_node(root, **overrides):
+        wanted = settings_of(root, **overrides)
+        return read_as_the_node_does(capability, wanted, node), wanted
+
+    def contract(checks, host=node["name"]):
+        return assert_contract(capability.CAPABILITY, checks, host)
+    return read_node, contract
+
+
+def link_hashes(root):
+    """Content hash of every file under ``root``, symlinks by target (``link:<target>``)."""
+    found = {}
+    for directory, _dirs, files in os.walk(str(root)):
+        for name in files:
+            full = os.path.join(directory, name)
+            if os.path.islink(full):
+                found[full] = "link:" + os.readlink(full)
+            else:
+                with open(full, "rb") as handle:
+                    found[full] = hashlib.sha256(handle.read()).hexdigest()
+    return found
+
+
+def assert_one_problem(problems, name, found):
+    """``problems`` (what ``validate`` returned) is one problem, naming ``name``, ``found`` in its found,
+    well formed: name, found, expected and fix, all but found non-empty text."""
+    assert [problem["name"] for problem in problems] == [name], problems
+    problem = problems[0]
+    assert found in problem["found"], problem
+    assert set(problem) == {"name", "found", "expected", "fix"}
+    assert all(isinstance(value, str) and value for key, value in problem.items() if key != "found"), problem

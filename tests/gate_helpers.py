@@ -3,6 +3,9 @@ a resolver the nodes answer at once, and a one-paragraph explanation of a verdic
 
 import json
 import os
+import time
+
+from preflight_node.proc import environ_of
 
 WORKER = "allreduce_worker.py"
 
@@ -32,13 +35,7 @@ def cmdline(pid):
 
 
 def environ(pid):
-    raw = _read(f"/proc/{pid}/environ", "rb") or b""
-    env = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
+    return environ_of(pid)
 
 
 def proc_state(pid):
@@ -59,6 +56,19 @@ def send_signal(pid, sig):
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def gate_leftovers(bed, seconds):
+    """``{node name: gate pids}`` still on the bed's nodes once they are gone or ``seconds`` have passed."""
+    deadline = time.monotonic() + seconds
+    leftovers = {}
+    while time.monotonic() < deadline:
+        leftovers = {node.name: gate_processes(bed, node) for node in bed.nodes}
+        leftovers = {name: pids for name, pids in leftovers.items() if pids}
+        if not leftovers:
+            break
+        time.sleep(0.5)
+    return leftovers
 
 
 def gate_processes(bed, node):

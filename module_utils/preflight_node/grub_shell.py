@@ -118,6 +118,20 @@ def _skip_backquote(text, pos, path):
     return close + 1
 
 
+def _skip_one(text, pos, path):
+    """The index after the escape, expansion or plain character that starts at ``pos`` (inside a word or
+    a double-quoted string)."""
+    if text[pos] == "\\":
+        return pos + 2
+    if text.startswith("${", pos):
+        return _skip_braces(text, pos + 1, path)
+    if text.startswith("$(", pos):
+        return _skip_parens(text, pos + 1, path)
+    if text[pos] == "`":
+        return _skip_backquote(text, pos, path)
+    return pos + 1
+
+
 def _scan_word(text, pos, path):
     """Scan one shell word from ``pos``; return ``(end, segments)``."""
     segments = []
@@ -133,16 +147,7 @@ def _scan_word(text, pos, path):
         elif char == '"':
             i = pos + 1
             while i < n and text[i] != '"':
-                if text[i] == "\\":
-                    i += 2
-                elif text.startswith("${", i):
-                    i = _skip_braces(text, i + 1, path)
-                elif text.startswith("$(", i):
-                    i = _skip_parens(text, i + 1, path)
-                elif text[i] == "`":
-                    i = _skip_backquote(text, i, path)
-                else:
-                    i += 1
+                i = _skip_one(text, i, path)
             if i >= n:
                 raise ShellParseError("unterminated double quote", path, line_of(text, pos))
             segments.append(Segment("double", pos + 1, i))
@@ -150,16 +155,7 @@ def _scan_word(text, pos, path):
         else:
             start = pos
             while pos < n and text[pos] not in _WORD_END and text[pos] not in "'\"":
-                if text[pos] == "\\":
-                    pos += 2
-                elif text.startswith("${", pos):
-                    pos = _skip_braces(text, pos + 1, path)
-                elif text.startswith("$(", pos):
-                    pos = _skip_parens(text, pos + 1, path)
-                elif text[pos] == "`":
-                    pos = _skip_backquote(text, pos, path)
-                else:
-                    pos += 1
+                pos = _skip_one(text, pos, path)
             pos = min(pos, n)
             segments.append(Segment("plain", start, pos))
     return pos, segments

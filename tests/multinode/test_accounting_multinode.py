@@ -18,7 +18,7 @@ import time
 import pytest
 
 from playbook import run_playbook
-from gate_helpers import REPLACE_FILE, RESOLV_CONF, explain, gate_processes, rank_processes
+from gate_helpers import REPLACE_FILE, RESOLV_CONF, explain, gate_leftovers, rank_processes
 from testbed import testbed_fixture
 
 pytestmark = pytest.mark.timeout(900)
@@ -60,14 +60,7 @@ def clean_bed(bed):
     for node in bed.nodes:
         bed.start_sshd(node)
         bed.iptables(node, ["-F", "INPUT"])
-    deadline = time.monotonic() + 30
-    leftovers = {}
-    while time.monotonic() < deadline:
-        leftovers = {node.name: gate_processes(bed, node) for node in bed.nodes}
-        leftovers = {name: pids for name, pids in leftovers.items() if pids}
-        if not leftovers:
-            break
-        time.sleep(0.5)
+    leftovers = gate_leftovers(bed, 30)
     assert not leftovers, f"gate processes left on the nodes: {leftovers}"
 
 
@@ -78,6 +71,13 @@ def run(bed, tmp_path, extravars=None, host_vars=None, **kwargs):
     assert result.status in ("successful", "failed"), (result.status, result.stdout[-3000:])
     assert result.verdict is not None, result.stdout[-3000:]
     assert "Traceback" not in result.stdout
+    return result
+
+
+def run_struck(bed, tmp_path, strike, **kwargs):
+    """A fast gate run with ``strike`` handling its events; the strike must have struck."""
+    result = run(bed, tmp_path, extravars=FAST, event_handler=strike, **kwargs)
+    strike.finish()
     return result
 
 
@@ -152,9 +152,7 @@ def assert_lost_and_named(result, node, while_doing):
 
 def test_node_killed_while_its_facts_are_read_is_named_and_the_rest_are_proven(bed, tmp_path):
     node = bed.nodes[1]
-    strike = Strike(bed, node, FACTS_TASK, "runner_on_start", kill_node)
-    result = run(bed, tmp_path, extravars=FAST, event_handler=strike)
-    strike.finish()
+    result = run_struck(bed, tmp_path, Strike(bed, node, FACTS_TASK, "runner_on_start", kill_node))
     # Killed as its facts were read; at the latest the next node task finds it gone.
     assert_lost_and_named(result, node, ("while reading its facts", "while probing the rendezvous port"))
     verdict = result.verdict
@@ -169,9 +167,7 @@ def test_node_killed_while_its_facts_are_read_is_named_and_the_rest_are_proven(b
 
 def test_node_killed_after_its_ranks_started_is_the_suspect_and_its_peers_are_not_blamed(bed, tmp_path):
     node = bed.nodes[2]
-    strike = Strike(bed, node, LAUNCH_TASK, "runner_on_ok", kill_node_once_its_ranks_run)
-    result = run(bed, tmp_path, extravars=FAST, event_handler=strike)
-    strike.finish()
+    result = run_struck(bed, tmp_path, Strike(bed, node, LAUNCH_TASK, "runner_on_ok", kill_node_once_its_ranks_run))
     assert_lost_and_named(result, node, ("while running the probes", "while waiting for the all-reduce"))
     verdict = result.verdict
     gate = verdict["allreduce"]
@@ -196,8 +192,7 @@ def test_node_whose_traffic_is_dropped_while_the_probes_run_is_named(bed, tmp_pa
     node = bed.nodes[3]
     strike = Strike(bed, node, PROBES_TASK, "runner_on_start", drop_everything)
     try:
-        result = run(bed, tmp_path, extravars=FAST, event_handler=strike)
-        strike.finish()
+        result = run_struck(bed, tmp_path, strike)
     finally:
         bed.iptables(node, ["-F", "INPUT"])
     assert_lost_and_named(result, node, ("while running the probes", "while waiting for the all-reduce"))
@@ -243,8 +238,7 @@ def test_one_node_run_killed_while_its_ranks_run_is_named_not_passed(bed, tmp_pa
     nothing passes."""
     node = bed.nodes[1]
     strike = Strike(bed, node, LAUNCH_TASK, "runner_on_ok", kill_node_once_its_ranks_run)
-    result = run(bed, tmp_path, extravars=FAST, limit=node.name, event_handler=strike)
-    strike.finish()
+    result = run_struck(bed, tmp_path, strike, limit=node.name)
     assert_lost_and_named(result, node, ("while running the probes", "while waiting for the all-reduce"))
     verdict = result.verdict
     assert verdict["hosts"] == [node.name] and verdict["healthy_hosts"] == []

@@ -236,6 +236,17 @@ def changed_by_host(result):
     return {host: (result.stats.get("changed") or {}).get(host, 0) for host in result.stats.get("ok", {})}
 
 
+def changes_of(seeded, brought_up, step):
+    """The bed, bring-up's ``step`` run and its changed count by host, that run having ended rc 0 with
+    every node in its stats."""
+    bed, _ = seeded
+    result = brought_up[step]
+    assert result.rc == 0, explain(result)
+    changed = changed_by_host(result)
+    assert sorted(changed) == [node.name for node in bed.nodes], explain(result)
+    return bed, result, changed
+
+
 def node_checks(result, host):
     return result.verdict["nodes"][host]["checks"]
 
@@ -397,11 +408,7 @@ def hand_edit(seeded, audited, tmp_path_factory):
 
 
 def test_check_mode_reports_changes_on_every_node_and_writes_nothing(seeded, brought_up):
-    bed, _ = seeded
-    result = brought_up["check"]
-    assert result.rc == 0, explain(result)
-    changed = changed_by_host(result)
-    assert sorted(changed) == [node.name for node in bed.nodes], explain(result)
+    bed, result, changed = changes_of(seeded, brought_up, "check")
     assert all(count > 0 for count in changed.values()), changed
     pattern_task = task_results(result, "Ensure kernel.core_pattern is set")
     assert sorted(pattern_task) == sorted(changed)
@@ -447,11 +454,7 @@ def test_apply_writes_the_dropins_into_each_node_and_sets_the_seed_pattern(seede
 
 
 def test_reapply_changes_nothing_on_any_node(seeded, brought_up):
-    bed, _ = seeded
-    result = brought_up["reapply"]
-    assert result.rc == 0, explain(result)
-    changed = changed_by_host(result)
-    assert sorted(changed) == [node.name for node in bed.nodes], explain(result)
+    bed, result, changed = changes_of(seeded, brought_up, "reapply")
     assert changed == {node.name: 0 for node in bed.nodes}, explain(result)
 
 

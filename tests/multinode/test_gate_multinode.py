@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from gate_helpers import (REPLACE_FILE, RESOLV_CONF, cmdline, send_signal, explain, gate_processes, node_pid,
-                          proc_state, rank_processes, rank_stage)
+from gate_helpers import (REPLACE_FILE, RESOLV_CONF, cmdline, send_signal, explain, gate_leftovers, gate_processes,
+                          node_pid, proc_state, rank_processes, rank_stage)
 from playbook import run_playbook
 from testbed import testbed_fixture
 
@@ -62,14 +62,7 @@ def bed(request, tmp_path_factory):
 def clean_bed(bed):
     """After each test: no gate process left on any node, and no fault left behind."""
     yield
-    leftovers = {}
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        leftovers = {node.name: gate_processes(bed, node) for node in bed.nodes}
-        leftovers = {name: procs for name, procs in leftovers.items() if procs}
-        if not leftovers:
-            break
-        time.sleep(0.5)
+    leftovers = gate_leftovers(bed, 20)
     for procs in leftovers.values():
         for pid in procs:
             send_signal(pid, signal.SIGKILL)
@@ -108,41 +101,59 @@ def failing(result, host):
             if check["status"] == "fail"}
 
 
-class Injector(threading.Thread):
-    """Sends ``sig`` to global rank ``rank`` in ``node`` once that rank has
-    worked ``settle`` seconds in ``stage``, while the gate runs in the main thread."""
+class Watcher(threading.Thread):
+    """A thread calling ``act()`` every 50 ms until it returns true, ``halt()`` or APPEAR_TIMEOUT;
+    an exception it raises is kept in ``error``."""
 
-    def __init__(self, bed, node, rank, sig, stage="bandwidth", settle=1.0):
+    def __init__(self):
         super().__init__(daemon=True)
-        self.bed, self.node, self.rank, self.sig, self.stage = bed, node, rank, sig, stage
-        # Seconds to let the rank work in the stage first (it records a stage
-        # before it starts it, so the signal would land in that write).
-        self.settle = settle
-        self.stop = threading.Event()
-        self.hit = None  # (host pid, stage seen) once signalled
-        self.node_pid = None  # the same process's pid inside the node
-        self.error = None
+        self.stop, self.error = threading.Event(), None
 
     def run(self):
         deadline = time.monotonic() + APPEAR_TIMEOUT
         try:
             while not self.stop.is_set() and time.monotonic() < deadline:
-                pid = rank_processes(self.bed, self.node).get(self.rank)
-                if pid:
-                    stage = rank_stage(pid, self.rank)
-                    if stage == self.stage:
-                        time.sleep(self.settle)
-                        self.node_pid = node_pid(pid)
-                        os.kill(pid, self.sig)
-                        self.hit = (pid, stage)
-                        return
+                if self.act():
+                    return
                 time.sleep(0.05)
         except Exception as exc:  # pylint: disable=broad-except
             self.error = exc
 
-    def finish(self):
+    def act(self):
+        raise NotImplementedError
+
+    def halt(self):
         self.stop.set()
         self.join(timeout=30)
+
+
+class Injector(Watcher):
+    """Sends ``sig`` to global rank ``rank`` in ``node`` once that rank has
+    worked ``settle`` seconds in ``stage``, while the gate runs in the main thread."""
+
+    def __init__(self, bed, node, rank, sig, stage="bandwidth", settle=1.0):
+        super().__init__()
+        self.bed, self.node, self.rank, self.sig, self.stage = bed, node, rank, sig, stage
+        # Seconds to let the rank work in the stage first (it records a stage
+        # before it starts it, so the signal would land in that write).
+        self.settle = settle
+        self.hit = None  # (host pid, stage seen) once signalled
+        self.node_pid = None  # the same process's pid inside the node
+
+    def act(self):
+        pid = rank_processes(self.bed, self.node).get(self.rank)
+        if pid:
+            stage = rank_stage(pid, self.rank)
+            if stage == self.stage:
+                time.sleep(self.settle)
+                self.node_pid = node_pid(pid)
+                os.kill(pid, self.sig)
+                self.hit = (pid, stage)
+                return True
+        return False
+
+    def finish(self):
+        self.halt()
         assert self.error is None, self.error
         assert self.hit, (f"rank {self.rank} on {self.node.name} was not seen in stage "
                           f"{self.stage} before the gate ended")
@@ -233,31 +244,24 @@ def test_dropped_rendezvous_port_names_the_node_before_launch(bed, tmp_path):
     assert f"{node.name} / port_mesh.reach" in result.stdout
 
 
-class DropWhenLaunched(threading.Thread):
+class DropWhenLaunched(Watcher):
     """Inserts an INPUT DROP for ``port`` in ``node`` once torchrun shows up there: after the port mesh
     proved the port open, before the rendezvous store listens (torchrun still imports torch)."""
 
     def __init__(self, bed, node, port):
-        super().__init__(daemon=True)
+        super().__init__()
         self.bed, self.node, self.rule = bed, node, ["INPUT", "-p", "tcp", "--dport", str(port), "-j", "DROP"]
-        self.stop, self.inserted, self.error = threading.Event(), False, None
+        self.inserted = False
 
-    def run(self):
-        deadline = time.monotonic() + APPEAR_TIMEOUT
-        try:
-            while not self.stop.is_set() and time.monotonic() < deadline:
-                if any("torch.distributed.run" in " ".join(cmdline(pid))
-                       for pid in gate_processes(self.bed, self.node)):
-                    self.bed.iptables(self.node, ["-I"] + self.rule)
-                    self.inserted = True
-                    return
-                time.sleep(0.05)
-        except Exception as exc:  # pylint: disable=broad-except
-            self.error = exc
+    def act(self):
+        if any("torch.distributed.run" in " ".join(cmdline(pid)) for pid in gate_processes(self.bed, self.node)):
+            self.bed.iptables(self.node, ["-I"] + self.rule)
+            self.inserted = True
+            return True
+        return False
 
     def finish(self):
-        self.stop.set()
-        self.join(timeout=30)
+        self.halt()
         if self.inserted:
             self.bed.iptables(self.node, ["-D"] + self.rule)
         assert self.error is None, self.error

@@ -24,6 +24,7 @@ import pytest
 
 from cluster_preflight import slurm as preflight_slurm
 from cluster_preflight import slurm_local as preflight_slurm_local
+from preflight_node.proc import all_pids, cmdline_of
 from slurm_bed import ROOT, slurm_fixture
 from testbed import testbed_fixture
 
@@ -230,17 +231,8 @@ HEALTH_CHECK_LINES = "HealthCheckProgram=%s\nHealthCheckInterval=60\nHealthCheck
 
 def _health_checks_running():
     """Host pids of scripts/slurm-healthcheck runs (slurmd's, in the nodes' PID namespaces too)."""
-    script = os.path.join(SCRIPTS, "slurm-healthcheck").encode()
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % name, "rb") as handle:
-                    if script in handle.read().split(b"\0"):
-                        pids.append(int(name))
-            except OSError:
-                continue
-    return pids
+    script = os.path.join(SCRIPTS, "slurm-healthcheck")
+    return [pid for pid in all_pids() if script in cmdline_of(pid)]
 
 
 def test_run_by_a_slurmd_started_with_f_the_health_check_finds_that_file(idle, bed, tmp_path):

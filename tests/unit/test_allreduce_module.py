@@ -1,5 +1,6 @@
 """The allreduce module: parsing, findings, and real bounded launches on this machine."""
 
+import contextlib
 import json
 import os
 import signal
@@ -497,18 +498,25 @@ def start_driver(tmp_path, args):
                             stderr=subprocess.PIPE, start_new_session=True)
 
 
+@contextlib.contextmanager
+def hung_driver(tmp_path, fakes):
+    """The module driving a selftest that hangs; killed on the way out if still running."""
+    driver = start_driver(tmp_path, fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40))
+    try:
+        yield driver
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+
+
 @pytest.mark.timeout(60)
 def test_sigterm_kills_the_tree_and_removes_scratch(tmp_path, fakes, temp_dirs):
     system, _scratch = temp_dirs
-    driver = start_driver(tmp_path, fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40))
-    try:
+    with hung_driver(tmp_path, fakes) as driver:
         pids = tree_pids(fakes)
         assert len(pids) == 4
         driver.send_signal(signal.SIGTERM)
         out, err = driver.communicate(timeout=20)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
     result = json.loads(out)
     assert result["failed"] and result["interrupted"] == "SIGTERM", (out, err)
     assert "interrupted by SIGTERM" in result["msg"]
@@ -519,16 +527,12 @@ def test_sigterm_kills_the_tree_and_removes_scratch(tmp_path, fakes, temp_dirs):
 @pytest.mark.timeout(60)
 def test_sigkill_of_the_module_group_still_kills_the_tree_and_removes_scratch(tmp_path, fakes, temp_dirs):
     system, _scratch = temp_dirs
-    driver = start_driver(tmp_path, fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40))
-    try:
+    with hung_driver(tmp_path, fakes) as driver:
         pids = tree_pids(fakes)
         assert len(pids) == 4
         # What async_wrapper does when the task's async time runs out.
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(timeout=10)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
     assert all_dead(pids, 15), "the guard killed the tree"
     deadline = time.monotonic() + 10
     while entries(system) and time.monotonic() < deadline:

@@ -2,6 +2,7 @@
 (real where root and a writable kernel.core_pattern allow it), and the writers (sysctl_setting,
 limits_dropin) agreeing with the audit because they share preflight_sysctl and preflight_limits."""
 
+import functools
 import json
 import os
 import pwd
@@ -16,14 +17,13 @@ from preflight_node import checks as preflight_checks
 from cluster_preflight.capabilities import core_dumps as controller
 from preflight_node import core_dumps
 from fake_ops import FakeOps, LocalOps
-from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
-                                write)
+from capability_helpers import (assert_one_problem, inventory_node, role_path, role_settings, role_yaml,
+                                sandbox_reader, statuses, sysctl_tree, write, write_files)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_NAME = "core_dumps"
-ROLE = os.path.join(ROOT, "roles", "core_dumps")
+ROLE = role_path(ROLE_NAME)
 HOST = "node5"
-NODE = {"name": HOST, "ansible_host": "198.18.0.5", "node_addr": "198.18.0.5", "user": "root", "ssh_port": 22}
+NODE = inventory_node(HOST, "198.18.0.5")
 APPORT = "|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -u%u -g%g -- %E"
 COREDUMP = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h"
 PATTERN = "/var/cores/core-%e.%p.%h.%t"
@@ -39,8 +39,7 @@ needs_root = pytest.mark.skipif(
     reason="needs root and a writable kernel.core_pattern")
 
 
-def load_yaml(*parts):
-    return role_yaml(ROLE_NAME, *parts)
+load_yaml = functools.partial(role_yaml, ROLE_NAME)
 
 
 def settings(**overrides):
@@ -60,8 +59,7 @@ def make_node(tmp_path, running="core", uses_pid="0", sysctl_dropin=None, core_d
     root = tmp_path / "node"
     write(root, "/proc/sys/kernel/core_pattern", running + "\n")
     write(root, "/proc/sys/kernel/core_uses_pid", uses_pid + "\n")
-    write(root, "/etc/sysctl.conf", "# site settings\nvm.swappiness = 10\n")
-    os.makedirs(str(root / "etc/sysctl.d"), exist_ok=True)
+    sysctl_tree(root)
     if sysctl_dropin is not None:
         write(root, SYSCTL_DROPIN, sysctl_dropin)
     write(root, "/etc/security/limits.conf", "# site limits\n*  soft  nofile  65536\n")
@@ -74,29 +72,17 @@ def make_node(tmp_path, running="core", uses_pid="0", sysctl_dropin=None, core_d
     if core_dir is not None:
         os.makedirs(str(root / "var/cores"))
         os.chmod(str(root / "var/cores"), core_dir)
-    for path, text in (files or {}).items():
-        write(root, path, text)
+    write_files(root, files)
     return root
 
 
 def node_settings(root, **overrides):
-    values = dict(core_dumps_pattern=PATTERN, core_dumps_root=str(root))
-    values.update(overrides)
-    return settings(**values)
+    return settings(**dict(dict(core_dumps_pattern=PATTERN, core_dumps_root=str(root)), **overrides))
 
 
-def read_node(root, **overrides):
-    wanted = node_settings(root, **overrides)
-    return read_as_the_node_does(controller, wanted, NODE), wanted
-
-
-def assert_contract(checks, host=HOST):
-    """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
-    return check_contract(ROLE_NAME, checks, host)
-
-
-def statuses(checks):
-    return {name: result["status"] for name, result in checks.items()}
+# read_node(root, **overrides): (facts, settings) as the node reads them; assert_contract(checks, host=HOST): names
+# inside the contract, every warn/fail with found/expected/fix and naming the node.
+read_node, assert_contract = sandbox_reader(controller, NODE, node_settings)
 
 
 # --- validate -------------------------------------------------------------------------------------
@@ -143,12 +129,7 @@ def test_the_defaults_are_valid():
     ({"core_dumps_drift_policy": "ignore"}, "core_dumps_drift_policy", "ignore"),
 ])
 def test_validate_names_the_variable_with_found_expected_fix(overrides, name, found):
-    problems = controller.validate(settings(**overrides))
-    assert [problem["name"] for problem in problems] == [name], problems
-    problem = problems[0]
-    assert found in problem["found"], problem
-    assert set(problem) == {"name", "found", "expected", "fix"}
-    assert all(isinstance(value, str) and value for key, value in problem.items() if key != "found"), problem
+    assert_one_problem(controller.validate(settings(**overrides)), name, found)
 
 
 # --- read -----------------------------------------------------------------------------------------

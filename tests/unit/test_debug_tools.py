@@ -1,5 +1,6 @@
 """The debug_tools capability: validate, read (fake os-release and bin dirs, FakeOps), decide (tables), the role."""
 
+import functools
 import glob
 import json
 import os
@@ -14,13 +15,13 @@ from preflight_node import checks as preflight_checks
 from preflight_node import debug_tools as node_tools
 from cluster_preflight.capabilities import debug_tools as tools
 from fake_ops import FakeOps
-from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, typed_settings
+from capability_helpers import (ROOT, assert_contract as check_contract, assert_table, inventory_node, role_path,
+                                role_settings, role_yaml, typed_settings)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_NAME = "debug_tools"
-ROLE = os.path.join(ROOT, "roles", "debug_tools")
+ROLE = role_path(ROLE_NAME)
 HOST = "node3"
-NODE = {"name": HOST, "ansible_host": "198.18.0.3", "node_addr": "198.18.0.3", "user": "root", "ssh_port": 22}
+NODE = inventory_node(HOST, "198.18.0.3")
 
 DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n'
 UBUNTU = 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
@@ -30,13 +31,11 @@ SLES = 'NAME="SLES"\nID="sles"\nID_LIKE="suse"\n'
 GENTOO = 'NAME=Gentoo\nID=gentoo\nPRETTY_NAME="Gentoo Linux"\n'
 
 
-def load_yaml(*parts):
-    return role_yaml(ROLE_NAME, *parts)
+load_yaml = functools.partial(role_yaml, ROLE_NAME)
 
 
-def settings(**overrides):
-    """The role's defaults, typed, with ``overrides``: what preflight_settings hands a capability."""
-    return role_settings(ROLE_NAME, **overrides)
+# The role's defaults, typed, with overrides: what preflight_settings hands a capability.
+settings = functools.partial(role_settings, ROLE_NAME)
 
 
 def executable(path, text="#!/bin/sh\nexit 0\n"):
@@ -92,9 +91,8 @@ class Node(object):
         return checks
 
 
-def assert_contract(checks):
-    """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
-    return check_contract(ROLE_NAME, checks, HOST)
+# Names inside the contract; every warn/fail has found/expected/fix and names the node.
+assert_contract = functools.partial(check_contract, ROLE_NAME, host=HOST)
 
 
 # --- read --------------------------------------------------------------------------------------------------
@@ -218,12 +216,7 @@ CASES = [
 def test_decide(tmp_path, case):
     _name, node_kwargs, overrides, expected = case
     checks = Node(tmp_path, **node_kwargs).decide(**overrides)
-    assert sorted(checks) == sorted(expected)
-    for name, (status, found, fix) in expected.items():
-        result = checks[name]
-        assert result["status"] == status, (name, result)
-        assert found in result["found"], (name, result)
-        assert fix in result["fix"], (name, result)
+    assert_table(checks, expected)
 
 
 def test_missing_pyspy_without_a_local_source_says_what_to_do_offline(tmp_path):

@@ -1,5 +1,6 @@
 """The iommu capability: validate, read (sandbox roots, FakeOps), decide (tables), and the writer's parity."""
 
+import functools
 import json
 import os
 import subprocess
@@ -14,13 +15,13 @@ from preflight_node import grub as preflight_grub
 from preflight_node import iommu as node_iommu
 from cluster_preflight.capabilities import iommu
 from fake_ops import FakeOps
-from capability_helpers import assert_contract as check_contract, role_settings, role_yaml, typed_settings
+from capability_helpers import (ROOT, assert_contract as check_contract, assert_table, deny_reading, inventory_node,
+                                role_path, role_settings, role_yaml, typed_settings)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_NAME = "iommu"
-ROLE = os.path.join(ROOT, "roles", "iommu")
+ROLE = role_path(ROLE_NAME)
 HOST = "node7"
-NODE = {"name": HOST, "ansible_host": "198.18.0.7", "node_addr": "198.18.0.7", "user": "root", "ssh_port": 22}
+NODE = inventory_node(HOST, "198.18.0.7")
 
 GRUB = (
     "GRUB_DEFAULT=0\n"
@@ -34,13 +35,11 @@ H100 = ("0x10de", "0x2330", "0x030200")
 BMC = ("0x1a03", "0x2000", "0x030000")
 
 
-def load_yaml(*parts):
-    return role_yaml(ROLE_NAME, *parts)
+load_yaml = functools.partial(role_yaml, ROLE_NAME)
 
 
-def settings(**overrides):
-    """The role's defaults, typed, with ``overrides``: what preflight_settings hands a capability."""
-    return role_settings(ROLE_NAME, **overrides)
+# The role's defaults, typed, with overrides: what preflight_settings hands a capability.
+settings = functools.partial(role_settings, ROLE_NAME)
 
 
 def make_node(tmp_path, devices=(MI300X,), grub=GRUB, dropins=None,
@@ -83,9 +82,8 @@ def read_node(sysfs, root, **overrides):
     return facts, wanted
 
 
-def assert_contract(checks):
-    """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
-    return check_contract(ROLE_NAME, checks, HOST)
+# Names inside the contract; every warn/fail has found/expected/fix and names the node.
+assert_contract = functools.partial(check_contract, ROLE_NAME, host=HOST)
 
 
 def audit(tmp_path, **kwargs):
@@ -223,12 +221,7 @@ def test_decide(tmp_path, case):
     facts = None if args is None else json.loads(json.dumps(node_iommu.read(args, FakeOps())))
     checks = iommu.decide(HOST, facts, wanted)
     assert_contract(checks)
-    assert sorted(checks) == sorted(expected)
-    for check_name, (status, found, fix) in expected.items():
-        result = checks[check_name]
-        assert result["status"] == status, (check_name, result)
-        assert found in result["found"], (check_name, result)
-        assert fix in result["fix"], (check_name, result)
+    assert_table(checks, expected)
 
 
 def test_switched_off_reads_nothing(tmp_path):
@@ -400,15 +393,7 @@ def test_settings_typed_from_the_command_line_validate_and_switch_off():
 
 def test_grub_defaults_refused_to_a_reader_without_root_are_blocked_never_failed(tmp_path, monkeypatch):
     sysfs, root = make_node(tmp_path)
-    real_open = open
-
-    def deny(path, *args, **kwargs):
-        if str(path).endswith("/etc/default/grub"):
-            raise PermissionError(13, "Permission denied")
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(node_iommu, "privileged", lambda: False)
-    monkeypatch.setattr("builtins.open", deny)
+    deny_reading(monkeypatch, node_iommu, "/etc/default/grub")
     facts, wanted = read_node(sysfs, root, iommu_drift_policy="fail")
     monkeypatch.undo()
     assert facts["privileged"] is False and [item["path"] for item in facts["needs_root"]] == [

@@ -1,6 +1,7 @@
 """The kernel_debug capability: validate, read (sandbox roots, FakeOps), decide (tables), and the
 writer (library/sysctl_setting.py) agreeing with the audit because both use preflight_sysctl."""
 
+import functools
 import os
 
 import pytest
@@ -9,21 +10,19 @@ import sysctl_setting
 from cluster_preflight.capabilities import kernel_debug as controller
 from preflight_node import kernel_debug
 from preflight_node import sysctl as preflight_sysctl
-from capability_helpers import (assert_contract as check_contract, read_as_the_node_does, role_settings, role_yaml,
-                                write)
+from capability_helpers import (assert_one_problem, deny_reading, inventory_node, role_path, role_settings,
+                                role_yaml, sandbox_reader, statuses, sysctl_tree, write, write_files)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE_NAME = "kernel_debug"
-ROLE = os.path.join(ROOT, "roles", "kernel_debug")
+ROLE = role_path(ROLE_NAME)
 HOST = "node3"
-NODE = {"name": HOST, "ansible_host": "198.18.0.3", "node_addr": "198.18.0.3", "user": "root", "ssh_port": 22}
+NODE = inventory_node(HOST, "198.18.0.3")
 PTRACE_DROPIN = "/etc/sysctl.d/10-ptrace.conf"
 PANIC = {"name": "kernel.panic_on_oops", "value": "1", "dropin": "/etc/sysctl.d/60-preflight-panic.conf",
          "check_name": None}
 
 
-def load_yaml(*parts):
-    return role_yaml(ROLE_NAME, *parts)
+load_yaml = functools.partial(role_yaml, ROLE_NAME)
 
 
 def sysctl_checks(host, facts, wanted, **kwargs):
@@ -33,9 +32,8 @@ def sysctl_checks(host, facts, wanted, **kwargs):
     return checks
 
 
-def settings(**overrides):
-    """The role's defaults, typed, with ``overrides``: what preflight_settings hands a capability."""
-    return role_settings(ROLE_NAME, **overrides)
+# The role's defaults, typed, with overrides: what preflight_settings hands a capability.
+settings = functools.partial(role_settings, ROLE_NAME)
 
 
 def make_node(tmp_path, yama="1", dropin=None, files=None):
@@ -44,33 +42,21 @@ def make_node(tmp_path, yama="1", dropin=None, files=None):
     write(root, "/proc/sys/kernel/panic_on_oops", "0\n")
     if yama is not None:
         write(root, "/proc/sys/kernel/yama/ptrace_scope", yama + "\n")
-    write(root, "/etc/sysctl.conf", "# site settings\nvm.swappiness = 10\n")
-    os.makedirs(str(root / "etc/sysctl.d"), exist_ok=True)
+    sysctl_tree(root)
     if dropin is not None:
         write(root, PTRACE_DROPIN, dropin)
-    for path, text in (files or {}).items():
-        write(root, path, text)
+    write_files(root, files)
     return root
 
 
 def node_settings(root, **overrides):
-    values = dict(kernel_debug_ptrace_scope_enabled=True, kernel_debug_sysctl_root=str(root))
-    values.update(overrides)
-    return settings(**values)
+    return settings(**dict(dict(kernel_debug_ptrace_scope_enabled=True, kernel_debug_sysctl_root=str(root)),
+                           **overrides))
 
 
-def read_node(root, **overrides):
-    wanted = node_settings(root, **overrides)
-    return read_as_the_node_does(controller, wanted, NODE), wanted
-
-
-def assert_contract(checks, host=HOST):
-    """Names inside the contract; every warn/fail has found/expected/fix and names the node."""
-    return check_contract(ROLE_NAME, checks, host)
-
-
-def statuses(checks):
-    return {name: result["status"] for name, result in checks.items()}
+# read_node(root, **overrides): (facts, settings) as the node reads them; assert_contract(checks, host=HOST): names
+# inside the contract, every warn/fail with found/expected/fix and naming the node.
+read_node, assert_contract = sandbox_reader(controller, NODE, node_settings)
 
 
 # --- validate -------------------------------------------------------------------------------------
@@ -126,12 +112,7 @@ def test_the_defaults_are_valid():
      "kernel.panic"),
 ])
 def test_validate_names_the_variable_with_found_expected_fix(overrides, name, found):
-    problems = controller.validate(settings(**overrides))
-    assert [problem["name"] for problem in problems] == [name], problems
-    problem = problems[0]
-    assert found in problem["found"], problem
-    assert set(problem) == {"name", "found", "expected", "fix"}
-    assert all(isinstance(value, str) and value for key, value in problem.items() if key != "found"), problem
+    assert_one_problem(controller.validate(settings(**overrides)), name, found)
 
 
 # --- read -----------------------------------------------------------------------------------------
@@ -434,15 +415,7 @@ def test_a_training_python_that_hung_blocks_the_attach_check_or_fails_it_where_i
 def test_a_reader_without_root_refused_a_file_is_blocked_never_failed(tmp_path, monkeypatch):
     root = make_node(tmp_path, dropin="kernel.yama.ptrace_scope = 0\n",
                      files={"/etc/sysctl.d/99-locked.conf": "kernel.yama.ptrace_scope = 1\n"})
-    real_open = open
-
-    def deny(path, *args, **kwargs):
-        if str(path).endswith("99-locked.conf"):
-            raise PermissionError(13, "Permission denied")
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(kernel_debug, "privileged", lambda: False)
-    monkeypatch.setattr("builtins.open", deny)
+    deny_reading(monkeypatch, kernel_debug, "99-locked.conf")
     facts, wanted = read_node(root, kernel_debug_drift_policy="fail", kernel_debug_ptrace_scope=1)
     monkeypatch.undo()
     assert facts["privileged"] is False

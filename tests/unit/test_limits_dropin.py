@@ -7,6 +7,7 @@ import os
 import pytest
 
 import limits_dropin
+from capability_helpers import link_hashes, read_text as read, write
 
 DROPIN = "/etc/security/limits.d/90-preflight-core.conf"
 LIMITS_CONF = (
@@ -19,19 +20,6 @@ LIMITS_CONF = (
     "\t\n"
     "# End of file\n"
 )
-
-
-def write(root, path, text):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as handle:
-        handle.write(text)
-    return full
-
-
-def read(root, path):
-    with open(os.path.join(str(root), path.lstrip("/"))) as handle:
-        return handle.read()
 
 
 def tree_hashes(root):
@@ -192,20 +180,6 @@ def test_audit_writes_nothing(run_module, sandbox):
 
 
 # -- symlinks and a read-only /etc ---------------------------------------------------------------------
-
-
-def link_hashes(root):
-    """tree_hashes, with symlinks by target (tree_hashes follows them)."""
-    found = {}
-    for directory, _dirs, files in os.walk(str(root)):
-        for name in files:
-            full = os.path.join(directory, name)
-            if os.path.islink(full):
-                found[full] = "link:" + os.readlink(full)
-            else:
-                with open(full, "rb") as handle:
-                    found[full] = hashlib.sha256(handle.read()).hexdigest()
-    return found
 
 
 @pytest.mark.parametrize("check_mode", [True, False])

@@ -10,6 +10,7 @@ import pytest
 
 from ansible.module_utils import basic
 from preflight_node import files as pf
+from capability_helpers import saved_umask
 
 
 class Exit(Exception):
@@ -56,11 +57,7 @@ def snapshot(root):
     return found
 
 
-@pytest.fixture
-def umask():
-    saved = os.umask(0o022)
-    yield lambda value: os.umask(value)
-    os.umask(saved)
+umask = pytest.fixture(saved_umask)
 
 
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o644), (0o000, 0o600), (0o000, 0o644)])

@@ -18,10 +18,9 @@ from preflight_node import ssh as ps
 from preflight_node import ssh_checks
 from preflight_node import ssh_trust as node_st
 from fake_ops import FakeOps
-from capability_helpers import assert_contract as check_contract, role_yaml, write
+from capability_helpers import assert_contract as check_contract, role_path, role_yaml, write
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ROLE = os.path.join(ROOT, "roles", "ssh_trust")
+ROLE = role_path("ssh_trust")
 KH = "/etc/ssh/ssh_known_hosts"
 DROPIN = "/etc/ssh/ssh_config.d/60-preflight-cluster.conf"
 NO_LISTENER = "no process listens on TCP port 22 (/proc/net/tcp, /proc/net/tcp6)"

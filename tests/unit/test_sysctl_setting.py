@@ -1,13 +1,13 @@
 """sysctl_setting against a sandbox root with a fake /proc/sys and sysctl.d tree."""
 
 import errno
-import hashlib
 import os
 
 import pytest
 
 import sysctl_setting
 from preflight_node import sysctl as ps
+from capability_helpers import link_hashes as tree_hashes, read_text as read, write
 
 SYSCTL_CONF = (
     "# /etc/sysctl.conf - Configuration file for setting system variables\n"
@@ -21,33 +21,6 @@ PTRACE_DROPIN = "/etc/sysctl.d/10-ptrace.conf"
 CORE_DROPIN = "/etc/sysctl.d/60-preflight-core.conf"
 APPORT = "|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -u%u -g%g -- %E"
 COREDUMP = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h"
-
-
-def write(root, path, text):
-    full = os.path.join(str(root), path.lstrip("/"))
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as handle:
-        handle.write(text)
-    return full
-
-
-def read(root, path):
-    with open(os.path.join(str(root), path.lstrip("/"))) as handle:
-        return handle.read()
-
-
-def tree_hashes(root):
-    """Content hash of every file and symlink under root (symlinks by target)."""
-    result = {}
-    for directory, _dirs, files in os.walk(str(root)):
-        for name in files:
-            full = os.path.join(directory, name)
-            if os.path.islink(full):
-                result[full] = "link:" + os.readlink(full)
-            else:
-                with open(full, "rb") as handle:
-                    result[full] = hashlib.sha256(handle.read()).hexdigest()
-    return result
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from cluster_preflight import capabilities as registry
 from cluster_preflight import accounting as pv
 from preflight_node.checks import failed, passed, warned
 from cluster_preflight.verdict_file import problems
+from capability_helpers import saved_umask
 
 STAGES = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes")
 OK = {"changed": False}
@@ -239,11 +240,7 @@ def modes(root):
     return found
 
 
-@pytest.fixture
-def umask():
-    saved = os.umask(0o022)
-    yield lambda value: os.umask(value)
-    os.umask(saved)
+umask = pytest.fixture(saved_umask)
 
 
 LOGS = {"n1": {"log": "[n1:0]: hello\n", "rank_logs": [{"rank": 0, "name": "rank0.stderr.log", "text": "r0"}],
