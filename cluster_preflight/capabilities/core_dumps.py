@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 
-from ansible.module_utils.parsing.convert_bool import boolean
 
 from preflight_node import corepattern
 from preflight_node import limits
@@ -24,6 +23,8 @@ from preflight_node.checks import check, failed, not_applicable, passed, skipped
 from preflight_node import core_dumps as node_half
 from preflight_node.core_dumps import PROBE
 from preflight_node.privilege import BECOME_FIX, assumed, block_refused, needs_root
+
+from .common import switched_on
 
 CAPABILITY = node_half.CAPABILITY
 
@@ -42,10 +43,6 @@ _NAME = re.compile(r"^[^\s:/]+$")
 
 # ---------------------------------------------------------------------------------------------
 # validate (controller)
-
-def switched_on(value):
-    """A switch as typed on the command line (``-e core_dumps_enabled=false`` is the string "false")."""
-    return boolean(value, strict=False)
 
 
 def _problem(name, found, expected, fix):

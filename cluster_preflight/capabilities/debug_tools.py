@@ -18,11 +18,12 @@ from __future__ import annotations
 import os
 import re
 
-from ansible.module_utils.parsing.convert_bool import boolean
 
 from preflight_node import debug_tools as node_half
-from preflight_node.checks import check, failed, not_applicable, passed, skipped, warned
+from preflight_node.checks import check, not_applicable, passed, warned
 from preflight_node.debug_tools import FAMILIES, OS_RELEASE, OTHER, PYSPY
+
+from .common import off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
 
@@ -40,10 +41,6 @@ _PROGRAM_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._+-]*$")
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z]+[0-9]*)?(\.post[0-9]+|\.dev[0-9]+)?$")
 _URL_RE = re.compile(r"^(https?|file)://\S+$")
 
-
-def switched_on(value):
-    """A switch as typed on the command line (``-e debug_tools_enabled=false`` is the string "false")."""
-    return boolean(value, strict=False)
 
 
 # --- settings ------------------------------------------------------------------------------------------
@@ -312,14 +309,10 @@ def decide(host, facts, settings, probe=None, cluster=None):
     ``{enabled}`` (skipped) when switched off, ``{tools}`` (not_applicable) when nothing is asked for,
     ``{no_facts}`` (fail) when the node was not read.
     """
-    if not switched_on(settings.get("debug_tools_enabled", True)):
-        return {"enabled": skipped("debug_tools_enabled is false on %s: the debug tools are not checked" % host,
-                                   "debug_tools_enabled true to check them")}
-    if not facts:
-        return {"no_facts": failed(
-            "no debug_tools facts were read on %s" % host, "the OS family and the programs read on the node",
-            "see the debug_tools.error or preflight checks of %s for why the reader gave no result, then re-run"
-            % host)}
+    first = off_or_unread("debug_tools", host, settings.get("debug_tools_enabled", True), facts,
+                          "the debug tools", "the OS family and the programs read on the node")
+    if first is not None:
+        return first
     os_facts = facts.get("os") or {}
     family = os_facts.get("family") or OTHER
     checks = {}

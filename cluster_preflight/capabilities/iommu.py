@@ -21,14 +21,15 @@ from __future__ import annotations
 import os
 import re
 
-from ansible.module_utils.parsing.convert_bool import boolean
 
 from preflight_node import grub as preflight_grub
 from preflight_node import grub_checks
-from preflight_node.checks import failed, not_applicable, skipped, warned
+from preflight_node.checks import not_applicable, warned
 from preflight_node import iommu as node_half
 from preflight_node.iommu import GRUB_DEFAULT, GRUB_DROPIN_DIR, PROC_CMDLINE
 from preflight_node.privilege import block_refused
+
+from .common import off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
 
@@ -44,10 +45,6 @@ _DEVICE_ID_RE = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
 
 # --- settings ------------------------------------------------------------------------------------------
 
-
-def switched_on(value):
-    """A switch as typed on the command line (``-e iommu_enabled=false`` is the string "false")."""
-    return boolean(value, strict=False)
 
 
 def wanted_of(settings):
@@ -134,13 +131,10 @@ def read_args(settings, node):
 
 def decide(host, facts, settings, probe=None, cluster=None):
     """``{grub, cmdline}`` checks for ``host``; ``{enabled}`` skipped when switched off."""
-    if not switched_on(settings.get("iommu_enabled", True)):
-        return {"enabled": skipped("iommu_enabled is false on %s: the IOMMU kernel arguments are not checked" % host,
-                                   "iommu_enabled true to check them")}
-    if not facts:
-        return {"no_facts": failed(
-            "no iommu facts were read on %s" % host, "the PCI GPUs, grub defaults and /proc/cmdline read on the node",
-            "see the iommu.error or preflight checks of %s for why the reader gave no result, then re-run" % host)}
+    first = off_or_unread("iommu", host, settings.get("iommu_enabled", True), facts,
+                          "the IOMMU kernel arguments", "the PCI GPUs, grub defaults and /proc/cmdline read on the node")
+    if first is not None:
+        return first
     wanted = wanted_of(settings)
     expected = grub_checks.expected_text(wanted)
     pci = facts.get("pci") or {}

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 
-from ansible.module_utils.parsing.convert_bool import boolean
 
 from preflight_node import kernel_debug as node_half
 from preflight_node import sysctl
 from preflight_node.checks import NAME_RE, blocked, failed, passed, skipped
 from preflight_node.privilege import block_refused, needs_root
+
+from .common import switched_on
 
 CAPABILITY = node_half.CAPABILITY
 PTRACE = "ptrace_scope"
@@ -30,10 +31,6 @@ OWNED_ELSEWHERE = {
 PTRACE_SCOPES = (0, 1, 2, 3)
 ATTACH = "ptrace_attach"
 
-
-def switched_on(value):
-    """A switch as typed on the command line (``-e kernel_debug_ptrace_scope_enabled=false`` is "false")."""
-    return boolean(value, strict=False)
 
 
 def _problem(name, found, expected, fix):

@@ -24,6 +24,8 @@ from preflight_node.port_mesh import CAPABILITY  # noqa: F401  (the registry rea
 
 from cluster_preflight.mesh import mesh_checks
 
+from .common import port_problem
+
 # Seconds between two fork batches starting their background probes.
 BATCH_SPREAD = 2.0
 MAX_WINDOW = 600.0
@@ -31,10 +33,10 @@ MAX_WINDOW = 600.0
 
 def validate(settings):
     problems = []
-    port = settings.get("port_mesh_port")
-    if not isinstance(port, int) or not 1 <= port <= 65535:
-        problems.append({"name": "port_mesh_port", "found": port, "expected": "a TCP port 1-65535",
-                         "fix": "set preflight_master_port (or port_mesh_port) to the rendezvous port, e.g. 6000"})
+    port = port_problem("port_mesh_port", settings.get("port_mesh_port"),
+                        "set preflight_master_port (or port_mesh_port) to the rendezvous port, e.g. 6000")
+    if port:
+        problems.append(port)
     window, connect = settings.get("port_mesh_window", 8), settings.get("port_mesh_connect_timeout", 2)
     if not 0 < connect < window <= MAX_WINDOW:
         problems.append({"name": "port_mesh_window",

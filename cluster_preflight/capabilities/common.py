@@ -1,0 +1,36 @@
+# -*- coding: utf-8 -*-
+"""What the controller halves of the capabilities share: typed switches, the port rule, and the first two
+answers of a decider (switched off, or nothing read on the node)."""
+
+from __future__ import annotations
+
+from ansible.module_utils.parsing.convert_bool import boolean
+
+from preflight_node.checks import failed, skipped
+
+
+def switched_on(value):
+    """A switch as typed on the command line (``-e core_dumps_enabled=false`` is the string "false")."""
+    return boolean(value, strict=False)
+
+
+def port_problem(name, port, fix):
+    """A settings problem when ``port`` is not a TCP port, else None."""
+    if isinstance(port, int) and 1 <= port <= 65535:
+        return None
+    return {"name": name, "found": port, "expected": "a TCP port 1-65535", "fix": fix}
+
+
+def off_or_unread(capability, host, enabled, facts, what, read_on_node):
+    """``{enabled: skipped}`` when the capability is switched off on ``host``, ``{no_facts: fail}`` when its
+    reader gave nothing there, else None (the decider goes on). ``what`` says what is not checked when off;
+    ``read_on_node`` what the reader reads."""
+    if not switched_on(enabled):
+        return {"enabled": skipped("%s_enabled is false on %s: %s are not checked" % (capability, host, what),
+                                   "%s_enabled true to check them" % capability)}
+    if not facts:
+        return {"no_facts": failed(
+            "no %s facts were read on %s" % (capability, host), read_on_node,
+            "see the %s.error or preflight checks of %s for why the reader gave no result, then re-run"
+            % (capability, host))}
+    return None
