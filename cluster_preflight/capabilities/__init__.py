@@ -47,7 +47,7 @@ from . import nic_discovery as preflight_nic_discovery
 from . import port_mesh as preflight_port_mesh
 from . import ssh_trust as preflight_ssh_trust
 from .. import registers
-from .common import port_problem
+from .common import port_problems
 
 # The order of the verdict and of the audit: the gate's inputs first.
 ORDER = (
@@ -103,11 +103,8 @@ RUN_ROLE = "preflight"
 
 def validate_run(settings):
     """Problems in the run-wide settings (role ``preflight``)."""
-    problems = []
-    port = port_problem("preflight_master_port", settings.get("preflight_master_port"),
-                        "set preflight_master_port to a free port (the seeds use 6000)")
-    if port:
-        problems.append(port)
+    problems = port_problems("preflight_master_port", settings.get("preflight_master_port"),
+                             "set preflight_master_port to a free port (the seeds use 6000)")
     if settings.get("preflight_nproc_per_node", 0) < 0:
         problems.append({"name": "preflight_nproc_per_node", "found": settings.get("preflight_nproc_per_node"),
                          "expected": "0 (one rank per accelerator, 2 on CPU) or more",

@@ -14,11 +14,11 @@ def switched_on(value):
     return boolean(value, strict=False)
 
 
-def port_problem(name, port, fix):
-    """A settings problem when ``port`` is not a TCP port, else None."""
+def port_problems(name, port, fix):
+    """``[problem]`` when ``port`` is not a TCP port, else ``[]``."""
     if isinstance(port, int) and 1 <= port <= 65535:
-        return None
-    return {"name": name, "found": port, "expected": "a TCP port 1-65535", "fix": fix}
+        return []
+    return [{"name": name, "found": port, "expected": "a TCP port 1-65535", "fix": fix}]
 
 
 def off_or_unread(capability, host, enabled, facts, what, read_on_node):

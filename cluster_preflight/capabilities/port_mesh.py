@@ -24,7 +24,7 @@ from preflight_node.port_mesh import CAPABILITY  # noqa: F401  (the registry rea
 
 from cluster_preflight.mesh import mesh_checks
 
-from .common import port_problem
+from .common import port_problems
 
 # Seconds between two fork batches starting their background probes.
 BATCH_SPREAD = 2.0
@@ -32,11 +32,8 @@ MAX_WINDOW = 600.0
 
 
 def validate(settings):
-    problems = []
-    port = port_problem("port_mesh_port", settings.get("port_mesh_port"),
-                        "set preflight_master_port (or port_mesh_port) to the rendezvous port, e.g. 6000")
-    if port:
-        problems.append(port)
+    problems = port_problems("port_mesh_port", settings.get("port_mesh_port"),
+                             "set preflight_master_port (or port_mesh_port) to the rendezvous port, e.g. 6000")
     window, connect = settings.get("port_mesh_window", 8), settings.get("port_mesh_connect_timeout", 2)
     if not 0 < connect < window <= MAX_WINDOW:
         problems.append({"name": "port_mesh_window",
