@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "unit", "fixtures", "nic"))
 
 import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import (the node layer under both names)
 from cluster_preflight import capabilities as registry  # noqa: E402
-from preflight_node import facts as node_halves  # noqa: E402
+from preflight_node import probes as node_probes  # noqa: E402
+from preflight_node import readers as node_halves  # noqa: E402
 from cluster_preflight.pairs import peers_by_host  # noqa: E402
 from cluster_preflight.cluster import without_gc  # noqa: E402
 from cluster_preflight.accounting import build_verdict, failure_lines, write_run_dir  # noqa: E402
@@ -185,7 +186,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="preflight-bench-scale-") as workdir:
         template = template_facts(workdir, settings)
         core = registry.get("core_dumps")
-        core_probe = node_halves.get("core_dumps").probe(core.probe_args(settings["core_dumps"], {"name": "n0"}, {}), LocalOps())
+        core_probe = node_probes.get("core_dumps").probe(core.probe_args(settings["core_dumps"], {"name": "n0"}, {}), LocalOps())
         print("%6s %8s %8s %8s %8s %8s %9s %s" % ("nodes", "inputs", "plan", "launch", "final", "verdict", "total",
                                                   "per node"))
         previous = None

@@ -5,13 +5,13 @@ Every node's ``port_probe`` results (``library/port_probe.py``, logic in
 ``module_utils/preflight_node/port_probe.py``) -> the matrix, the suspects and the per-node
 ``port_mesh`` findings; ``cluster_preflight/capabilities/port_mesh.py`` (``report``) uses them.
 The single-connection check builders (``reach_check``, ``listen_check``) stay on the node, in
-``module_utils/preflight_node/net.py``: the probe returns their checks.
+``module_utils/preflight_node/port_checks.py``: the probe returns their checks.
 """
 
 from __future__ import annotations
 
 from preflight_node.checks import failed, passed
-from preflight_node.net import reach_check
+from preflight_node.port_checks import reach_check
 
 
 def _host_results(value):

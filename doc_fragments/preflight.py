@@ -34,7 +34,8 @@ attributes:
 """
 
     # Node modules that touch only the gate's own run-time state (scratch directories, result files, the run
-    # lock's lease), never configuration: allreduce, job_wait, preflight_facts, preflight_lock, preflight_probes.
+    # lock's lease), never configuration: allreduce, job_wait, preflight_facts, preflight_local, preflight_lock,
+    # preflight_probes.
     RUN_STATE = r"""
 attributes:
   diff_mode:
@@ -68,8 +69,8 @@ attributes:
     description: Runs the same in check mode; writes only the run directory on the controller, never on a node.
 """
 
-    # The options the two node calls of a gate run share (NODE_CALL_SPEC in
-    # module_utils/preflight_node/facts.py): preflight_facts, preflight_probes.
+    # The options the node calls share (NODE_CALL_SPEC in module_utils/preflight_node/calls.py):
+    # preflight_facts, preflight_probes, preflight_local.
     NODE_CALL = r"""
 options:
   job:

@@ -180,8 +180,8 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.files import refuse_symlinks, write_atomic
-from ansible.module_utils.preflight_node.ssh import (MARKER, SshTrustError, join_block, markers, plan_block, read_text,
-                                                rooted, sha256_text, split_block)
+from ansible.module_utils.preflight_node.known_hosts_plan import join_block, plan_block, sha256_text
+from ansible.module_utils.preflight_node.ssh import MARKER, SshTrustError, markers, read_text, rooted, split_block
 from ansible.module_utils.preflight_node.ssh_checks import known_hosts_check
 
 

@@ -163,8 +163,10 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node import limits
+from ansible.module_utils.preflight_node import limits_write
 from ansible.module_utils.preflight_node.files import refuse_symlinks
-from ansible.module_utils.preflight_node.sysctl import rooted, write_dropin
+from ansible.module_utils.preflight_node.sysctl import rooted
+from ansible.module_utils.preflight_node.sysctl_write import write_dropin
 
 
 def main():
@@ -192,9 +194,9 @@ def main():
     types = [str(limit_type).strip().lower() for limit_type in params["types"]]
     domains = [str(domain).strip() for domain in params["domains"]]
     value = str(params["value"]).strip().lower()
-    errors = limits.validate(domains, types, item, value)
+    errors = limits_write.validate(domains, types, item, value)
     path = os.path.normpath(params["path"])
-    problem = limits.path_problem(path, os.path.normpath(params["limits_dir"]),
+    problem = limits_write.path_problem(path, os.path.normpath(params["limits_dir"]),
                                   os.path.normpath(params["limits_conf"]))
     if problem:
         errors.append(problem)
@@ -204,7 +206,7 @@ def main():
     root = params["root"]
     short = params["check_name"] or "%s_limits" % item
     present = params["state"] == "present"
-    entries = limits.entries_for(domains, types, item, value)
+    entries = limits_write.entries_for(domains, types, item, value)
 
     # Read, decide what to write, write only outside check mode, then judge what
     # is there now with the same decider the audit uses.
@@ -216,7 +218,7 @@ def main():
     if before["error"] and present:
         module.fail_json(msg="Found: %s. Expected: a readable %s. Fix: run the bring-up as root "
                              "(preflight_become: true)." % (before["error"], path))
-    desired_text = limits.render(item, entries, params["comment"])
+    desired_text = limits_write.render(item, entries, params["comment"])
     after_text = desired_text if present else before["text"]
     changed = present and before["text"] != desired_text
     result = dict(changed=changed, entries=entries, path=path)
@@ -231,8 +233,8 @@ def main():
             result["backup_file"] = backup_file
     after = read() if applied else before
 
-    checks = limits.decide_limits(after, entries, params["policy"], short)
-    result.update(checks=checks, conflicts=limits.conflicts(after, entries),
+    checks = limits_write.decide_limits(after, entries, params["policy"], short)
+    result.update(checks=checks, conflicts=limits_write.conflicts(after, entries),
                   pam_services=after["pam_services"] or [])
     if present and module._diff:
         result["diff"] = dict(before_header=path, after_header=path, before=before["text"] or "", after=after_text)

@@ -12,8 +12,9 @@ DOCUMENTATION = r"""
 module: preflight_facts
 short_description: Read every preflight capability's facts on a node in one call
 description:
-  - Runs the reader (the C(read) function of C(module_utils/preflight_<capability>.py)) of every capability named in
-    O(capabilities) on the node and returns their facts. Readers only read (files under /proc, /sys, /etc; the
+  - Runs the reader (the C(read) function of C(module_utils/preflight_node/<capability>.py), registered in
+    C(module_utils/preflight_node/readers.py)) of every capability named in O(capabilities) on the node and returns
+    their facts. No probe code is shipped with it (the node-local health check's call is C(preflight_local)). Readers only read (files under /proc, /sys, /etc; the
     training Python asked where torch is); nothing on the node changes.
   - Each reader is its own failure domain; one that raises is reported under RV(errors) with the exception and
     the others still run. The controller (C(preflight_decide)) turns facts into checks.
@@ -25,13 +26,6 @@ options:
     description: Capability name to the arguments of its reader (C(read_args) of the capability).
     type: dict
     required: true
-  probes:
-    description:
-      - Capability name to the arguments of a probe that needs no peer (the core crash), run after the readers in
-        the same call; used by the node-local C(healthcheck.yml). Empty in C(preflight.yml), whose probes run
-        while the all-reduce runs.
-    type: dict
-    default: {}
   lock:
     description:
       - The gate's run lock, C({dir, run_id, controller, controller_pid, controller_start, user, lease_seconds,
@@ -54,7 +48,7 @@ attributes:
     support: full
     description:
       - Runs the same in check mode. The readers only read; with O(lock) the lease is taken (written) in check mode
-        too, and the probes of O(probes) act as they do in C(preflight_probes), leaving nothing that persists.
+        too.
 """
 
 EXAMPLES = r"""
@@ -97,18 +91,15 @@ busy:
   description: The same as RV(lock) when another run holds the node (C(lease) says which); nothing was read.
   returned: when the node is busy
   type: dict
-probes:
-  description: With O(probes), capability name to its probe's result (and C(probe_errors), C(probe_elapsed)).
-  returned: when probes are given
-  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.facts import FACTS_CALL_SPEC, node_call
+from ansible.module_utils.preflight_node import readers
+from ansible.module_utils.preflight_node.calls import FACTS_CALL_SPEC, node_call
 
 
 def main():
-    node_call(AnsibleModule(argument_spec=FACTS_CALL_SPEC, supports_check_mode=True), "read", "facts")
+    node_call(AnsibleModule(argument_spec=FACTS_CALL_SPEC, supports_check_mode=True), readers, "read", "facts")
 
 
 if __name__ == "__main__":

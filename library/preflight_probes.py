@@ -12,9 +12,10 @@ DOCUMENTATION = r"""
 module: preflight_probes
 short_description: Run the preflight checks that have to act (crash a child, ssh to the peers) in one call
 description:
-  - Runs the probe (the C(probe) function of C(module_utils/preflight_<capability>.py)) of every capability named
-    in O(capabilities), for example C(core_dumps) crashes a throw-away child and finds its core file,
-    and C(ssh_trust) logs in to every peer with host-key checking on. Probes leave nothing behind on the node.
+  - Runs the probe (the C(probe) function of C(module_utils/preflight_node/<capability>_probe.py), registered in
+    C(module_utils/preflight_node/probes.py)) of every capability named in O(capabilities), for example
+    C(core_dumps) crashes a throw-away child and finds its core file, and C(ssh_trust) logs in to every peer
+    with host-key checking on. Probes leave nothing behind on the node. No reader code is shipped with it.
   - Each probe is its own failure domain; one that raises is reported under RV(errors) and the others still
     run. The controller (C(preflight_decide)) turns the results into checks.
 version_added: "1.0.0"
@@ -31,15 +32,6 @@ options:
         minimal environment; with none wanted and root, as C(nobody) when it can use the training Python.
       - C(resolved) (the facts call's RV(job_user)) is taken as it is, and C(hangs) (program to C({seconds, user}),
         the facts call's C(hangs)) are not run again - a training Python that hung once is not waited for twice.
-  probes:
-    description:
-      - Not used by the playbooks; accepted because this call shares its arguments with C(preflight_facts), where
-        it names the probes that run after the readers. Leave it empty.
-      - Given, the probes it names (capability name to probe arguments) run once more after those of
-        O(capabilities); their results are not returned (RV(probes) holds those of O(capabilities)), only
-        C(probe_errors) and C(probe_elapsed).
-    type: dict
-    default: {}
   selftest_error:
     description: Name of a capability whose probe raises on purpose (tests of the isolation). Empty normally.
     type: str
@@ -104,11 +96,12 @@ job:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.facts import PROBES_CALL_SPEC, node_call
+from ansible.module_utils.preflight_node import probes
+from ansible.module_utils.preflight_node.calls import PROBES_CALL_SPEC, node_call
 
 
 def main():
-    node_call(AnsibleModule(argument_spec=PROBES_CALL_SPEC, supports_check_mode=True), "probe", "probes")
+    node_call(AnsibleModule(argument_spec=PROBES_CALL_SPEC, supports_check_mode=True), probes, "probe", "probes")
 
 
 if __name__ == "__main__":

@@ -208,18 +208,19 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node import corepattern
 from ansible.module_utils.preflight_node import sysctl
+from ansible.module_utils.preflight_node import sysctl_write
 from ansible.module_utils.preflight_node.files import refuse_symlinks
 
 
 def _validate(module, key, desired, dropin, search):
-    problem = sysctl.key_problem(key)
+    problem = sysctl_write.key_problem(key)
     if problem:
         module.fail_json(msg="Found name %s. Expected a sysctl key. Fix: set name to a dotted key such as "
                              "kernel.yama.ptrace_scope." % problem)
     if "\n" in str(module.params["value"]).strip():
         module.fail_json(msg="Found a value for %s with several lines. Expected one line. Fix: set value to the "
                              "single line /proc/sys/%s takes." % (key, key.replace(".", "/")))
-    problem = sysctl.dropin_problem(dropin, search)
+    problem = sysctl_write.dropin_problem(dropin, search)
     if problem:
         module.fail_json(msg="Found %s. Fix: set dropin to a file of its own such as /etc/sysctl.d/60-%s.conf."
                              % (problem, key.split(".")[-1].replace("_", "-")))
@@ -267,20 +268,20 @@ def main():
         reason = before["missing_reason"]
         module.exit_json(
             changed=False, not_applicable=True, reason=reason,
-            checks=sysctl.decide_setting(before, desired, params["policy"], short),
+            checks=sysctl_write.decide_setting(before, desired, params["policy"], short),
             runtime=None, runtime_before=None, persisted=before["dropin_value"],
-            effective_at_boot=sysctl.effective(before), conflicts=sysctl.conflicts(before, desired),
+            effective_at_boot=sysctl_write.effective(before), conflicts=sysctl_write.conflicts(before, desired),
             dropin=dropin, msg=reason)
     if before["runtime_error"] and present and params["reload"]:
         module.fail_json(msg="Found: %s. Expected: a readable %s. Fix: run the bring-up as root "
                              "(preflight_become: true)." % (before["runtime_error"], before["runtime_path"]))
 
-    plan = sysctl.plan_setting(before, desired, params["comment"], present, params["reload"])
+    plan = sysctl_write.plan_setting(before, desired, params["comment"], present, params["reload"])
     changed = plan["write_file"] or plan["set_runtime"]
     applied = changed and not module.check_mode
     if plan["write_file"]:
         # Decided before anything is written (and in check mode, where the real run would fail).
-        refuse_symlinks(module, [(sysctl.rooted(root, dropin), dropin)], sysctl.dropin_link_fix(dropin))
+        refuse_symlinks(module, [(sysctl.rooted(root, dropin), dropin)], sysctl_write.dropin_link_fix(dropin))
 
     result = dict(changed=changed, not_applicable=False, dropin=dropin, runtime_before=before["runtime"])
     if applied:
@@ -293,13 +294,13 @@ def main():
                            plan["write_file"])
     after = sysctl.read_setting(root, params["proc_root"], key, dropin, search) if applied else before
 
-    checks = sysctl.decide_setting(after, desired, params["policy"], short, reload=params["reload"])
+    checks = sysctl_write.decide_setting(after, desired, params["policy"], short, reload=params["reload"])
     pid = checks.get(short + "_pid")
     if pid and pid["status"] == "warn":
         module.warn(pid["found"])
     result.update(
         checks=checks, runtime=after["runtime"], persisted=after["dropin_value"],
-        effective_at_boot=sysctl.effective(after), conflicts=sysctl.conflicts(after, desired))
+        effective_at_boot=sysctl_write.effective(after), conflicts=sysctl_write.conflicts(after, desired))
     if present and module._diff:
         runtime = before["runtime"] or ""
         result["diff"] = [
@@ -316,8 +317,8 @@ def main():
 
 def _write_dropin(module, root, dropin, text, backup):
     # A read-only /etc, no permission or a symlink ends the task in write_atomic with found / expected / fix.
-    return sysctl.write_dropin(module, sysctl.rooted(root, dropin), text, backup, logical=dropin,
-                               fix=sysctl.dropin_link_fix(dropin))
+    return sysctl_write.write_dropin(module, sysctl.rooted(root, dropin), text, backup, logical=dropin,
+                               fix=sysctl_write.dropin_link_fix(dropin))
 
 
 def _write_runtime(module, root, path, key, desired, before, dropin, wrote_dropin):

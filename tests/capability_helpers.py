@@ -7,7 +7,7 @@ import os
 
 import yaml
 from preflight_node import checks as preflight_checks
-from preflight_node import facts as node_halves
+from preflight_node import readers as node_halves
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from fake_ops import FakeOps
 

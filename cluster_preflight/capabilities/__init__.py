@@ -6,15 +6,16 @@ mirrored by ``meta/argument_specs.yml``; its bring-up writers in ``tasks/``), a 
 ``module_utils/preflight_node/<name>.py`` (shipped), a controller half ``cluster_preflight/capabilities/<name>.py``
 (this package) and one test file ``tests/unit/test_<name>.py``.
 
-Node half (registered in ``module_utils/preflight_node/facts.py``):
+Node half (``read`` registered in ``module_utils/preflight_node/readers.py``; ``probe``, in its own
+``module_utils/preflight_node/<name>_probe.py``, in ``module_utils/preflight_node/probes.py``):
 
 ``CAPABILITY``
     its name: the role name, the variables' prefix, the check namespace.
-``read(args, ops) -> facts``  (inside ``library/preflight_facts.py``)
+``read(args, ops) -> facts``  (inside ``library/preflight_facts.py`` and ``library/preflight_local.py``)
     pure reads, commands only through ``ops`` (``module_utils/preflight_node/ops.py``).
     What a node may lack (no sshd config, no Yama, no torch) is a fact, never
     an exception; an exception is recorded as ``<name>.error``.
-``probe(args, ops)``  (optional, inside ``library/preflight_probes.py``)
+``probe(args, ops)``  (optional, inside ``library/preflight_probes.py`` and ``library/preflight_local.py``)
     a check that has to act (crash a child, ssh to the peers), while the all-reduce runs.
 
 Controller half (listed here, in verdict order):

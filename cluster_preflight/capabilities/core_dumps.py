@@ -6,8 +6,8 @@ The reader and the crash probe (``read``, ``probe``) are the node half,
 bring-up writers.  Here: ``validate`` (controller), ``read_args`` / ``probe_args`` (what the node calls
 get), ``decide`` (pure: facts and probe result -> checks) and ``probe_check`` (the crash probe's
 result -> the ``core_probe`` check); ``decide`` judges the pattern and the limits with
-the same deciders the writers use (``module_utils/preflight_node/sysctl.py``,
-``module_utils/preflight_node/limits.py``).
+the same deciders the writers use (``module_utils/preflight_node/sysctl_write.py``,
+``module_utils/preflight_node/limits_write.py``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import re
 
 from preflight_node import corepattern
 from preflight_node import limits
+from preflight_node import limits_write
 from preflight_node import sysctl
+from preflight_node import sysctl_write
 from preflight_node.checks import check, failed, not_applicable, passed, skipped, warned
 from preflight_node import core_dumps as node_half
-from preflight_node.core_dumps import PROBE
+from preflight_node.core_dumps_probe import PROBE
 from preflight_node.privilege import BECOME_FIX, assumed, block_refused, needs_root
 
 from .common import switched_on
@@ -130,7 +132,7 @@ def _dir_problems(settings, pattern):
 def _dropin_problems(settings):
     """The sysctl drop-in and the limits (domains, value, drop-in)."""
     problems = []
-    problem = sysctl.dropin_problem(settings["core_dumps_sysctl_dropin"], sysctl.DEFAULT_SYSCTL_DIRS)
+    problem = sysctl_write.dropin_problem(settings["core_dumps_sysctl_dropin"], sysctl.DEFAULT_SYSCTL_DIRS)
     if problem:
         problems.append(_problem("core_dumps_sysctl_dropin", problem, "a *.conf file of its own in a sysctl.d "
                                  "directory", "set core_dumps_sysctl_dropin to a file of its own such as "
@@ -138,11 +140,11 @@ def _dropin_problems(settings):
 
     domains = [str(domain).strip() for domain in settings["core_dumps_limits_domains"] or []]
     value = str(settings["core_dumps_limits_value"]).strip().lower()
-    for error in limits.validate(domains, list(LIMIT_TYPES), "core", value):
+    for error in limits_write.validate(domains, list(LIMIT_TYPES), "core", value):
         name = "core_dumps_limits_value" if error.startswith("value") else "core_dumps_limits_domains"
         problems.append(_problem(name, error, "limits.conf(5) domains (*, root, @group, a user) and a value "
-                                 "(unlimited or a size in KiB)", "correct %s (%s)" % (name, limits.MAN)))
-    problem = limits.path_problem(settings["core_dumps_limits_dropin"])
+                                 "(unlimited or a size in KiB)", "correct %s (%s)" % (name, limits_write.MAN)))
+    problem = limits_write.path_problem(settings["core_dumps_limits_dropin"])
     if problem:
         problems.append(_problem("core_dumps_limits_dropin", problem, "a *.conf file of its own in %s"
                                  % limits.LIMITS_DIR, "set core_dumps_limits_dropin to a file of its own such as "
@@ -184,7 +186,7 @@ def _probe_and_path_problems(settings):
 # node call arguments (controller)
 
 def _limit_entries(settings):
-    return limits.entries_for(settings["core_dumps_limits_domains"], LIMIT_TYPES, "core",
+    return limits_write.entries_for(settings["core_dumps_limits_domains"], LIMIT_TYPES, "core",
                               settings["core_dumps_limits_value"])
 
 
@@ -271,9 +273,9 @@ def session_check(session, settings, policy):
         return warned(session["error"], expected, "install util-linux (runuser), or check the job user's "
                       "login with: runuser -l %s -s /bin/sh -c 'ulimit -c'" % session.get("user"))
     found = "ulimit -c is %s (hard %s) in %s" % (session["soft"], session["hard"], session["how"])
-    if limits.normalize_value(session["soft"]) == limits.normalize_value(wanted):
+    if limits_write.normalize_value(session["soft"]) == limits_write.normalize_value(wanted):
         return passed(found, expected)
-    hard_blocks = session["hard"] != "unlimited" and limits.normalize_value(wanted) == "unlimited"
+    hard_blocks = session["hard"] != "unlimited" and limits_write.normalize_value(wanted) == "unlimited"
     fix = ("run bringup.yml (it writes %s), then start a new login session: limits apply at login, and a "
            "job's core dumps need the soft limit raised%s" % (
                settings["core_dumps_limits_dropin"],
@@ -298,7 +300,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
         checks[PATTERN] = _no_facts("kernel.core_pattern facts")
         checks[CORE_DIR] = _no_facts("core directory facts")
     else:
-        checks.update(sysctl.decide_setting(facts["core_pattern"], pattern, policy, PATTERN))
+        checks.update(sysctl_write.decide_setting(facts["core_pattern"], pattern, policy, PATTERN))
         checks[CORE_DIR] = _dir_check(facts.get("core_dir"), settings, policy)
 
     if not switched_on(settings["core_dumps_limits_enabled"]):
@@ -307,7 +309,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
     elif facts is None or facts.get("limits") is None:
         checks[LIMITS] = _no_facts("limits facts")
     else:
-        checks.update(limits.decide_limits(facts["limits"], _limit_entries(settings), policy, LIMITS))
+        checks.update(limits_write.decide_limits(facts["limits"], _limit_entries(settings), policy, LIMITS))
         if facts.get("session") is not None:
             checks[SESSION] = session_check(facts["session"], settings, policy)
     checks = block_refused(checks, (facts or {}).get("needs_root"))

@@ -10,7 +10,7 @@ in ``GRUB_CMDLINE_LINUX``), and never with the other one.
   PCI bus (sysfs), the grub defaults files and the running kernel's command line;
 * here: ``validate``, ``read_args`` and the decider, which gives the same findings
   the writer (``library/grub_cmdline.py``) reports in check mode - both run
-  ``plan`` of ``module_utils/preflight_node/grub.py`` on the same files and judge
+  ``plan`` of ``module_utils/preflight_node/grub_plan.py`` on the same files and judge
   it with ``module_utils/preflight_node/grub_checks.py``; ``not_applicable`` on a
   node without an AMD GPU;
 * writer: ``grub_cmdline`` (bring-up, role ``iommu``), then an opt-in reboot.
@@ -22,7 +22,7 @@ import os
 import re
 
 
-from preflight_node import grub as preflight_grub
+from preflight_node import grub_plan
 from preflight_node import grub_checks
 from preflight_node.checks import not_applicable, warned
 from preflight_node import iommu as node_half
@@ -48,10 +48,10 @@ _DEVICE_ID_RE = re.compile(r"^(0x)?[0-9a-fA-F]{1,4}$")
 
 
 def wanted_of(settings):
-    """The grub arguments ``iommu_mode`` asks for, in the shape preflight_grub works with."""
+    """The grub arguments ``iommu_mode`` asks for, in the shape grub_plan works with."""
     kernel = MODES[settings["iommu_mode"]]
-    return preflight_grub.wanted_args(
-        [kernel["arg"]], [kernel["conflict"]], kernel["variable"], preflight_grub.CMDLINE_VARIABLES,
+    return grub_plan.wanted_args(
+        [kernel["arg"]], [kernel["conflict"]], kernel["variable"], grub_plan.CMDLINE_VARIABLES,
         settings["iommu_grub_dropin_name"], GRUB_DEFAULT)
 
 
@@ -151,7 +151,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
             reason += " among the device ids of iommu_amd_device_ids (%s)" % ", ".join(settings["iommu_amd_device_ids"])
         applies = "an AMD GPU, for the IOMMU setting to apply"
         return {"grub": not_applicable(reason, applies), "cmdline": not_applicable(reason, applies)}
-    outcome = preflight_grub.plan(facts["grub"], wanted, settings["iommu_grub_mode"])
+    outcome = grub_plan.plan(facts["grub"], wanted, settings["iommu_grub_mode"])
     grub = grub_checks.grub_check(outcome, wanted, settings["iommu_drift_policy"], host=host)
     grub.setdefault("details", {})["amd_gpus"] = ["%s (device %s)" % (gpu["address"], gpu["device"])
                                                   for gpu in pci.get("gpus", []) if gpu.get("vendor_name") == "amd"]

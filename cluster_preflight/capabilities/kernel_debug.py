@@ -5,7 +5,7 @@ The reader (``kernel.yama.ptrace_scope`` and any ``kernel_debug_extra_sysctls``,
 and at the next boot) and the ptrace attach probe are the node half,
 ``module_utils/preflight_node/kernel_debug.py``; the role ``roles/kernel_debug`` holds the variables and
 the bring-up writer tasks (``sysctl_setting``), which decide with the same function as ``decide`` here
-(``decide_setting`` in ``module_utils/preflight_node/sysctl.py``).
+(``decide_setting`` in ``module_utils/preflight_node/sysctl_write.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 
 from preflight_node import kernel_debug as node_half
 from preflight_node import sysctl
+from preflight_node import sysctl_write
 from preflight_node.checks import NAME_RE, blocked, failed, passed, skipped
 from preflight_node.privilege import block_refused, needs_root
 
@@ -68,7 +69,7 @@ def validate(settings):
     if not search or not all(isinstance(entry, str) and entry.startswith("/") for entry in search):
         problems.append(_problem("kernel_debug_sysctl_dirs", search, "a list of absolute sysctl.d directories "
                                  "(and plain *.conf files)", "keep the default list, or list absolute paths only"))
-    elif not sysctl.search_dirs(search):
+    elif not sysctl_write.search_dirs(search):
         problems.append(_problem("kernel_debug_sysctl_dirs", search, "at least one sysctl.d directory",
                                  "add /etc/sysctl.d to kernel_debug_sysctl_dirs"))
     else:
@@ -89,7 +90,7 @@ def validate(settings):
                                  "set kernel_debug_ptrace_scope to 0 (debuggers attach without root) or 1"))
     dropins = {}
     taken = {}
-    problem = search_ok and sysctl.dropin_problem(settings["kernel_debug_ptrace_scope_dropin"], search)
+    problem = search_ok and sysctl_write.dropin_problem(settings["kernel_debug_ptrace_scope_dropin"], search)
     if problem:
         problems.append(_problem("kernel_debug_ptrace_scope_dropin", problem,
                                  "a *.conf file of its own in a directory of kernel_debug_sysctl_dirs",
@@ -128,7 +129,7 @@ def _extra_problems(item, where, search, search_ok, dropins, taken):
                                  "give %s a name, a value and a drop-in of its own" % where))
         return problems
     key = sysctl.normalize_key(str(item["name"]))
-    problem = sysctl.key_problem(key)
+    problem = sysctl_write.key_problem(key)
     if problem:
         problems.append(_problem(where, problem, "a sysctl key such as kernel.panic_on_oops",
                                  "correct the name of %s" % where))
@@ -144,7 +145,7 @@ def _extra_problems(item, where, search, search_ok, dropins, taken):
         problems.append(_problem(where, "value %r for %s" % (value, key), "one non-empty line",
                                  "set the value of %s to what /proc/sys/%s takes" % (key, key.replace(".", "/"))))
     dropin = str(item["dropin"])
-    problem = search_ok and sysctl.dropin_problem(dropin, search)
+    problem = search_ok and sysctl_write.dropin_problem(dropin, search)
     if problem:
         problems.append(_problem(where, problem, "a drop-in of its own in a sysctl.d directory",
                                  "set the dropin of %s to e.g. /etc/sysctl.d/60-preflight-%s.conf"
@@ -257,7 +258,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
                                   "see kernel_debug.error for this node, fix what it names and run the preflight "
                                   "again")
             continue
-        checks.update(sysctl.decide_setting(read_settings[name], item["value"], policy, name))
+        checks.update(sysctl_write.decide_setting(read_settings[name], item["value"], policy, name))
     checks = block_refused(checks, (facts or {}).get("needs_root"))
     if host:
         for result in checks.values():

@@ -22,7 +22,8 @@ The settings and their role defaults are ``ssh_trust_settings.py`` (all beside t
 from __future__ import annotations
 
 from preflight_node.checks import not_applicable
-from preflight_node.ssh import MARKER, _NAME
+from preflight_node.known_hosts_plan import _NAME
+from preflight_node.ssh import MARKER
 from preflight_node.ssh_checks import host_keys_check
 from preflight_node import ssh_trust as node_half
 

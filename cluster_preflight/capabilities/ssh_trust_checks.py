@@ -13,7 +13,7 @@ from preflight_node.checks import check, failed, passed, skipped, warned
 from preflight_node.privilege import assumed, needs_root
 from preflight_node.ssh import safe_fingerprint
 from preflight_node.ssh_checks import BRINGUP, describe_sshd, known_hosts_check
-from preflight_node.ssh_keys import ssh_dir_refusal
+from preflight_node.ssh_keys_write import ssh_dir_refusal
 
 from .ssh_trust_mesh import _mesh_view
 from .ssh_trust_plan import ASSUMED_FIX, assumption, reported_names

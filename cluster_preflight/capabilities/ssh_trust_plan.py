@@ -10,8 +10,8 @@ cluster view (:func:`_analysis`) for ``plan`` and ``decide`` in ``cluster_prefli
 from __future__ import annotations
 
 from preflight_node.privilege import BECOME_FIX
-from preflight_node.ssh import (KNOWN_HOSTS, MARKER, SshTrustError, _NAME, host_token, markers, normalize_entries,
-                                parse_public_key, plan_block)
+from preflight_node.known_hosts_plan import KNOWN_HOSTS, _NAME, normalize_entries, plan_block
+from preflight_node.ssh import MARKER, SshTrustError, host_token, markers, parse_public_key
 
 from .ssh_trust_settings import LOCAL_NAME, _port, as_bool, as_list, setting
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from preflight_node.ssh import KNOWN_HOSTS
+from preflight_node.known_hosts_plan import KNOWN_HOSTS
 from preflight_node.ssh_checks import LIST_LIMIT
 
 # The role's defaults (roles/ssh_trust/defaults/main.yml; a unit test keeps them equal), used

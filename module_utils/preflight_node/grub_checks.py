@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """The checks judging the grub defaults and the running kernel's command line; node layer.
 
-``grub_check`` turns a :func:`module_utils/preflight_node/grub.py <plan>` outcome into the grub defaults
+``grub_check`` turns a :func:`module_utils/preflight_node/grub_plan.py <plan>` outcome into the grub defaults
 check, ``cmdline_check`` the running kernel's arguments into the command line check.  The writer
 (``library/grub_cmdline.py``, on the node) and the iommu decider (``cluster_preflight/capabilities/iommu.py``,
 on the controller) both build their checks here, so an audit and a bring-up report the same.
@@ -10,7 +10,7 @@ on the controller) both build their checks here, so an audit and a bring-up repo
 from __future__ import annotations
 
 from .checks import check, passed, warned
-from .grub import matches_absent, parse_proc_cmdline
+from .grub_plan import matches_absent, parse_proc_cmdline
 
 REGENERATE_HINT = "update-grub (grub2-mkconfig -o /boot/grub2/grub.cfg on RHEL)"
 

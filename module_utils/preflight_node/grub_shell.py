@@ -12,7 +12,7 @@ variables assigned earlier, comments and line continuations.  Anything else
 (``if``, command substitution, ...) is skipped and reported, never executed.
 
 Each :class:`Assignment` records where its value lies in the file (its
-:class:`Segment` pieces), so the edits of ``module_utils/preflight_node/grub.py``
+:class:`Segment` pieces), so the edits of ``module_utils/preflight_node/grub_plan.py``
 can rewrite one value and leave every other byte as it was.
 """
 

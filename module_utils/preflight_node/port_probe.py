@@ -4,7 +4,8 @@ within one window, classify each outcome (``open``, ``refused``, ``timeout``, ``
 ``unreachable`` after an unanswered ARP, ``wrong_host``, ``error``) and name the holder of a port in use.
 
 ``library/port_probe.py`` is the Ansible module around :func:`probe` (documentation, arguments);
-the errno/ARP/port-holder pieces and the check builders are in ``module_utils/preflight_node/net.py``;
+the errno/ARP pieces are in ``module_utils/preflight_node/arp.py``, the port holder in
+``module_utils/preflight_node/net.py``, the check builders in ``module_utils/preflight_node/port_checks.py``;
 what the whole mesh says about each node is the controller's, ``cluster_preflight/mesh.py``.
 """
 
@@ -15,15 +16,9 @@ import socket
 import threading
 import time
 
-from .net import (
-    classify_errno,
-    describe_holder,
-    errno_name,
-    find_port_holder,
-    listen_check,
-    link_layer_silent,
-    reach_check,
-)
+from .arp import classify_errno, errno_name, link_layer_silent
+from .net import describe_holder, find_port_holder
+from .port_checks import listen_check, reach_check
 
 
 # Room left after the window for joining threads and closing sockets.

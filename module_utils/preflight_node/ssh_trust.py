@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Capability ``ssh_trust``, the node half: node-to-node ssh with host-key checking on.
+"""Capability ``ssh_trust``, the node half's reader: node-to-node ssh with host-key checking on.
 
-Node layer (``module_utils/preflight_node/ssh_trust.py``, shipped in module calls):
+Node layer (``module_utils/preflight_node/ssh_trust.py``, the reader, shipped in the ``preflight_facts`` call):
 
 * :func:`read` - on the node: its host keys (from the files the RUNNING sshd serves: the process
   listening on ssh_trust_port, its -f/-h/-o and ``sshd -T``; never a network scan), its
@@ -9,9 +9,10 @@ Node layer (``module_utils/preflight_node/ssh_trust.py``, shipped in module call
   of ``ssh_config.d`` and the drop-in, and each cluster key user's home, ~/.ssh, own pair (never its
   private content) and authorized cluster key lines.  A node without sshd or its configuration
   reads fine: that is a fact.
-* :func:`probe` - on the node: ssh to every peer with BatchMode and StrictHostKeyChecking=yes, in
-  parallel and bounded, ``ssh -G`` per peer, ``ssh-keyscan`` of each peer (the keys its sshd
-  serves, compared with its files), pdsh when installed (``module_utils/preflight_node/ssh_mesh.py``).
+* ``probe`` - in ``module_utils/preflight_node/ssh_trust_probe.py`` (shipped in the ``preflight_probes``
+  call), on the node: ssh to every peer with BatchMode and StrictHostKeyChecking=yes, in parallel and
+  bounded, ``ssh -G`` per peer, ``ssh-keyscan`` of each peer (the keys its sshd serves, compared with its
+  files), pdsh when installed (``module_utils/preflight_node/ssh_mesh.py``).
 
 The primitives are in ``ssh.py`` (keys, known_hosts, the managed block), ``sshd.py`` (the running
 sshd), ``ssh_mesh.py`` (the mesh runner) and ``ssh_keys.py`` (a user's ~/.ssh); the check builders
@@ -30,7 +31,6 @@ from .privilege import denied, privileged
 from .ssh import MARKER, SshTrustError, markers, parse_public_key, read_file, rooted, split_block, split_lines
 from .ssh_keys import (UnsafeDirectory, is_managed_line, open_ssh_dir, parse_authorized_line, private_key_state,
                        read_in_dir, user_ssh_state)
-from .ssh_mesh import run_mesh
 from .sshd import host_key_sources, included, listening_inodes, read_host_keys, ssh_config_includes
 
 CAPABILITY = "ssh_trust"
@@ -195,18 +195,3 @@ def read(args, ops):
             "host_key_files": [p[:-4] if p.endswith(".pub") else p for p in paths],
             "keys": keys, "problems": problems, "known_hosts": known_hosts, "client": client,
             "cluster_key": cluster_key}
-
-
-# --------------------------------------------------------------------------
-# Probe
-
-
-def probe(args, ops):
-    """Run the mesh from this node (see ``ssh_mesh.run_mesh``); rows are classified, not judged."""
-    return run_mesh(ops, args["source"], args.get("peers") or [], user=args.get("user") or "",
-                    connect_timeout=args.get("connect_timeout", 5), timeout=args.get("timeout", 20),
-                    parallel=args.get("parallel", 32), ssh_options=args.get("ssh_options") or [],
-                    connect=args.get("connect", True), pdsh=args.get("pdsh", "auto"),
-                    pdsh_hosts=args.get("pdsh_hosts") or [], ssh_bin=args.get("ssh_bin") or "ssh",
-                    pdsh_bin=args.get("pdsh_bin") or "pdsh", root=args.get("root") or "/",
-                    keyscan=args.get("keyscan", True), keyscan_bin=args.get("keyscan_bin") or "ssh-keyscan")

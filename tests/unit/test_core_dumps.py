@@ -16,6 +16,7 @@ import sysctl_setting
 from preflight_node import checks as preflight_checks
 from cluster_preflight.capabilities import core_dumps as controller
 from preflight_node import core_dumps
+from preflight_node import core_dumps_probe
 from fake_ops import FakeOps, LocalOps
 from capability_helpers import (assert_one_problem, inventory_node, role_path, role_settings, role_yaml,
                                 sandbox_reader, statuses, sysctl_tree, write, write_files)
@@ -301,7 +302,7 @@ def test_probe_args_follow_the_switches():
 @pytest.mark.parametrize("pattern, where", [(APPORT, "/var/crash"), (COREDUMP, "coredumpctl list")])
 def test_probe_pipe_pattern_crashes_nothing_and_is_not_applicable(pattern, where):
     ops = FakeOps(programs={"sleep": SLEEP})
-    result = core_dumps.probe(dict(probe_args(), core_pattern=pattern), ops)
+    result = core_dumps_probe.probe(dict(probe_args(), core_pattern=pattern), ops)
     assert result["outcome"] == "pipe" and result["child_pid"] is None and result["wcoredump"] is None
     check = controller.probe_check(result)
     assert check["status"] == "not_applicable" and where in check["found"]
@@ -311,7 +312,7 @@ def test_probe_pipe_pattern_crashes_nothing_and_is_not_applicable(pattern, where
 def test_probe_reads_the_running_pattern_from_proc_root(tmp_path):
     (tmp_path / "sys" / "kernel").mkdir(parents=True)
     (tmp_path / "sys" / "kernel" / "core_pattern").write_text(APPORT + "\n")
-    result = core_dumps.probe(dict(probe_args(), proc_root=str(tmp_path)), FakeOps())
+    result = core_dumps_probe.probe(dict(probe_args(), proc_root=str(tmp_path)), FakeOps())
     assert result["core_pattern"] == APPORT and result["destination"]["handler"] == "apport"
     assert result["core_uses_pid"] is False
 
@@ -324,22 +325,22 @@ def test_probe_reads_the_running_pattern_from_proc_root(tmp_path):
      "core_dumps_probe_user"),
 ])
 def test_probe_what_a_node_lacks_is_an_outcome_with_a_fix(args, outcome, found, fix):
-    result = core_dumps.probe(dict(probe_args(), **args), FakeOps(programs={"sleep": SLEEP}))
+    result = core_dumps_probe.probe(dict(probe_args(), **args), FakeOps(programs={"sleep": SLEEP}))
     assert result["outcome"] == outcome and result["child_pid"] is None
     check = controller.probe_check(result)
     assert check["status"] == "fail" and found in check["found"] and fix in check["fix"], check
 
 
 def test_probe_without_sleep_crashes_nothing():
-    result = core_dumps.probe(dict(probe_args(), core_pattern="/tmp/core-%p", run_as=""), FakeOps())
+    result = core_dumps_probe.probe(dict(probe_args(), core_pattern="/tmp/core-%p", run_as=""), FakeOps())
     assert result["outcome"] == "no_sleep" and result["child_pid"] is None
     assert controller.probe_check(result)["fix"] == "install coreutils"
 
 
 def test_probe_hard_limit_zero_crashes_nothing(monkeypatch):
-    monkeypatch.setattr(core_dumps.os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(core_dumps.resource, "getrlimit", lambda _which: (0, 0))
-    result = core_dumps.probe(dict(probe_args(), core_pattern="/tmp/core-%p", run_as=""),
+    monkeypatch.setattr(core_dumps_probe.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(core_dumps_probe.resource, "getrlimit", lambda _which: (0, 0))
+    result = core_dumps_probe.probe(dict(probe_args(), core_pattern="/tmp/core-%p", run_as=""),
                               FakeOps(programs={"sleep": SLEEP}))
     assert result["outcome"] == "hard_limit_zero" and result["child_pid"] is None
     assert result["session_rlimit_core"] == {"soft": "0", "hard": "0"}
@@ -410,7 +411,7 @@ def test_real_probe_as_the_job_user_finds_and_removes_the_core(kernel_core, shar
     os.mkdir(cores)
     os.chmod(cores, 0o1777)
     kernel_core(cores + "/core-%e.%p.%h.%t")
-    result = core_dumps.probe(probe_args(core_dumps_probe_user="nobody"), FakeOps(programs={"sleep": SLEEP}))
+    result = core_dumps_probe.probe(probe_args(core_dumps_probe_user="nobody"), FakeOps(programs={"sleep": SLEEP}))
     assert result["outcome"] == "found", result
     assert result["who"] == "nobody" and result["wcoredump"] is True and result["core_removed"] is True
     assert os.path.basename(result["core_file"]).startswith("core-sleep.%d.%s." % (result["child_pid"],
@@ -424,7 +425,7 @@ def test_real_probe_as_the_job_user_finds_and_removes_the_core(kernel_core, shar
 @needs_root
 def test_real_probe_missing_directory_fails_with_mkdir_fix(kernel_core, tmp_path):
     kernel_core(str(tmp_path / "missing") + "/core-%e.%p")
-    result = core_dumps.probe(probe_args(core_dumps_probe_user=""), FakeOps(programs={"sleep": SLEEP}))
+    result = core_dumps_probe.probe(probe_args(core_dumps_probe_user=""), FakeOps(programs={"sleep": SLEEP}))
     assert result["outcome"] == "no_dump" and result["core_dir_exists"] is False
     check = controller.probe_check(result)
     assert check["status"] == "fail" and "does not exist" in check["found"]
@@ -440,7 +441,7 @@ def test_real_probe_directory_not_writable_by_the_job_user(kernel_core, tmp_path
     kernel_core(str(cores) + "/core-%e.%p.%h.%t")
     ops = FakeOps(programs={"sleep": SLEEP})
     ops.job_user = "nobody"  # no core_dumps_probe_user: the probe crashes a process of the job user
-    result = core_dumps.probe(probe_args(), ops)
+    result = core_dumps_probe.probe(probe_args(), ops)
     check = controller.probe_check(result)
     assert result["outcome"] == "no_dump" and check["status"] == "fail"
     assert "not writable by nobody" in check["found"]
@@ -583,6 +584,6 @@ def test_a_crash_that_could_not_run_as_the_job_user_never_passes_for_it():
 def test_the_probe_names_the_job_user_it_cannot_switch_to_without_root():
     import types
     job = {"name": "pfjob", "how": "cannot_switch", "note": "connected as pfuser without root"}
-    assert core_dumps._unswitched("", types.SimpleNamespace(job=job)) == "pfjob (the job user)"
-    assert core_dumps._unswitched("", types.SimpleNamespace(job=dict(job, how="named"))) == ""
-    assert core_dumps._unswitched("nobody", types.SimpleNamespace(job=job)) == ""
+    assert core_dumps_probe._unswitched("", types.SimpleNamespace(job=job)) == "pfjob (the job user)"
+    assert core_dumps_probe._unswitched("", types.SimpleNamespace(job=dict(job, how="named"))) == ""
+    assert core_dumps_probe._unswitched("nobody", types.SimpleNamespace(job=job)) == ""

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import grub_cmdline
-from preflight_node import grub as pg
+from preflight_node import grub_plan
 from preflight_node import grub_shell
 from preflight_node import iommu as node_iommu
 from cluster_preflight.capabilities import iommu as preflight_iommu
@@ -129,10 +129,10 @@ def test_unterminated_quote_is_a_parse_error():
 
 
 def test_matches_absent_exact_and_by_key():
-    assert pg.matches_absent("amd_iommu=off", ["amd_iommu=off"])
-    assert not pg.matches_absent("amd_iommu=on", ["amd_iommu=off"])
-    assert pg.matches_absent("amd_iommu=on", ["amd_iommu"])
-    assert not pg.matches_absent("amd_iommu_intr=legacy", ["amd_iommu"])
+    assert grub_plan.matches_absent("amd_iommu=off", ["amd_iommu=off"])
+    assert not grub_plan.matches_absent("amd_iommu=on", ["amd_iommu=off"])
+    assert grub_plan.matches_absent("amd_iommu=on", ["amd_iommu"])
+    assert not grub_plan.matches_absent("amd_iommu_intr=legacy", ["amd_iommu"])
 
 
 # --- in-place edits keep foreign content --------------------------------------------------------------

@@ -11,7 +11,7 @@ import yaml
 
 import grub_cmdline
 from preflight_node import checks as preflight_checks
-from preflight_node import grub as preflight_grub
+from preflight_node import grub_plan
 from preflight_node import iommu as node_iommu
 from cluster_preflight.capabilities import iommu
 from fake_ops import FakeOps
@@ -30,7 +30,7 @@ GRUB = (
 )
 MI300X = ("0x1002", "0x74a1", "0x120000")
 # The drop-in exactly as the writer leaves it.
-OWN_DROPIN = preflight_grub.dropin_text("GRUB_CMDLINE_LINUX_DEFAULT", ["iommu=soft"], preflight_grub.DROPIN_HEADER)
+OWN_DROPIN = grub_plan.dropin_text("GRUB_CMDLINE_LINUX_DEFAULT", ["iommu=soft"], grub_plan.DROPIN_HEADER)
 H100 = ("0x10de", "0x2330", "0x030200")
 BMC = ("0x1a03", "0x2000", "0x030000")
 
@@ -302,7 +302,7 @@ def test_re_audit_after_the_writer_applied_passes_the_grub_check(run_module, tmp
 def test_plan_is_the_one_function_both_use(tmp_path):
     sysfs, root = make_node(tmp_path)
     facts, wanted = read_node(sysfs, root)
-    outcome = preflight_grub.plan(facts["grub"], iommu.wanted_of(wanted), "dropin")
+    outcome = grub_plan.plan(facts["grub"], iommu.wanted_of(wanted), "dropin")
     assert outcome["state"] == "planned" and outcome["added"] == ["iommu=soft"]
     assert outcome["changed_paths"] == [str(root / "etc" / "default" / "grub.d" / "90-preflight-iommu.cfg")]
 

@@ -14,7 +14,7 @@ import yaml
 
 from cluster_preflight.capabilities import core_dumps as preflight_core_dumps
 from cluster_preflight.capabilities import kernel_debug as preflight_kernel_debug
-from preflight_node import facts as node_halves
+from preflight_node import readers as node_halves
 from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

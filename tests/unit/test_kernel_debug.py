@@ -9,6 +9,7 @@ import pytest
 import sysctl_setting
 from cluster_preflight.capabilities import kernel_debug as controller
 from preflight_node import kernel_debug
+from preflight_node import kernel_debug_probe
 from preflight_node import sysctl as preflight_sysctl
 from capability_helpers import (assert_one_problem, deny_reading, inventory_node, role_path, role_settings,
                                 role_yaml, sandbox_reader, statuses, sysctl_tree, write, write_files)
@@ -327,7 +328,7 @@ def attaching_as(uid, scope):
     from fake_ops import FakeOps
 
     def answer(argv):
-        ok = kernel_debug.yama_allows(scope, uid)
+        ok = kernel_debug_probe.yama_allows(scope, uid)
         return 0, json.dumps({"uid": uid, "target": 4242, "attached": ok, "errno": "" if ok else "EPERM",
                               "error": "" if ok else "Operation not permitted"}) + "\n", ""
 
@@ -350,7 +351,7 @@ def attaching_as(uid, scope):
 ])
 def test_ptrace_attach_is_decided_from_the_job_users_view(tmp_path, scope, uid, status, words):
     ops = attaching_as(uid, scope)
-    result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, scope), "timeout": 5}, ops)
+    result = kernel_debug_probe.probe({"proc_root": fake_proc(tmp_path, scope), "timeout": 5}, ops)
     assert result["yama_scope"] == scope and result["uid"] == uid
     assert ops.users == ["alice" if uid else None], "the attach runs as the job user"
     checks = controller.decide("n1", {"settings": {}}, settings(), probe=result)
@@ -366,7 +367,7 @@ def test_a_probe_that_cannot_run_is_a_failure_naming_the_user_and_the_python(tmp
 
     ops = FakeOps(commands={("/venv/bin/python",): (126, "", "Permission denied")})
     ops.job, ops.job_user = {"name": "alice", "python": "/venv/bin/python"}, "alice"
-    result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, None), "timeout": 5}, ops)
+    result = kernel_debug_probe.probe({"proc_root": fake_proc(tmp_path, None), "timeout": 5}, ops)
     check = controller.decide("n1", {"settings": {}}, settings(), probe=result)["ptrace_attach"]
     assert check["status"] == "fail" and "alice" in check["found"] and "Permission denied" in check["found"]
 
@@ -389,7 +390,7 @@ def test_the_real_probe_attaches_to_a_non_child_process_of_the_same_user(user):
         pytest.skip("no Python that nobody can run on this machine")
     ops = LocalOps()
     ops.job, ops.job_user = {"name": user or "root", "python": python}, user
-    result = kernel_debug.probe({"proc_root": "/proc", "timeout": 15}, ops)
+    result = kernel_debug_probe.probe({"proc_root": "/proc", "timeout": 15}, ops)
     assert result["attached"] is True, result
     assert result["uid"] == (0 if user is None else __import__("pwd").getpwnam(user).pw_uid)
 
@@ -402,7 +403,7 @@ def test_a_training_python_that_hung_blocks_the_attach_check_or_fails_it_where_i
     ops = FakeOps(commands={("/venv/bin/python",): (rc, "", "not run: /venv/bin/python hung for 30 s earlier")})
     ops.job, ops.job_user = {"name": "alice", "python": "/venv/bin/python"}, "alice"
     ops.hangs = {"/venv/bin/python": {"program": "/venv/bin/python", "seconds": 30.0, "user": "nobody"}}
-    result = kernel_debug.probe({"proc_root": fake_proc(tmp_path, None), "timeout": 5}, ops)
+    result = kernel_debug_probe.probe({"proc_root": fake_proc(tmp_path, None), "timeout": 5}, ops)
     assert result["python_hang"]["earlier"] is (rc == 125)
     check = controller.decide("n1", {"settings": {}}, settings(), probe=result)["ptrace_attach"]
     assert check["status"] == status and is_blocked(check) is (rc == 125)

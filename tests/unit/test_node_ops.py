@@ -103,7 +103,7 @@ def _node_call(ops, python, monkeypatch):
     from cluster_preflight.capabilities import allreduce as controller_ar
     from preflight_node import allreduce as ar
     from cluster_preflight.capabilities import kernel_debug as controller_kd
-    from preflight_node import kernel_debug as kd
+    from preflight_node import kernel_debug_probe as kd
     from preflight_node import ops as pn
     monkeypatch.setattr(pn, "JOB_USER_PROBE_TIMEOUT", 1)
     monkeypatch.setattr(ar, "PROBE_TIMEOUT", 1)

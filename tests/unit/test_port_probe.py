@@ -16,7 +16,7 @@ import pytest
 
 import port_probe
 from cluster_preflight import mesh
-from preflight_node import net, port_probe as node_probe
+from preflight_node import arp, net, port_probe as node_probe
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -351,7 +351,7 @@ def test_connect_failures_are_classified(monkeypatch, error, expected, errno_nam
     (OSError(errno.ECONNRESET, "x"), ("error", "ECONNRESET")),
 ])
 def test_classify_errno(exc, expected):
-    assert net.classify_errno(exc) == expected
+    assert arp.classify_errno(exc) == expected
 
 
 TCP_HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n")
@@ -566,22 +566,22 @@ def fake_net(tmp_path):
 
 
 def test_next_hop_longest_prefix_and_gateway(fake_net):
-    assert net.next_hop("198.18.1.3", fake_net) == ("198.18.1.3", "fab0")
-    assert net.next_hop("198.19.9.9", fake_net) == ("198.18.0.254", "eth0")
-    assert net.next_hop("not-an-address", fake_net) is None
-    assert net.next_hop("198.18.1.3", fake_net + "/missing") is None
+    assert arp.next_hop("198.18.1.3", fake_net) == ("198.18.1.3", "fab0")
+    assert arp.next_hop("198.19.9.9", fake_net) == ("198.18.0.254", "eth0")
+    assert arp.next_hop("not-an-address", fake_net) is None
+    assert arp.next_hop("198.18.1.3", fake_net + "/missing") is None
 
 
 def test_neighbour_states(fake_net):
-    assert net.neighbour("198.18.1.2", fake_net) == {"answered": True, "device": "fab0",
+    assert arp.neighbour("198.18.1.2", fake_net) == {"answered": True, "device": "fab0",
                                                      "hwaddr": "52:54:00:12:34:56"}
-    assert net.neighbour("198.18.1.3", fake_net)["answered"] is False
-    assert net.neighbour("198.18.1.9", fake_net) is None
-    assert net.unanswered_neighbour("198.18.1.2", fake_net) is None
-    assert net.unanswered_neighbour("198.18.1.9", fake_net) is None
-    assert net.unanswered_neighbour("198.18.1.3", fake_net) == {"next_hop": "198.18.1.3", "device": "fab0"}
+    assert arp.neighbour("198.18.1.3", fake_net)["answered"] is False
+    assert arp.neighbour("198.18.1.9", fake_net) is None
+    assert arp.unanswered_neighbour("198.18.1.2", fake_net) is None
+    assert arp.unanswered_neighbour("198.18.1.9", fake_net) is None
+    assert arp.unanswered_neighbour("198.18.1.3", fake_net) == {"next_hop": "198.18.1.3", "device": "fab0"}
     # Beyond a router: the gateway is what did not answer.
-    assert net.unanswered_neighbour("198.19.9.9", fake_net) == {"next_hop": "198.18.0.254", "device": "eth0"}
+    assert arp.unanswered_neighbour("198.19.9.9", fake_net) == {"next_hop": "198.18.0.254", "device": "eth0"}
 
 
 @pytest.mark.parametrize("peer, error, expected", [
@@ -635,7 +635,7 @@ def test_mesh_summary_calls_an_isolated_node_unreachable_not_firewalled():
 
 
 def test_loopback_has_no_next_hop(fake_net):
-    assert net.next_hop("127.0.0.5", fake_net) is None
+    assert arp.next_hop("127.0.0.5", fake_net) is None
 
 
 @pytest.mark.parametrize("answers, expected", [
@@ -646,17 +646,17 @@ def test_loopback_has_no_next_hop(fake_net):
 ])
 def test_link_layer_silent_asks_arp_first(monkeypatch, fake_net, answers, expected):
     asked = []
-    monkeypatch.setattr(net, "arp_answers", lambda target, device, timeout, sys_root: asked.append(
+    monkeypatch.setattr(arp, "arp_answers", lambda target, device, timeout, sys_root: asked.append(
         (target, device)) or answers)
-    assert net.link_layer_silent("198.18.1.2", fake_net) == expected
+    assert arp.link_layer_silent("198.18.1.2", fake_net) == expected
     assert asked == [("198.18.1.2", "fab0")]
 
 
 def test_link_layer_silent_falls_back_to_the_kernels_incomplete_entry(monkeypatch, fake_net):
-    monkeypatch.setattr(net, "arp_answers", lambda *args: None)
-    assert net.link_layer_silent("198.18.1.3", fake_net) == {
+    monkeypatch.setattr(arp, "arp_answers", lambda *args: None)
+    assert arp.link_layer_silent("198.18.1.3", fake_net) == {
         "next_hop": "198.18.1.3", "device": "fab0", "how": "the kernel's ARP entry is incomplete"}
 
 
 def test_arp_answers_cannot_ask_on_a_device_it_does_not_know(tmp_path):
-    assert net.arp_answers("198.18.1.2", "nosuchdev0", timeout=0.1, sys_root=str(tmp_path)) is None
+    assert arp.arp_answers("198.18.1.2", "nosuchdev0", timeout=0.1, sys_root=str(tmp_path)) is None

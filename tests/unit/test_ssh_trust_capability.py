@@ -14,9 +14,10 @@ import known_hosts_block
 from preflight_node import checks as pc
 from cluster_preflight.capabilities import ssh_trust as st
 from cluster_preflight.capabilities import ssh_trust_plan, ssh_trust_settings
-from preflight_node import ssh as ps
+from preflight_node import known_hosts_plan, ssh as ps
 from preflight_node import ssh_checks
 from preflight_node import ssh_trust as node_st
+from preflight_node import ssh_trust_probe
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, role_path, role_yaml, write
 
@@ -100,7 +101,7 @@ def decide_all(view):
 def synced_block(view):
     """The block every node holds after bring-up: the plan's entries through the writer's function."""
     plan = st.plan(view)
-    return ps.plan_block("", plan["entries"], plan["keep_nodes"])["block"]
+    return known_hosts_plan.plan_block("", plan["entries"], plan["keep_nodes"])["block"]
 
 
 def in_sync(names=("node1", "node2", "node3"), **common):
@@ -342,7 +343,7 @@ def test_changed_host_key_fails_that_node_with_both_fingerprints_and_is_never_re
         known = results[peer]["known_hosts"]
         assert known["status"] == "pass" and "old lines of node2 kept" in known["found"]
     # The writer, given the plan, keeps the old key.
-    kept = ps.plan_block(block_text(block), plan["entries"], plan["keep_nodes"])
+    kept = known_hosts_plan.plan_block(block_text(block), plan["entries"], plan["keep_nodes"])
     assert kept["block"] == block
 
     # Accepted: node2 passes, every block is now drift until bring-up writes the new key.
@@ -351,7 +352,7 @@ def test_changed_host_key_fails_that_node_with_both_fingerprints_and_is_never_re
     assert results["node2"]["host_key_unchanged"]["status"] == "pass"
     assert "accepted" in results["node2"]["host_key_unchanged"]["found"]
     assert results["node1"]["known_hosts"]["status"] == "warn"
-    written = ps.plan_block(block_text(block), st.plan(accepted)["entries"], st.plan(accepted)["keep_nodes"],
+    written = known_hosts_plan.plan_block(block_text(block), st.plan(accepted)["entries"], st.plan(accepted)["keep_nodes"],
                             ["node2"])["block"]
     assert any(KEYS["node2new"] in line for line in written) and not any(KEYS["node2"] in line for line in written)
 
@@ -438,7 +439,7 @@ def test_known_hosts_names_come_only_from_the_inventory_and_a_reported_hostname_
     names = {e["node"]: e["names"] for e in plan["entries"]}
     assert names == {"node%d" % i: ["node%d" % i, "198.19.0.%d" % i, "198.18.0.%d" % i] for i in (1, 2, 3, 4)}
     assert "ubuntu" not in plan["names"] and "node1.cluster.test" not in plan["names"]
-    block = ps.plan_block("", plan["entries"])["block"]
+    block = known_hosts_plan.plan_block("", plan["entries"])["block"]
     assert [line for line in block if "node1" in line.split()[0].split(",")] == [
         "node1,198.19.0.1,198.18.0.1 %s node=node1" % KEYS["node1"]]
     results = decide_all(view)
@@ -481,7 +482,7 @@ def test_a_duplicate_name_is_a_finding_on_exactly_the_two_nodes_that_share_it():
     # node1 is not involved: no finding about the duplicate (its known_hosts is merely not written yet).
     assert results["node1"]["names"]["status"] == "pass" and pc.node_status(results["node1"]) != "fail"
     assert not [c for c in results["node1"].values() if "198.18.0.2" in c["found"]]
-    assert "198.18.0.2" not in "".join(ps.plan_block("", plan["entries"])["block"])
+    assert "198.18.0.2" not in "".join(known_hosts_plan.plan_block("", plan["entries"])["block"])
 
     # A node listing another node's inventory name: the owner keeps its name, both are told.
     view = cluster({n: facts(n, [KEYS[n]]) for n in ("node1", "node2", "node3")},
@@ -511,7 +512,7 @@ def test_plan_port_extra_names_and_localhost_names():
     assert "localhost" not in entries["node1"]["names"]
     assert entries["node2"]["port"] == 2222 and "node2-ib0" in entries["node2"]["names"]
     assert plan["peers"]["node2"] == {"targets": ["198.19.0.2", "node2"], "port": 2222}
-    block = ps.plan_block("", plan["entries"])["block"]
+    block = known_hosts_plan.plan_block("", plan["entries"])["block"]
     assert "[node2]:2222,[198.19.0.2]:2222,[198.18.0.2]:2222,[node2-ib0]:2222 %s node=node2" % KEYS["node2"] in block
 
 
@@ -706,7 +707,7 @@ def probe_result(source, by_peer, **kwargs):
     hosts = sorted(set(by_peer) | {source})
     view_nodes = {h: node(h, int(h[-1])) for h in hosts}
     args = st.probe_args(settings(**kwargs), view_nodes[source], {"hosts": hosts, "nodes": view_nodes})
-    return node_st.probe(args, ops)
+    return ssh_trust_probe.probe(args, ops)
 
 
 def test_probe_runs_strict_batch_ssh_to_every_peer_and_classifies_rc_and_stderr(tmp_path):
@@ -723,7 +724,7 @@ def test_probe_runs_strict_batch_ssh_to_every_peer_and_classifies_rc_and_stderr(
     args = st.probe_args(settings(ssh_trust_mesh_timeout=7, ssh_trust_pdsh="never"), nodes["node1"],
                          {"hosts": hosts, "nodes": nodes})
     args["root"] = str(tmp_path)
-    result = node_st.probe(args, ops)
+    result = ssh_trust_probe.probe(args, ops)
     rows = {r["target"]: r for r in result["results"]}
     assert {t: r["status"] for t, r in rows.items()} == {
         "198.19.0.2": "ok", "node2": "ok", "198.19.0.3": "auth_denied", "node3": "refused",
@@ -747,12 +748,12 @@ def test_probe_without_ssh_client_pdsh_states_and_mesh_off():
     nodes = {h: node(h, i + 1) for i, h in enumerate(hosts)}
     args = st.probe_args(settings(), nodes["node1"], {"hosts": hosts, "nodes": nodes})
     assert args["pdsh_hosts"] == ["node2"] and args["connect"] is True
-    result = node_st.probe(args, FakeOps())
+    result = ssh_trust_probe.probe(args, FakeOps())
     assert result["problem"] == "no ssh client (ssh) on node1; install openssh-client"
     assert result["pdsh"] == {"state": "no_ssh"}
 
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh"}, commands={("/usr/bin/ssh",): ssh_answers({})})
-    assert node_st.probe(args, ops)["pdsh"] == {"state": "not_installed", "program": "pdsh", "hosts": ["node2"]}
+    assert ssh_trust_probe.probe(args, ops)["pdsh"] == {"state": "not_installed", "program": "pdsh", "hosts": ["node2"]}
 
     def pdsh(argv):
         assert argv[argv.index("-w") + 1] == "node2" and argv[-1] == "date"
@@ -760,12 +761,12 @@ def test_probe_without_ssh_client_pdsh_states_and_mesh_off():
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh", "pdsh": "/usr/bin/pdsh"},
                   commands={("/usr/bin/ssh",): ssh_answers({"198.19.0.2": (0, ""), "node2": (0, "")}),
                             ("/usr/bin/pdsh",): pdsh})
-    report = node_st.probe(args, ops)["pdsh"]
+    report = ssh_trust_probe.probe(args, ops)["pdsh"]
     assert report["state"] == "ran" and report["failed"]["node2"]["status"] == "host_key_unknown"
 
     off = st.probe_args(settings(ssh_trust_mesh=False), nodes["node1"], {"hosts": hosts, "nodes": nodes})
     ops = FakeOps(programs={"ssh": "/usr/bin/ssh"}, commands={("/usr/bin/ssh",): ssh_answers({})})
-    result = node_st.probe(off, ops)
+    result = ssh_trust_probe.probe(off, ops)
     assert result["connect"] is False and result["results"] == [] and result["pdsh"] == {"state": "off"}
     assert ops.calls and all("-G" in argv for argv in ops.calls)  # only the client configuration is read
 

@@ -16,7 +16,7 @@ import pytest
 import ssh_cluster_key
 from cluster_preflight.capabilities import ssh_trust as st
 from preflight_node import ssh_checks
-from preflight_node import ssh_keys as psk
+from preflight_node import ssh_keys_write
 from preflight_node import ssh_mesh as psm
 from preflight_node import ssh_trust as node_st
 from preflight_node import sshd as psd
@@ -250,16 +250,16 @@ def test_plan_authorized_keys_keeps_foreign_lines_and_unreached_nodes():
            + "%s node=node9 %s\n" % (fake_key("node9"), COMMENT)
            + "%s node=node3 %s\n" % (fake_key("node3-old"), COMMENT)
            + "command=\"true\" ssh-rsa AAAAB3 backup\n")
-    wanted = {n: psk.authorized_line(fake_key(n), n, COMMENT) for n in ("node2", "node1")}
-    plan = psk.plan_authorized_keys(old, COMMENT, wanted, keep_nodes=["node1", "node2", "node3"])
+    wanted = {n: ssh_keys_write.authorized_line(fake_key(n), n, COMMENT) for n in ("node2", "node1")}
+    plan = ssh_keys_write.plan_authorized_keys(old, COMMENT, wanted, keep_nodes=["node1", "node2", "node3"])
     lines = plan["text"].split("\n")
     assert lines[:2] == ["# my keys\r", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFOREIGN laptop"]
     assert lines[2:5] == [wanted["node1"], wanted["node2"], "%s node=node3 %s" % (fake_key("node3-old"), COMMENT)]
     assert lines[5] == 'command="true" ssh-rsa AAAAB3 backup'
     assert fake_key("old-shared") not in plan["text"] and "node9" not in plan["text"]
-    assert psk.plan_authorized_keys(plan["text"], COMMENT, wanted, ["node1", "node2", "node3"])["text"] == plan["text"]
-    assert psk.plan_authorized_keys(None, COMMENT, {}, [])["text"] == ""
-    assert psk.authorized_line(fake_key("a"), "node1", COMMENT, 'from="198.18.200.1"') == \
+    assert ssh_keys_write.plan_authorized_keys(plan["text"], COMMENT, wanted, ["node1", "node2", "node3"])["text"] == plan["text"]
+    assert ssh_keys_write.plan_authorized_keys(None, COMMENT, {}, [])["text"] == ""
+    assert ssh_keys_write.authorized_line(fake_key("a"), "node1", COMMENT, 'from="198.18.200.1"') == \
         'from="198.18.200.1" %s node=node1 %s' % (fake_key("a"), COMMENT)
 
 
@@ -287,7 +287,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize("state,words", REFUSALS)
 def test_ssh_dir_refusal_rules(state, words):
-    refusal = psk.ssh_dir_refusal("node7", "u", 1000, state)
+    refusal = ssh_keys_write.ssh_dir_refusal("node7", "u", 1000, state)
     if words is None:
         assert refusal is None
         return

@@ -1,9 +1,12 @@
 # -*- coding: utf-8 -*-
-"""The two node calls of a run, ``preflight_facts`` and ``preflight_probes``: every capability's reader
-(``read(args, ops)``) or probe (``probe(args, ops)``) on the node, each its own failure domain.
+"""The node calls of a run (``module_utils/preflight_node/calls.py``, node layer): their option specs and their
+body, which runs every capability's reader (``read(args, ops)``) or probe (``probe(args, ops)``) on the node,
+each its own failure domain.
 
-This is the node's whole view of the capabilities: :data:`NODE_HALVES` names the node half of each one.
-What the controller decides from the results is in the ``cluster_preflight`` package, which never ships.
+The registry a call runs is its parameter, so each call ships only what it runs: ``library/preflight_facts.py``
+passes the readers (``module_utils/preflight_node/readers.py``), ``library/preflight_probes.py`` the probes
+(``module_utils/preflight_node/probes.py``) and ``library/preflight_local.py`` (the node-local health check)
+both.  What the controller decides from the results is in the ``cluster_preflight`` package, which never ships.
 """
 
 from __future__ import annotations
@@ -12,43 +15,31 @@ import socket
 import time
 import traceback
 
-from . import allreduce, core_dumps, debug_tools, iommu, kernel_debug, nic_discovery, port_mesh, ssh_trust
 from . import lock
 from .jobs import no_result, wait_for
 from .ops import NodeOps, resolve_job_user
 
-# Capability name -> the node module holding its ``read`` (and ``probe``, where it has one).
-NODE_HALVES = {module.CAPABILITY: module for module in (
-    nic_discovery, port_mesh, allreduce, kernel_debug, core_dumps, iommu, debug_tools, ssh_trust)}
-
-
-def get(name):
-    """The node half of capability ``name``; KeyError names the known ones."""
-    try:
-        return NODE_HALVES[name]
-    except KeyError:
-        raise KeyError("unknown capability %r; known: %s" % (name, ", ".join(sorted(NODE_HALVES))))
-
-
 SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, so it raises on purpose"
 
 
-# The options of the two node calls, preflight_facts (readers, and in a node-local run the probes too) and
-# preflight_probes (probes).
+# The options every node call takes: preflight_facts (readers), preflight_probes (probes), preflight_local
+# (readers, then the probes that need no peer).
 NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""),
-                      probes=dict(type="dict", default={}), job=dict(type="dict", default={}))
+                      job=dict(type="dict", default={}))
 # preflight_facts first takes the run lock.
 FACTS_CALL_SPEC = dict(NODE_CALL_SPEC, lock=dict(type="dict", default={}))
-
-
 # preflight_probes also collects the background all-reduce once its probes are done.
 PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"), release_lock=dict(type="dict", default={}))
+# preflight_local runs the node-local probes it names after the readers.
+LOCAL_CALL_SPEC = dict(NODE_CALL_SPEC, probes=dict(type="dict", default={}))
 
 
-def node_call(module, function_name, result_key):
-    """The body of a node call: every capability's ``function_name`` through :func:`run_all`, returned
-    under ``result_key`` with ``errors`` and ``elapsed``; then, with ``wait_for``
-    (``{results_file, timeout, poll, what}``), the background job's result as ``job``.
+def node_call(module, halves, function_name, result_key, local_probes=None):
+    """The body of a node call: ``function_name`` of every capability in ``halves`` (the registry module,
+    ``readers`` or ``probes``: its ``get(name)``) through :func:`run_all`, returned under ``result_key`` with
+    ``errors`` and ``elapsed``; with ``local_probes`` (the ``probes`` registry, node-local call) the probes
+    named in the ``probes`` option too; then, with ``wait_for`` (``{results_file, timeout, poll, what}``),
+    the background job's result as ``job``.
 
     Job-side commands of the readers and probes run as the job user (``job``, see
     :func:`.ops.resolve_job_user`), returned as ``job_user``."""
@@ -62,23 +53,17 @@ def node_call(module, function_name, result_key):
     ops = NodeOps(module)
     job_user = resolve_job_user(module.params.get("job"), ops)
     ops.job, ops.job_user = job_user, job_user["run_as"]
-    results, errors, elapsed = run_all(function_name, module.params["capabilities"], ops,
+    results, errors, elapsed = run_all(halves, function_name, module.params["capabilities"], ops,
                                        module.params["selftest_error"])
     extra = {}
-    if module.params.get("probes"):
+    if local_probes is not None and module.params.get("probes"):
         # A node-local run: the probes that need no peer, in the same call as the readers.
-        probes, probe_errors, probe_elapsed = run_all("probe", module.params["probes"], ops,
+        probes, probe_errors, probe_elapsed = run_all(local_probes, "probe", module.params["probes"], ops,
                                                       module.params["selftest_error"])
         extra.update(probes=probes, probe_errors=probe_errors, probe_elapsed=probe_elapsed)
     job = module.params.get("wait_for")
     if job:
-        timeout = float(job["timeout"])
-        data, waited = wait_for(job["results_file"], timeout, float(job.get("poll") or 0.1))
-        if data is None:
-            what = job.get("what") or "the background job"
-            data = {"checks": {"no_result": no_result(what, socket.gethostname().split(".")[0], job["results_file"],
-                                                      waited, timeout)}}
-        extra["job"] = dict(data, waited=waited)
+        extra["job"] = _collect(job)
     if taken:
         extra["lock"] = taken
     if module.params.get("release_lock"):
@@ -91,10 +76,23 @@ def node_call(module, function_name, result_key):
                      **dict(extra, **{result_key: results}))
 
 
-def run_all(function_name, capabilities, ops, selftest_error=""):
-    """On the node: call ``function_name`` (``read`` or ``probe``) of each capability with its args.
+def _collect(job):
+    """The background job's result (``wait_for``: ``{results_file, timeout, poll, what}``) with ``waited``;
+    a job with no result in time gives ``checks.no_result``."""
+    timeout = float(job["timeout"])
+    data, waited = wait_for(job["results_file"], timeout, float(job.get("poll") or 0.1))
+    if data is None:
+        what = job.get("what") or "the background job"
+        data = {"checks": {"no_result": no_result(what, socket.gethostname().split(".")[0], job["results_file"],
+                                                  waited, timeout)}}
+    return dict(data, waited=waited)
 
-    Each capability is its own failure domain: one that raises is recorded in
+
+def run_all(halves, function_name, capabilities, ops, selftest_error=""):
+    """On the node: call ``function_name`` (``read`` or ``probe``) of each capability, looked up in ``halves``
+    (the registry module: ``readers`` or ``probes``), with its args.
+
+    Each capability is its own failure domain: one that raises (an unknown one too) is recorded in
     ``errors`` (``{found, traceback}``) and the others still run.  Returns
     ``(results, errors, elapsed)``, each keyed by capability name.
     """
@@ -104,7 +102,7 @@ def run_all(function_name, capabilities, ops, selftest_error=""):
         try:
             if name == selftest_error:
                 raise RuntimeError(SELFTEST_MESSAGE)
-            results[name] = getattr(get(name), function_name)(args, ops)
+            results[name] = getattr(halves.get(name), function_name)(args, ops)
         except Exception as exc:  # pylint: disable=broad-except
             errors[name] = {"found": "%s: %s" % (type(exc).__name__, exc),
                             "traceback": traceback.format_exc()[-2000:]}
