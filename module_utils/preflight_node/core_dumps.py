@@ -26,17 +26,23 @@ import os
 import pwd
 import stat
 
-from . import corepattern
 from . import limits
 from . import sysctl
 from .privilege import file_errors, privileged, refused
 
 CAPABILITY = "core_dumps"
 
-# The sysctls read() reads: the pattern, and with it core_uses_pid, through the rules that
-# module_utils/preflight_node/corepattern.py registers with module_utils/preflight_node/sysctl.py when it is
-# imported (the reason this reader imports it).
-READS = (sysctl.CORE_PATTERN, corepattern.CORE_USES_PID)
+# Read with the pattern: whether the kernel appends .PID to a core's name. corepattern.py registers the same
+# reading with the sysctl layer for the writer, which does not call this reader.
+CORE_USES_PID = "kernel.core_uses_pid"
+
+
+def read_uses_pid(root, proc_root):
+    """``{core_uses_pid}``: the running kernel.core_uses_pid (None when unknown)."""
+    try:
+        return {"core_uses_pid": sysctl.read_runtime(root, proc_root, CORE_USES_PID)[1]}
+    except OSError:
+        return {"core_uses_pid": None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,9 +102,10 @@ def login_core_limit(ops):
 def read(args, ops):
     """The pattern, the core directory and the core limits on this node (pure reads)."""
     root = args["root"]
+    pattern = sysctl.read_setting(root, args["proc_root"], sysctl.CORE_PATTERN, args["dropin"], args["sysctl_dirs"])
+    pattern.update(read_uses_pid(root, args["proc_root"]))
     facts = {
-        "core_pattern": sysctl.read_setting(root, args["proc_root"], sysctl.CORE_PATTERN, args["dropin"],
-                                            args["sysctl_dirs"]),
+        "core_pattern": pattern,
         "core_dir": _read_dir(root, os.path.normpath(args["core_dir"])) if args["core_dir"] else None,
         "limits": None,
     }

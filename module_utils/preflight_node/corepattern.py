@@ -30,8 +30,8 @@ import re
 
 from . import sysctl
 from .checks import passed, warned
+from .core_dumps import read_uses_pid
 
-CORE_USES_PID = "kernel.core_uses_pid"
 
 # The kernel's buffer for the pattern is CORENAME_MAX_SIZE (128) bytes with the
 # terminating NUL.
@@ -306,14 +306,6 @@ def _in_window(match, window):
 # ---------------------------------------------------------------------------------------------
 # kernel.core_pattern as a sysctl: the rules registered with module_utils/preflight_node/sysctl.py
 
-def _read_uses_pid(root, proc_root):
-    """``core_uses_pid`` (the running kernel.core_uses_pid, None when unknown), read with the pattern."""
-    try:
-        return {"core_uses_pid": sysctl.read_runtime(root, proc_root, CORE_USES_PID)[1]}
-    except OSError:
-        return {"core_uses_pid": None}
-
-
 def _describe_setting(value):
     return "%s (%s)" % (value, describe(value))
 
@@ -339,5 +331,5 @@ def _pid_checks(facts, desired, check_name):
     return {check_name + "_pid": pid_check(desired, facts.get("core_uses_pid"))}
 
 
-sysctl.register_rules(sysctl.CORE_PATTERN, {"read": _read_uses_pid, "describe": _describe_setting,
+sysctl.register_rules(sysctl.CORE_PATTERN, {"read": read_uses_pid, "describe": _describe_setting,
                                             "runtime_fix": _runtime_fix, "checks": _pid_checks})

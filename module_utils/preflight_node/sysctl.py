@@ -28,7 +28,8 @@ This layer is generic: a key that needs more (extra facts, a description of
 its value, its own fix, extra checks) gets it from the rules its own module
 registers with :func:`register_rules`; ``kernel.core_pattern``'s are in
 ``module_utils/preflight_node/corepattern.py``, registered when that module is
-imported (the core_dumps capability and the writer import it).
+imported (the writer sysctl_setting and the controller import it; the core_dumps
+reader reads core_uses_pid itself).
 """
 
 from __future__ import annotations
