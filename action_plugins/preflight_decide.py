@@ -8,15 +8,13 @@ registered results in ``hostvars``, in ``cluster_preflight/stages.py``.
 from __future__ import annotations
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.plugins.action import ActionBase
 
+from cluster_preflight.action import ControllerAction
 from cluster_preflight.stages import STAGES, decide
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
+class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("stage", "probes"))
-    _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)

@@ -12,8 +12,8 @@ import json
 import os
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.plugins.action import ActionBase
 
+from cluster_preflight.action import ControllerAction
 from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView
 from cluster_preflight.diagnosis import diagnose, label
@@ -69,10 +69,8 @@ def report_data(report, nodes, run_id):
             "lines": report["lines"]}
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
+class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("results_dir", "run_id", "fail_on_suspect", "register"))
-    _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)

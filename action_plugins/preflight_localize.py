@@ -17,8 +17,8 @@ import time
 import traceback
 
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.plugins.action import ActionBase
 
+from cluster_preflight.action import ControllerAction
 from cluster_preflight import gpu_pairs
 from cluster_preflight import localize
 from cluster_preflight import registers
@@ -214,10 +214,8 @@ def advance(view, previous):
     return plan_next(state, planned["round"] + 1)
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
+class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("start", "confirm"))
-    _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)

@@ -17,8 +17,8 @@ import os
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
-from ansible.plugins.action import ActionBase
 
+from cluster_preflight.action import ControllerAction
 from cluster_preflight import capabilities as registry
 from cluster_preflight.cluster import run_started
 
@@ -31,10 +31,8 @@ def _problem(role, name, found, expected, fix):
     return {"capability": role, "name": name, "found": str(found), "expected": expected, "fix": fix}
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
+class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("capabilities", "local_probes"))
-    _requires_connection = False
 
     def _role_files(self, role):
         base = os.path.join(ROLES, role)

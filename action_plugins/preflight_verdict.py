@@ -13,8 +13,8 @@ import getpass
 import os
 import time
 
-from ansible.plugins.action import ActionBase
 
+from cluster_preflight.action import ControllerAction
 from cluster_preflight import capabilities as registry
 from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView, without_gc
@@ -117,10 +117,8 @@ def write_problem(exc, results_dir, run_dir):
             "expected": expected, "fix": fix}
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
+class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("results_dir", "run_id", "kind", "fail"))
-    _requires_connection = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)

@@ -164,7 +164,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node import limits
 from ansible.module_utils.preflight_node import limits_write
-from ansible.module_utils.preflight_node.files import refuse_symlinks
+from ansible.module_utils.preflight_node.files import DROPIN_OPTIONS, refuse_symlinks
 from ansible.module_utils.preflight_node.sysctl import rooted
 from ansible.module_utils.preflight_node.sysctl_write import write_dropin
 
@@ -181,11 +181,7 @@ def main():
             limits_conf=dict(type="path", default=limits.LIMITS_CONF),
             limits_dir=dict(type="path", default=limits.LIMITS_DIR),
             pam_dir=dict(type="path", default=limits.PAM_DIR),
-            root=dict(type="path", default="/"),
-            backup=dict(type="bool", default=False),
-            policy=dict(type="str", default="fail", choices=["warn", "fail"]),
-            check_name=dict(type="str"),
-            comment=dict(type="str", default=""),
+            **DROPIN_OPTIONS
         ),
         supports_check_mode=True,
     )

@@ -209,7 +209,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node import corepattern
 from ansible.module_utils.preflight_node import sysctl
 from ansible.module_utils.preflight_node import sysctl_write
-from ansible.module_utils.preflight_node.files import refuse_symlinks
+from ansible.module_utils.preflight_node.files import DROPIN_OPTIONS, refuse_symlinks
 
 
 def _validate(module, key, desired, dropin, search):
@@ -242,12 +242,8 @@ def main():
             dropin=dict(type="path", default="/etc/sysctl.d/10-ptrace.conf"),
             proc_root=dict(type="path", default="/proc"),
             sysctl_dirs=dict(type="list", elements="path", default=list(sysctl.DEFAULT_SYSCTL_DIRS)),
-            root=dict(type="path", default="/"),
             reload=dict(type="bool", default=True),
-            backup=dict(type="bool", default=False),
-            policy=dict(type="str", default="fail", choices=["warn", "fail"]),
-            check_name=dict(type="str"),
-            comment=dict(type="str", default=""),
+            **DROPIN_OPTIONS
         ),
         supports_check_mode=True,
     )

@@ -79,7 +79,7 @@ def login_core_limit(ops):
     """The core limit the job user's login session gets (pam_limits applied): ``runuser -l`` as root,
     else this process's own session (Ansible's ssh login).  ``{user, soft, hard, how, error}``."""
     job = getattr(ops, "job", None) or {}
-    user = getattr(ops, "job_user", None) or job.get("name") or _who(os.geteuid())
+    user = getattr(ops, "job_user", None) or job.get("name") or who(os.geteuid())
     result = {"user": user, "soft": None, "hard": None, "how": None, "error": None}
     if os.geteuid() == 0:
         runuser = ops.which("runuser", paths=("/usr/sbin", "/sbin"))
@@ -120,7 +120,7 @@ def read(args, ops):
     return facts
 
 
-def _who(uid):
+def who(uid):
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:

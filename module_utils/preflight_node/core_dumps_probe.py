@@ -23,6 +23,7 @@ import tempfile
 import time
 
 from . import corepattern
+from .core_dumps import who
 
 CAPABILITY = "core_dumps"
 
@@ -84,13 +85,6 @@ def _in_initial_pid_ns(proc_root):
         return False
 
 
-def _who(uid):
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "uid %d" % uid
-
-
 def _wait(pid, timeout):
     """waitpid with a deadline; returns the raw status or None on timeout."""
     deadline = time.monotonic() + timeout
@@ -150,7 +144,7 @@ def probe(args, ops):
             entry = None
         else:
             uid, gid = entry.pw_uid, entry.pw_gid
-    result.update(uid=uid, who=entry.pw_name if entry is not None else _who(uid))
+    result.update(uid=uid, who=entry.pw_name if entry is not None else who(uid))
 
     child_limit = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
     if os.geteuid() != 0 and hard != resource.RLIM_INFINITY:

@@ -23,6 +23,16 @@ import os
 import tempfile
 
 
+# The options both drop-in writers (library/sysctl_setting.py, library/limits_dropin.py) share: where the node
+# is, whether to keep a backup, what to do with drift found in audit, the check's name and the header comment.
+DROPIN_OPTIONS = dict(
+    root=dict(type="path", default="/"),
+    backup=dict(type="bool", default=False),
+    policy=dict(type="str", default="fail", choices=["warn", "fail"]),
+    check_name=dict(type="str"),
+    comment=dict(type="str", default=""),
+)
+
 def node_name():
     return os.uname().nodename
 
