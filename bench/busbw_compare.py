@@ -19,7 +19,6 @@ neighbour shows as a slow side), the medians and the ratio gate / bare
     .venv/bin/python bench/busbw_compare.py --runs 5
 """
 
-import argparse
 import glob
 import json
 import os
@@ -30,6 +29,11 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+# pylint: disable=wrong-import-position
+from multinode import bench_parser  # noqa: E402
+
 SIZE = 64 << 20  # 64 MiB: 16 Mi float32 elements
 
 BARE = r'''
@@ -110,11 +114,10 @@ def gate_busbw(bindir, workdir, args, env, run_no):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="alternated pairs (bare, gate)")
-    parser.add_argument("--iters", type=int, default=20, help="timed all-reduces on both sides (nccl-tests: 20)")
-    parser.add_argument("--warmup", type=int, default=5, help="warm-up all-reduces on both sides (nccl-tests: 5)")
-    parser.add_argument("--port", type=int, default=29517, help="the bare torchrun's master port")
+    parser = bench_parser(__doc__, runs=(5, "alternated pairs (bare, gate)"),
+                          iters=(20, "timed all-reduces on both sides (nccl-tests: 20)"),
+                          warmup=(5, "warm-up all-reduces on both sides (nccl-tests: 5)"),
+                          port=(29517, "the bare torchrun's master port"))
     parser.add_argument("--ifname", default="lo",
                         help="GLOO_SOCKET_IFNAME of the bare side (the embedded inventory's preflight_socket_ifname)")
     args = parser.parse_args()

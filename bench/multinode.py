@@ -88,12 +88,19 @@ def bench_workdir(name):
     return tempfile.mkdtemp(prefix="preflight-bench-%s-" % name)
 
 
+def bench_parser(doc, **counts):
+    """A bench's argument parser, described by ``doc``'s first line, with an integer option per entry
+    of ``counts``: ``name=(default, help)`` is ``--name``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for name, (default, text) in counts.items():
+        parser.add_argument("--" + name, type=int, default=default, help=text)
+    return parser
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per size")
-    parser.add_argument("--small", type=int, default=2, help="nodes in the small run")
-    parser.add_argument("--large", type=int, default=8, help="nodes in the large run (the bed's size)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per size first")
+    parser = bench_parser(__doc__, runs=(3, "timed runs per size"), small=(2, "nodes in the small run"),
+                          large=(8, "nodes in the large run (the bed's size)"),
+                          warmup=(1, "untimed runs per size first"))
     parser.add_argument("--keep", action="store_true", help="keep the run directories (verdicts, logs)")
     parser.add_argument("--forks", type=int, default=0,
                         help="ansible forks (0: ansible.cfg's 64); fewer forks than nodes runs the mesh in batches")

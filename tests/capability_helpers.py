@@ -82,6 +82,20 @@ def inventory_node(host, addr):
     return {"name": host, "ansible_host": addr, "node_addr": addr, "user": "root", "ssh_port": 22}
 
 
+def capability_under_test(role, host, addr):
+    """``(ROLE, HOST, NODE)`` of a capability's test module: the role's folder, the host the tests decide
+    for, and its inventory entry at ``addr``."""
+    return role_path(role), host, inventory_node(host, addr)
+
+
+def switched_off_cases(role, host):
+    """The decide-table cases of ``<role>_enabled`` false, as a boolean and as text: the capability is
+    skipped (the first naming ``host``)."""
+    flag = role + "_enabled"
+    return [("switched-off", {}, {flag: False}, {"enabled": ("skipped", "%s is false on %s" % (flag, host), "")}),
+            ("switched-off-as-text", {}, {flag: "false"}, {"enabled": ("skipped", "%s is false" % flag, "")})]
+
+
 def statuses(checks):
     return {name: result["status"] for name, result in checks.items()}
 

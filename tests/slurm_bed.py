@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from bed_lifecycle import UpDown
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 from cluster_preflight import slurm as preflight_slurm  # noqa: E402  pylint: disable=wrong-import-position
@@ -93,7 +95,7 @@ def _free_port(address):
         return sock.getsockname()[1]
 
 
-class SlurmCluster:
+class SlurmCluster(UpDown):
     """slurmctld + one slurmd per node of ``bed`` + munged; see the module docstring."""
 
     def __init__(self, bed, ready_timeout=60):
@@ -103,12 +105,6 @@ class SlurmCluster:
         self.conf = None
         self._procs = []
         self.ctl_name = None
-
-    def __enter__(self):
-        return self.up()
-
-    def __exit__(self, *exc):
-        self.down()
 
     # -- lifecycle ------------------------------------------------------------------------------
 

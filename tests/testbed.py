@@ -54,6 +54,8 @@ import sys
 import tempfile
 import time
 
+from bed_lifecycle import UpDown
+
 PREFIX = "pft"
 STATE_DIR = "/run/preflight-testbed"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -410,7 +412,7 @@ def _down_live_beds():
 atexit.register(_down_live_beds)
 
 
-class Testbed:
+class Testbed(UpDown):
     """N fake nodes with real sshd each.  Use as a context manager.
 
     Options:
@@ -477,12 +479,6 @@ class Testbed:
         self._state = None
 
     # -- lifecycle -----------------------------------------------------------
-
-    def __enter__(self):
-        return self.up()
-
-    def __exit__(self, *exc):
-        self.down()
 
     def up(self):
         """Create the bed; on any failure remove what was created and raise."""

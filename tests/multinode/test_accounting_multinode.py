@@ -74,6 +74,12 @@ def run(bed, tmp_path, extravars=None, host_vars=None, **kwargs):
     return result
 
 
+def run_node_vars(bed, tmp_path, node, node_vars):
+    """A gate run with ``node_vars`` set on ``node`` alone: the result and its verdict."""
+    result = run(bed, tmp_path, host_vars={node.name: node_vars})
+    return result, result.verdict
+
+
 def run_struck(bed, tmp_path, strike, **kwargs):
     """A fast gate run with ``strike`` handling its events; the strike must have struck."""
     result = run(bed, tmp_path, extravars=FAST, event_handler=strike, **kwargs)
@@ -207,8 +213,7 @@ def test_node_whose_traffic_is_dropped_while_the_probes_run_is_named(bed, tmp_pa
 
 def test_a_capability_that_raises_on_one_node_fails_that_node_only_and_its_gate_still_counts(bed, tmp_path):
     node = bed.nodes[1]
-    result = run(bed, tmp_path, host_vars={node.name: {"preflight_selftest_error": "iommu"}})
-    verdict = result.verdict
+    result, verdict = run_node_vars(bed, tmp_path, node, {"preflight_selftest_error": "iommu"})
     assert result.rc != 0 and verdict["status"] == "fail", explain(result)
     assert verdict["failed_hosts"] == [node.name], explain(result)
     checks = verdict["nodes"][node.name]["checks"]
@@ -259,8 +264,7 @@ def test_fewer_forks_than_nodes_still_pass_the_port_mesh_and_the_gate(bed, tmp_p
 
 def test_a_node_whose_sshd_configuration_cannot_be_found_is_a_finding_naming_it(bed, tmp_path):
     node = bed.nodes[3]
-    result = run(bed, tmp_path, host_vars={node.name: {"ssh_trust_sshd_config": "/nonexistent/sshd_config"}})
-    verdict = result.verdict
+    result, verdict = run_node_vars(bed, tmp_path, node, {"ssh_trust_sshd_config": "/nonexistent/sshd_config"})
     assert result.rc != 0 and verdict["status"] == "fail", explain(result)
     assert verdict["failed_hosts"] == [node.name], explain(result)
     failing = {name: check for name, check in verdict["nodes"][node.name]["checks"].items()

@@ -27,6 +27,7 @@ from cluster_preflight import slurm_local as preflight_slurm_local
 from preflight_node.proc import all_pids, cmdline_of
 from slurm_bed import ROOT, slurm_fixture
 from testbed import testbed_fixture
+from verdict_helpers import verdict_report
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -82,21 +83,15 @@ def node_script(slurm, node, script, tmp_path, extra_env=None):
     return done
 
 
+# The checks every node of a test verdict holds, and those a failed node adds.
+PASSING = {"nic_discovery.link": {"status": "pass", "found": "eth0 is up", "expected": "up", "fix": ""}}
+FAILING = {"allreduce.python": {"status": "fail", "found": "training Python /opt/x does not exist",
+                                "expected": "an executable Python", "fix": "install the venv"}}
+
+
 def verdict(path, **statuses):
     """A verdict file for ``statuses`` (node -> pass/fail); a failed node fails allreduce.python."""
-    nodes = {}
-    for node, status in statuses.items():
-        checks = {"nic_discovery.link": {"status": "pass", "found": "eth0 is up", "expected": "up", "fix": ""}}
-        if status == "fail":
-            checks["allreduce.python"] = {"status": "fail", "found": "training Python /opt/x does not exist",
-                                          "expected": "an executable Python", "fix": "install the venv"}
-        nodes[node] = {"status": status, "checks": checks}
-    hosts = list(statuses)
-    path.write_text(json.dumps({
-        "status": "fail" if "fail" in statuses.values() else "pass", "hosts": hosts, "nodes": nodes,
-        "healthy_hosts": [h for h in hosts if statuses[h] == "pass"],
-        "failed_hosts": [h for h in hosts if statuses[h] == "fail"],
-        "unverified_hosts": [], "unreachable_hosts": []}))
+    path.write_text(json.dumps(verdict_report(statuses, PASSING, FAILING)))
     return str(path)
 
 

@@ -500,10 +500,11 @@ def start_driver(tmp_path, args):
 
 @contextlib.contextmanager
 def hung_driver(tmp_path, fakes):
-    """The module driving a selftest that hangs; killed on the way out if still running."""
+    """The module driving a selftest that hangs, and the pids of its process tree; the module is killed
+    on the way out if still running."""
     driver = start_driver(tmp_path, fake_args(fakes, selftest_fault="hang", hard_timeout=50, timeout=40))
     try:
-        yield driver
+        yield driver, tree_pids(fakes)
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -512,8 +513,7 @@ def hung_driver(tmp_path, fakes):
 @pytest.mark.timeout(60)
 def test_sigterm_kills_the_tree_and_removes_scratch(tmp_path, fakes, temp_dirs):
     system, _scratch = temp_dirs
-    with hung_driver(tmp_path, fakes) as driver:
-        pids = tree_pids(fakes)
+    with hung_driver(tmp_path, fakes) as (driver, pids):
         assert len(pids) == 4
         driver.send_signal(signal.SIGTERM)
         out, err = driver.communicate(timeout=20)
@@ -527,8 +527,7 @@ def test_sigterm_kills_the_tree_and_removes_scratch(tmp_path, fakes, temp_dirs):
 @pytest.mark.timeout(60)
 def test_sigkill_of_the_module_group_still_kills_the_tree_and_removes_scratch(tmp_path, fakes, temp_dirs):
     system, _scratch = temp_dirs
-    with hung_driver(tmp_path, fakes) as driver:
-        pids = tree_pids(fakes)
+    with hung_driver(tmp_path, fakes) as (driver, pids):
         assert len(pids) == 4
         # What async_wrapper does when the task's async time runs out.
         os.killpg(driver.pid, signal.SIGKILL)

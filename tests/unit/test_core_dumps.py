@@ -18,13 +18,11 @@ from cluster_preflight.capabilities import core_dumps as controller
 from preflight_node import core_dumps
 from preflight_node import core_dumps_probe
 from fake_ops import FakeOps, LocalOps
-from capability_helpers import (assert_one_problem, inventory_node, role_path, role_settings, role_yaml,
-                                sandbox_reader, statuses, sysctl_tree, write, write_files)
+from capability_helpers import (assert_one_problem, capability_under_test, role_settings, role_yaml, sandbox_reader,
+                                statuses, sysctl_tree, write, write_files)
 
 ROLE_NAME = "core_dumps"
-ROLE = role_path(ROLE_NAME)
-HOST = "node5"
-NODE = inventory_node(HOST, "198.18.0.5")
+ROLE, HOST, NODE = capability_under_test(ROLE_NAME, "node5", "198.18.0.5")
 APPORT = "|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -u%u -g%g -- %E"
 COREDUMP = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h"
 PATTERN = "/var/cores/core-%e.%p.%h.%t"

@@ -15,13 +15,11 @@ from preflight_node import checks as preflight_checks
 from preflight_node import debug_tools as node_tools
 from cluster_preflight.capabilities import debug_tools as tools
 from fake_ops import FakeOps
-from capability_helpers import (ROOT, assert_contract as check_contract, assert_table, inventory_node, role_path,
-                                role_settings, role_yaml, typed_settings)
+from capability_helpers import (ROOT, assert_contract as check_contract, assert_table, capability_under_test,
+                                role_settings, role_yaml, switched_off_cases, typed_settings)
 
 ROLE_NAME = "debug_tools"
-ROLE = role_path(ROLE_NAME)
-HOST = "node3"
-NODE = inventory_node(HOST, "198.18.0.3")
+ROLE, HOST, NODE = capability_under_test(ROLE_NAME, "node3", "198.18.0.3")
 
 DEBIAN = 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian GNU/Linux"\nVERSION_ID="12"\nID=debian\n'
 UBUNTU = 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\nID_LIKE=debian\n'
@@ -205,11 +203,7 @@ CASES = [
     ("pyspy-off-as-text-and-no-packages", {"programs": ()},
      {"debug_tools_packages": {"Debian": []}, "debug_tools_pyspy": "no"},
      {"tools": ("not_applicable", "no debug tools asked for on node3", "")}),
-    ("switched-off", {}, {"debug_tools_enabled": False},
-     {"enabled": ("skipped", "debug_tools_enabled is false on node3", "")}),
-    ("switched-off-as-text", {}, {"debug_tools_enabled": "false"},
-     {"enabled": ("skipped", "debug_tools_enabled is false", "")}),
-]
+] + switched_off_cases(ROLE_NAME, HOST)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])

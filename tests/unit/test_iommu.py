@@ -15,13 +15,11 @@ from preflight_node import grub_plan
 from preflight_node import iommu as node_iommu
 from cluster_preflight.capabilities import iommu
 from fake_ops import FakeOps
-from capability_helpers import (ROOT, assert_contract as check_contract, assert_table, deny_reading, inventory_node,
-                                role_path, role_settings, role_yaml, typed_settings)
+from capability_helpers import (ROOT, assert_contract as check_contract, assert_table, capability_under_test,
+                                deny_reading, role_settings, role_yaml, switched_off_cases, typed_settings)
 
 ROLE_NAME = "iommu"
-ROLE = role_path(ROLE_NAME)
-HOST = "node7"
-NODE = inventory_node(HOST, "198.18.0.7")
+ROLE, HOST, NODE = capability_under_test(ROLE_NAME, "node7", "198.18.0.7")
 
 GRUB = (
     "GRUB_DEFAULT=0\n"
@@ -205,11 +203,7 @@ CASES = [
       "cmdline": ("not_applicable", "no AMD GPU", "")}),
     ("amd-filtered-out", {}, {"iommu_amd_device_ids": ["0x740f"]},
      {"grub": ("not_applicable", "iommu_amd_device_ids (0x740f)", ""), "cmdline": ("not_applicable", "", "")}),
-    ("switched-off", {}, {"iommu_enabled": False},
-     {"enabled": ("skipped", "iommu_enabled is false on node7", "")}),
-    ("switched-off-as-text", {}, {"iommu_enabled": "false"},
-     {"enabled": ("skipped", "iommu_enabled is false", "")}),
-]
+] + switched_off_cases(ROLE_NAME, HOST)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])

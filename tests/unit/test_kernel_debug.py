@@ -11,13 +11,11 @@ from cluster_preflight.capabilities import kernel_debug as controller
 from preflight_node import kernel_debug
 from preflight_node import kernel_debug_probe
 from preflight_node import sysctl as preflight_sysctl
-from capability_helpers import (assert_one_problem, deny_reading, inventory_node, role_path, role_settings,
-                                role_yaml, sandbox_reader, statuses, sysctl_tree, write, write_files)
+from capability_helpers import (assert_one_problem, capability_under_test, deny_reading, role_settings, role_yaml,
+                                sandbox_reader, statuses, sysctl_tree, write, write_files)
 
 ROLE_NAME = "kernel_debug"
-ROLE = role_path(ROLE_NAME)
-HOST = "node3"
-NODE = inventory_node(HOST, "198.18.0.3")
+ROLE, HOST, NODE = capability_under_test(ROLE_NAME, "node3", "198.18.0.3")
 PTRACE_DROPIN = "/etc/sysctl.d/10-ptrace.conf"
 PANIC = {"name": "kernel.panic_on_oops", "value": "1", "dropin": "/etc/sysctl.d/60-preflight-panic.conf",
          "check_name": None}

@@ -227,27 +227,25 @@ def test_missing_sysfs_tree_warns_and_finds_nothing(tmp_path):
 
 # -- procfs parsers --------------------------------------------------------
 
-FIB_TRIE = """Main:
-  +-- 0.0.0.0/0 3 0 5
-     |-- 0.0.0.0
-        /0 universe UNICAST
-     +-- 127.0.0.0/8 2 0 2
-        +-- 127.0.0.0/31 1 0 0
-           |-- 127.0.0.0
-              /8 host LOCAL
-           |-- 127.0.0.1
-              /32 host LOCAL
-        |-- 127.255.255.255
-           /32 link BROADCAST
-     +-- 198.18.0.0/24 2 0 2
-        +-- 198.18.0.0/30 2 0 2
-           |-- 198.18.0.0
-              /24 link UNICAST
-           |-- 198.18.0.2
-              /32 host LOCAL
-        |-- 198.18.0.255
-           /32 link BROADCAST
-Local:
+def _fib_subnet(net, inner, route, local, broadcast):
+    """A Main-table subnet of /proc/net/fib_trie: its network route, one local address, its broadcast."""
+    return ("     +-- %s 2 0 2\n"
+            "        +-- %s\n"
+            "           |-- %s\n"
+            "              %s\n"
+            "           |-- %s\n"
+            "              /32 host LOCAL\n"
+            "        |-- %s\n"
+            "           /32 link BROADCAST\n") % (net, inner, net.split("/")[0], route, local, broadcast)
+
+
+FIB_TRIE = ("Main:\n"
+            "  +-- 0.0.0.0/0 3 0 5\n"
+            "     |-- 0.0.0.0\n"
+            "        /0 universe UNICAST\n"
+            + _fib_subnet("127.0.0.0/8", "127.0.0.0/31 1 0 0", "/8 host LOCAL", "127.0.0.1", "127.255.255.255")
+            + _fib_subnet("198.18.0.0/24", "198.18.0.0/30 2 0 2", "/24 link UNICAST", "198.18.0.2", "198.18.0.255")
+            + """Local:
   +-- 0.0.0.0/0 3 0 5
      +-- 127.0.0.0/8 2 0 2
            |-- 127.0.0.1
@@ -255,7 +253,7 @@ Local:
      +-- 198.18.0.0/24 2 0 2
            |-- 198.18.0.2
               /32 host LOCAL
-"""
+""")
 
 
 def test_fib_trie_yields_local_addresses_once():

@@ -11,6 +11,7 @@ import pytest
 
 from cluster_preflight import slurm as ps
 from cluster_preflight import slurm_local as psl
+from verdict_helpers import verdict_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -58,23 +59,16 @@ sltn4|mixed|none
 """
 
 
+# The checks every node of a test verdict holds, and those a failed node adds.
+PASSING = {"nic_discovery.link": {"status": "pass", "found": "eth0 up", "expected": "", "fix": ""}}
+FAILING = {"allreduce.python": {"status": "fail", "found": "training Python /opt/x cannot run as nobody",
+                                "expected": "an executable Python", "fix": "install it"},
+           "kernel_debug.ptrace_scope": {"status": "fail", "found": "3", "expected": "0", "fix": "reboot"}}
+
+
 def verdict(**statuses):
     """A report: node -> status; a failed node fails allreduce.python and kernel_debug.ptrace_scope."""
-    nodes = {}
-    for node, status in statuses.items():
-        checks = {"nic_discovery.link": {"status": "pass", "found": "eth0 up", "expected": "", "fix": ""}}
-        if status == "fail":
-            checks["allreduce.python"] = {"status": "fail", "found": "training Python /opt/x cannot run as nobody",
-                                          "expected": "an executable Python", "fix": "install it"}
-            checks["kernel_debug.ptrace_scope"] = {"status": "fail", "found": "3", "expected": "0", "fix": "reboot"}
-        nodes[node] = {"status": status, "checks": checks}
-    hosts = list(statuses)
-    return {"status": "pass" if all(s in ("pass", "warn") for s in statuses.values()) else "fail",
-            "hosts": hosts, "nodes": nodes,
-            "healthy_hosts": [h for h in hosts if statuses[h] in ("pass", "warn")],
-            "failed_hosts": [h for h in hosts if statuses[h] == "fail"],
-            "unverified_hosts": [h for h in hosts if statuses[h] == "unverified"],
-            "unreachable_hosts": []}
+    return verdict_report(statuses, PASSING, FAILING)
 
 
 # -- the reason -----------------------------------------------------------------------------------

@@ -127,32 +127,31 @@ def test_defaults_validate_and_are_mirrored_in_python():
         assert defaults[name] == value, name
 
 
+def alone(name, *values):
+    """A bad-input case per value: ``name`` set to it alone, the one problem naming ``name``."""
+    return [({name: value}, name) for value in values]
+
+
 BAD = [
-    ({"ssh_trust_port": 70000}, "ssh_trust_port"),
-    ({"ssh_trust_port": 0}, "ssh_trust_port"),
-    ({"ssh_trust_port": "22"}, "ssh_trust_port"),
-    ({"ssh_trust_mesh_timeout": 0}, "ssh_trust_mesh_timeout"),
-    ({"ssh_trust_mesh_connect_timeout": -1}, "ssh_trust_mesh_connect_timeout"),
+    *alone("ssh_trust_port", 70000, 0, "22"),
+    *alone("ssh_trust_mesh_timeout", 0),
+    *alone("ssh_trust_mesh_connect_timeout", -1),
     ({"ssh_trust_mesh_connect_timeout": 20, "ssh_trust_mesh_timeout": 20}, "ssh_trust_mesh_connect_timeout"),
-    ({"ssh_trust_mesh_parallel": 0}, "ssh_trust_mesh_parallel"),
-    ({"ssh_trust_task_timeout": 0}, "ssh_trust_task_timeout"),
-    ({"ssh_trust_cluster_key_name": "../id_rsa"}, "ssh_trust_cluster_key_name"),
-    ({"ssh_trust_cluster_key_name": ".."}, "ssh_trust_cluster_key_name"),
-    ({"ssh_trust_cluster_key_name": "my key"}, "ssh_trust_cluster_key_name"),
-    ({"ssh_trust_cluster_key_comment": "two words"}, "ssh_trust_cluster_key_comment"),
-    ({"ssh_trust_ssh_config_dropin": "/etc/ssh/ssh_config"}, "ssh_trust_ssh_config_dropin"),
-    ({"ssh_trust_ssh_config_dropin": "/etc/ssh/ssh_config.d/cluster"}, "ssh_trust_ssh_config_dropin"),
+    *alone("ssh_trust_mesh_parallel", 0),
+    *alone("ssh_trust_task_timeout", 0),
+    *alone("ssh_trust_cluster_key_name", "../id_rsa", "..", "my key"),
+    *alone("ssh_trust_cluster_key_comment", "two words"),
+    *alone("ssh_trust_ssh_config_dropin", "/etc/ssh/ssh_config", "/etc/ssh/ssh_config.d/cluster"),
     ({"ssh_trust_cluster_key": True, "ssh_trust_cluster_key_users": []}, "ssh_trust_cluster_key_users"),
-    ({"ssh_trust_cluster_key_users": ["root", "bad user"]}, "ssh_trust_cluster_key_users"),
-    ({"ssh_trust_mesh_user": "-oProxyCommand=x"}, "ssh_trust_mesh_user"),
-    ({"ssh_trust_drift_policy": "ignore"}, "ssh_trust_drift_policy"),
-    ({"ssh_trust_unknown_key_policy": "pass"}, "ssh_trust_unknown_key_policy"),
-    ({"ssh_trust_login_policy": "{{ 'fail' }}"}, "ssh_trust_login_policy"),
-    ({"ssh_trust_pdsh": "always"}, "ssh_trust_pdsh"),
-    ({"ssh_trust_sshd_config": "sshd_config"}, "ssh_trust_sshd_config"),
-    ({"ssh_trust_known_hosts_file": "known_hosts"}, "ssh_trust_known_hosts_file"),
-    ({"ssh_trust_host_key_files": ["ssh_host_ed25519_key"]}, "ssh_trust_host_key_files"),
-    ({"ssh_trust_extra_names": ["gpu01 gpu02"]}, "ssh_trust_extra_names"),
+    *alone("ssh_trust_cluster_key_users", ["root", "bad user"]),
+    *alone("ssh_trust_mesh_user", "-oProxyCommand=x"),
+    # Policies and paths: one bad value each.
+    *[case for name, value in (("ssh_trust_drift_policy", "ignore"), ("ssh_trust_unknown_key_policy", "pass"),
+                               ("ssh_trust_login_policy", "{{ 'fail' }}"), ("ssh_trust_pdsh", "always"),
+                               ("ssh_trust_sshd_config", "sshd_config"),
+                               ("ssh_trust_known_hosts_file", "known_hosts")) for case in alone(name, value)],
+    *alone("ssh_trust_host_key_files", ["ssh_host_ed25519_key"]),
+    *alone("ssh_trust_extra_names", ["gpu01 gpu02"]),
 ]
 
 
