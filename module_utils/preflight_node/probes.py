@@ -3,8 +3,9 @@
 node module holding its ``probe(args, ops)``, for the ``preflight_probes`` and ``preflight_local`` calls
 (``library/preflight_probes.py``, ``library/preflight_local.py``; run by ``module_utils/preflight_node/calls.py``).
 
-Only probe modules are imported here, so a call that probes ships no reader code; the readers are registered
-in ``module_utils/preflight_node/readers.py``.
+Only probe modules are imported here, so a call that probes does not ship the readers (a probe may use a
+reader's helper: the core probe reads the pattern as the core_dumps reader does); the readers are registered in
+``module_utils/preflight_node/readers.py``.
 """
 
 from __future__ import annotations
