@@ -23,8 +23,8 @@ from preflight_node import sshd as psd
 from capability_helpers import write
 from fake_ops import FakeOps, LocalOps
 from preflight_node import checks as pc
-from test_ssh_trust_capability import (KEYS, LISTENER, NODES3, assert_contract, cluster, decide_all, facts, fake_key,
-                                       fp, in_sync, probe_result, settings, synced_block, synced_users)
+from ssh_trust_helpers import (KEYS, LISTENER, NODES3, assert_contract, cluster, decide_all, facts, fake_key,
+                               fp, in_sync, probe_result, settings, synced_block, synced_users)
 
 COMMENT = "preflight-ssh-trust-cluster-key"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (switches users, starts sshd)")

@@ -1,0 +1,39 @@
+"""Shared helpers of the verdict unit tests (tests/unit/test_verdict.py,
+tests/unit/test_verdict_run_dir.py): a node's registered stage results, the gate decision,
+and verdicts built by cluster_preflight/accounting.py.  Test-side, not shipped."""
+
+from cluster_preflight import capabilities as registry
+from cluster_preflight import accounting as pv
+from preflight_node.checks import passed
+
+STAGES = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes")
+OK = {"changed": False}
+UNREACHABLE = {"unreachable": True, "msg": "Failed to connect to the host via ssh: Connection timed out"}
+
+
+def records(**stage_results):
+    """A node's registered results: every stage ok unless given."""
+    data = {registry.STAGE_REGISTERS[stage]: dict(OK) for stage in STAGES}
+    data[registry.STAGE_REGISTERS["settings"]] = {"ok": True, "errors": []}
+    for stage, result in stage_results.items():
+        data[registry.STAGE_REGISTERS[stage]] = result
+    return data
+
+
+def every_capability_passes(hosts):
+    return {host: {name: {"x": passed("fine on %s" % host, "fine")} for name in registry.NAMES} for host in hosts}
+
+
+def gate(status="pass"):
+    return {"allreduce": {"status": status, "world_size": 4, "planned_world_size": 4, "ranks": [], "suspects": [],
+                          "launched": True}}
+
+
+def build(hosts, records_by_host, decisions, stages=STAGES, capabilities=registry.NAMES):
+    return pv.build_verdict(hosts, records_by_host, decisions, capabilities, stages, "r1", "/tmp/r1",
+                            bound_seconds=300)
+
+
+def passing_verdict(run_dir):
+    return build(["n1", "n2"], {"n1": records(), "n2": records()},
+                 [{"checks_by_host": every_capability_passes(["n1", "n2"])}, gate()])
