@@ -22,6 +22,7 @@ RUN_COMMANDS = {
     "healthcheck": "node-local health check (healthcheck.yml) within its time budget (healthcheck.json)",
     "diagnose": "diagnose.yml, when this checkout has it",
 }
+BASELINE_HELP = "record a known-good profile per inventory group from a gate that passed (docs/profile.md)"
 LABELS = {"verdict.json": "PREFLIGHT", "bringup.json": "BRING-UP", "healthcheck.json": "HEALTH CHECK"}
 
 
@@ -52,6 +53,18 @@ def extra_var(text):
     return pairs
 
 
+def _run_options(sub):
+    """The options of a command that runs a playbook."""
+    sub.add_argument("-i", "--inventory", "--inventory-file", action="append", dest="inventory",
+                     metavar="INVENTORY", help="inventory file or directory (default: the embedded inventory/)")
+    sub.add_argument("-l", "--limit", metavar="HOSTS", help="only these nodes (the verdict covers exactly them)")
+    sub.add_argument("-e", "--extra-vars", action="append", default=[], dest="extra_vars", metavar="KEY=VALUE",
+                     help="a setting (repeatable), as ansible-playbook's -e")
+    sub.add_argument("--results-dir", metavar="DIR", help="where run directories go (preflight_results_dir)")
+    sub.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary: one line at the end")
+    sub.add_argument("--timeout", type=int, metavar="SECONDS", help="stop the whole run after this long")
+
+
 def build_parser():
     parser = _Parser(prog="python -m cluster_preflight", allow_abbrev=False,
                      description="Run the cluster preflight and answer with its verdict "
@@ -59,16 +72,18 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     for name, text in RUN_COMMANDS.items():
-        sub = commands.add_parser(name, help=text, description=text + ". Other options go to ansible-playbook "
-                                  "as they are (-v, --forks N, -e @vars.yml).", allow_abbrev=False)
-        sub.add_argument("-i", "--inventory", "--inventory-file", action="append", dest="inventory",
-                         metavar="INVENTORY", help="inventory file or directory (default: the embedded inventory/)")
-        sub.add_argument("-l", "--limit", metavar="HOSTS", help="only these nodes (the verdict covers exactly them)")
-        sub.add_argument("-e", "--extra-vars", action="append", default=[], dest="extra_vars", metavar="KEY=VALUE",
-                         help="a setting (repeatable), as ansible-playbook's -e")
-        sub.add_argument("--results-dir", metavar="DIR", help="where run directories go (preflight_results_dir)")
-        sub.add_argument("-q", "--quiet", action="store_true", help="no progress and no summary: one line at the end")
-        sub.add_argument("--timeout", type=int, metavar="SECONDS", help="stop the whole run after this long")
+        _run_options(commands.add_parser(name, help=text, description=text + ". Other options go to "
+                                         "ansible-playbook as they are (-v, --forks N, -e @vars.yml).",
+                                         allow_abbrev=False))
+    sub = commands.add_parser("baseline", help=BASELINE_HELP, allow_abbrev=False, description=BASELINE_HELP +
+                              ". Runs the gate (options as gate) unless --from names a run that passed.")
+    _run_options(sub)
+    sub.add_argument("--from", dest="source", metavar="RUN", help="record from this run directory or verdict file "
+                     "instead of running the gate")
+    sub.add_argument("--out", metavar="DIR", help="where the profiles go (default: <inventory dir>/profiles)")
+    sub.add_argument("--group", action="append", default=[], metavar="GROUP",
+                     help="only this inventory group (repeatable; default: every group with a node of the run)")
+    sub.add_argument("--force", action="store_true", help="replace existing profile files")
     sub = commands.add_parser("verdict", help="validate and summarise a verdict file (as scripts/verdict)",
                               description="Validate and summarise a verdict (default results/latest); exit 0 pass, "
                                           "1 pass with warnings, 2 fail, 3 unknown, 4 invalid settings.",
@@ -148,6 +163,48 @@ def cmd_verdict(args):
     return exit_code(verdict, warnings=True)
 
 
+def cmd_baseline(args, passthrough):
+    """Record a profile per inventory group from the run of ``--from``, or from a gate run now."""
+    from . import baseline  # pylint: disable=import-outside-toplevel
+
+    inventory = os.path.abspath(args.inventory if isinstance(args.inventory, str) else
+                                (args.inventory or [playbooks.DEFAULT_INVENTORY])[0])
+    if args.source:
+        try:
+            verdict = load_verdict(args.source)
+        except VerdictError as exc:
+            _out("UNKNOWN: %s" % exc, sys.stderr)
+            return EXIT_UNKNOWN
+    else:
+        args.command = "gate"
+        code = cmd_run(args, passthrough)
+        try:
+            verdict = load_verdict(os.path.join(args.results_dir or os.path.join(ROOT, "results"), "latest"))
+        except VerdictError as exc:
+            _out("UNKNOWN: %s (gate exit %d)" % (exc, code), sys.stderr)
+            return EXIT_UNKNOWN
+    out_dir = args.out or os.path.join(inventory if os.path.isdir(inventory) else os.path.dirname(inventory),
+                                       "profiles")
+    try:
+        groups = baseline.inventory_groups(args.inventory or playbooks.DEFAULT_INVENTORY)
+        if args.group:
+            missing = sorted(set(args.group) - set(groups))
+            if missing:
+                raise baseline.BaselineError("no inventory group %s (groups: %s)" % (
+                    ", ".join(missing), ", ".join(sorted(groups))))
+            groups = {name: groups[name] for name in args.group}
+        written = baseline.record(verdict.raw, os.path.realpath(verdict.path), groups, out_dir, force=args.force)
+    except (baseline.BaselineError, OSError) as exc:
+        _out("BASELINE NOT RECORDED: %s" % exc, sys.stderr)
+        return EXIT_USAGE if isinstance(exc, baseline.BaselineError) else EXIT_UNKNOWN
+    for group, path, hosts, notes in written:
+        _out("profile of group %s (%d nodes) -> %s" % (group, len(hosts), path))
+        for note in notes:
+            _out("  note: %s" % note)
+        _out("  point the group at it: group_vars/%s.yml: profile_file: %s" % (group, path))
+    return 0
+
+
 def cmd_run(args, passthrough):
     tty = sys.stderr.isatty()
     progress = None
@@ -201,11 +258,13 @@ def main(argv=None):
         args, passthrough = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
         _out(str(exc), sys.stderr)
-        _out("usage: python -m cluster_preflight {gate,bringup,healthcheck,diagnose,verdict} ... (--help)",
+        _out("usage: python -m cluster_preflight {gate,bringup,healthcheck,diagnose,baseline,verdict} ... (--help)",
              sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     if args.command == "verdict":
         return cmd_verdict(args)
+    if args.command == "baseline":
+        return cmd_baseline(args, passthrough)
     return cmd_run(args, passthrough)

@@ -24,9 +24,13 @@ from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers
 from cluster_preflight import localize
 from cluster_preflight.capabilities import nic_discovery as preflight_nic_discovery
 from cluster_preflight.capabilities import port_mesh as preflight_port_mesh
+from cluster_preflight.capabilities import profile as preflight_profile
+from cluster_preflight import profile as profiles
 from cluster_preflight.capabilities import ssh_trust as preflight_ssh_trust
 
 STAGES = ("inputs", "plan", "launch", "final", "local")
+# The capabilities whose facts feed a known-good profile (each has ``profile_fields(facts)``).
+PROFILE_SOURCES = ("gpu_health", "fabric")
 
 
 def _guarded(checks_by_host, hosts, capability, function, *args, **kwargs):
@@ -278,7 +282,32 @@ def stage_final(view):
                         view.capability_settings("allreduce", torch_hosts)) or {}
     for host, check in versions.items():
         _put(checks_by_host, host, "allreduce", {"versions": check})
+    profile_hosts = [host for host in view.read_hosts() if "profile" in view.settings[host]]
+    compared = _guarded(checks_by_host, profile_hosts, "profile", _profile_checks, view, profile_hosts, summary,
+                        checks_by_host) or {}
+    for host, checks in compared.items():
+        _put(checks_by_host, host, "profile", checks)
     return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost, logs=logs)
+
+
+def _profile_checks(view, hosts, summary, checks_by_host):
+    """Every node's ``profile`` checks: its fields (GPU and fabric facts, versions, the runs' busbw and transport)
+    against its group's known-good profile or the majority (``cluster_preflight/capabilities/profile.py``)."""
+    run = profiles.run_fields(summary)
+    rows = {}
+    for row in summary.get("ranks") or []:
+        rows.setdefault(row.get("host"), []).append(row)
+    fields_by_host = {}
+    for host in hosts:
+        facts = view.facts(host)[0] or {}
+        sources = {name: (registry.BY_NAME[name].profile_fields, facts.get(name))
+                   for name in PROFILE_SOURCES if name in registry.BY_NAME}
+        signatures = ((checks_by_host.get(host) or {}).get("allreduce") or {}).get("signatures")
+        fields = dict(run) if host in (summary.get("hosts") or []) else {}
+        fields.update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),
+                                           signatures, None))
+        fields_by_host[host] = fields
+    return preflight_profile.decide_all(hosts, fields_by_host, view.capability_settings("profile", hosts))
 
 
 def _logs(result):

@@ -46,6 +46,7 @@ from . import iommu as preflight_iommu
 from . import kernel_debug as preflight_kernel_debug
 from . import nic_discovery as preflight_nic_discovery
 from . import port_mesh as preflight_port_mesh
+from . import profile as preflight_profile
 from . import ssh_trust as preflight_ssh_trust
 from .. import registers
 from .common import port_problems
@@ -60,6 +61,7 @@ ORDER = (
     preflight_iommu,
     preflight_debug_tools,
     preflight_ssh_trust,
+    preflight_profile,
 )
 BY_NAME = {module.CAPABILITY: module for module in ORDER}
 NAMES = tuple(module.CAPABILITY for module in ORDER)
@@ -163,4 +165,5 @@ DEPENDS = {
     "iommu": (),
     "debug_tools": (),
     "ssh_trust": ("probes",),
+    "profile": ("launch", "probes"),
 }

@@ -39,7 +39,8 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
     ``readers`` or ``probes``: its ``get(name)``) through :func:`run_all`, returned under ``result_key`` with
     ``errors`` and ``elapsed``; with ``local_probes`` (the ``probes`` registry, node-local call) the probes
     named in the ``probes`` option too; then, with ``wait_for`` (``{results_file, timeout, poll, what}``),
-    the background job's result as ``job``.
+    the background job's result as ``job``, and after it the halves that set ``AFTER_JOB = True`` (a probe reading
+    what the job changed, such as the fabric's error counters).
 
     Job-side commands of the readers and probes run as the job user (``job``, see
     :func:`.ops.resolve_job_user`), returned as ``job_user``."""
@@ -53,8 +54,11 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
     ops = NodeOps(module)
     job_user = resolve_job_user(module.params.get("job"), ops)
     ops.job, ops.job_user = job_user, job_user["run_as"]
-    results, errors, elapsed = run_all(halves, function_name, module.params["capabilities"], ops,
-                                       module.params["selftest_error"])
+    capabilities = module.params["capabilities"]
+    # A probe that reads what the all-reduce changed (the fabric's error counters) runs after it was collected.
+    late = {name: args for name, args in capabilities.items() if _after_job(halves, name)}
+    early = {name: args for name, args in capabilities.items() if name not in late}
+    results, errors, elapsed = run_all(halves, function_name, early, ops, module.params["selftest_error"])
     extra = {}
     if local_probes is not None and module.params.get("probes"):
         # A node-local run: the probes that need no peer, in the same call as the readers.
@@ -64,6 +68,10 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
     job = module.params.get("wait_for")
     if job:
         extra["job"] = _collect(job)
+    if late:
+        for result, more in zip((results, errors, elapsed),
+                                run_all(halves, function_name, late, ops, module.params["selftest_error"])):
+            result.update(more)
     if taken:
         extra["lock"] = taken
     if module.params.get("release_lock"):
@@ -74,6 +82,14 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
         extra["hangs"] = ops.hangs
     module.exit_json(changed=False, errors=errors, elapsed=elapsed, job_user=job_user,
                      **dict(extra, **{result_key: results}))
+
+
+def _after_job(halves, name):
+    """Whether capability ``name``'s half in ``halves`` runs after the background job (``AFTER_JOB = True``)."""
+    try:
+        return bool(getattr(halves.get(name), "AFTER_JOB", False))
+    except KeyError:
+        return False
 
 
 def _collect(job):

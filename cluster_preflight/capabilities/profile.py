@@ -1,0 +1,172 @@
+# -*- coding: utf-8 -*-
+"""Capability ``profile``, the controller half (there is no node half): every node compared with the known-good
+profile of its group, or, without one, with the other nodes of the run.
+
+The fields (``cluster_preflight/profile.py``) come from the other capabilities' facts (``gpu_health``,
+``fabric``, ``allreduce``) and from the all-node and single-node all-reduce runs; ``stages.stage_final`` gathers
+them once the gate's results are in and calls :func:`decide_all`.  Each difference is a finding
+``profile.<field>`` with field / found / expected / fix; ``profile.summary`` carries the node's fields (what
+``python -m cluster_preflight baseline`` records).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+from preflight_node.checks import blocked, failed, passed, skipped
+
+from cluster_preflight import profile as profiles
+from .common import switched_on
+
+CAPABILITY = "profile"
+# Fields whose busbw may be below the profile's by the tolerance; every other ``floor`` field is a count or rate.
+TOLERATED = ("allreduce.busbw_gbps", "allreduce.single_node_busbw_gbps")
+# Fields that are the same on every node of a run: never a per-node outlier.
+RUN_WIDE = ("allreduce.busbw_gbps", "allreduce.largest_size", "allreduce.backend")
+
+
+def _problem(name, found, expected, fix):
+    return {"name": name, "found": found, "expected": expected, "fix": fix}
+
+
+def validate(settings):
+    problems = []
+    path = settings.get("profile_file") or ""
+    if path:
+        try:
+            profiles.load(path)
+        except profiles.ProfileError as exc:
+            problems.append(_problem("profile_file", str(exc), "a profile written by python -m cluster_preflight "
+                                     "baseline", "record one with python -m cluster_preflight baseline -i INVENTORY, "
+                                     "or set profile_file to \"\" to compare the nodes with each other"))
+        if not os.path.isabs(path):
+            problems.append(_problem("profile_file", path, "an absolute path (group_vars: use "
+                                     "\"{{ inventory_dir }}/profiles/NAME.yml\")",
+                                     "make profile_file absolute"))
+    tolerance = settings.get("profile_busbw_tolerance", 0.2)
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        problems.append(_problem("profile_busbw_tolerance", repr(tolerance), "a fraction from 0 to below 1",
+                                 "leave it at 0.2 (busbw down to 80% of the profile's passes)"))
+    if settings.get("profile_majority_min_nodes", 3) < 2:
+        problems.append(_problem("profile_majority_min_nodes", settings.get("profile_majority_min_nodes"),
+                                 "2 or more", "leave it at 3"))
+    return problems
+
+
+def read_args(settings, node):
+    """Nothing is read on the node for the profile: its fields come from the other capabilities."""
+    return None
+
+
+# --- decider --------------------------------------------------------------------------------------------------
+
+
+def _display(value):
+    return "not measured" if value is None else str(value)
+
+
+def compare(host, field, found, expected, tolerance, against):
+    """One field of ``host`` against ``expected`` (from ``against``: the profile file or the majority)."""
+    spec = profiles.BY_NAME[field]
+    what = "%s on %s" % (field, host)
+    if spec.kind == "exact":
+        wanted = "%s = %s (%s)" % (field, expected, against)
+        ok = str(found) == str(expected)
+    else:
+        floor = float(expected) * (1 - tolerance) if field in TOLERATED else float(expected)
+        wanted = "%s at least %s (%s%s)" % (field, round(floor, 3), against,
+                                            ", %s less %d%%" % (expected, tolerance * 100) if field in TOLERATED
+                                            else "")
+        ok = float(found) >= floor
+    if ok:
+        return passed("%s: %s" % (what, _display(found)), wanted, field=field, value=found)
+    return failed("%s: %s" % (what, _display(found)), wanted, "%s (node %s)" % (spec.fix, host), field=field,
+                  value=found, profile_value=expected)
+
+
+def _majority(values, minimum):
+    """The value held by more than half of ``values`` (at least ``minimum`` of them), or None."""
+    known = [value for value in values if value is not None]
+    if len(known) < minimum:
+        return None
+    value, count = collections.Counter(str(item) for item in known).most_common(1)[0]
+    if count * 2 <= len(known):
+        return None
+    return next(item for item in known if str(item) == value)
+
+
+def _loaded(path, cache):
+    if path not in cache:
+        try:
+            cache[path] = profiles.load(path)
+        except profiles.ProfileError as exc:
+            cache[path] = exc
+    return cache[path]
+
+
+def _with_profile(host, fields, data, path, tolerance):
+    checks = {}
+    for field, expected in data["fields"].items():
+        found = fields.get(field)
+        if found is None:
+            checks[profiles.check_name(field)] = blocked(
+                "%s was not measured on %s (see the %s checks of this node)" % (field, host, field.split(".")[0]),
+                "%s = %s (profile %s)" % (field, expected, path),
+                "make the check that measures it run on %s, or remove %s from the profile" % (host, field))
+        else:
+            checks[profiles.check_name(field)] = compare(host, field, found, expected, tolerance, "profile %s" % path)
+    return checks
+
+
+def _with_majority(host, fields, peers, settings):
+    checks = {}
+    minimum = settings.get("profile_majority_min_nodes", 3)
+    for field in profiles.BY_NAME:
+        if field in RUN_WIDE or fields.get(field) is None:
+            continue
+        values = [peer.get(field) for peer in peers]
+        if profiles.BY_NAME[field].kind == "floor" and field in TOLERATED:
+            known = sorted(value for value in values if value is not None)
+            expected = known[len(known) // 2] if len(known) >= minimum else None
+        else:
+            expected = _majority(values, minimum)
+        if expected is not None:
+            checks[profiles.check_name(field)] = compare(
+                host, field, fields[field], expected, settings.get("profile_busbw_tolerance", 0.2),
+                "the majority of the %d nodes without a profile" % len([v for v in values if v is not None]))
+    return checks
+
+
+def decide_all(hosts, fields_by_host, settings_by_host):
+    """``{host: {check: result}}``: each node against its profile, or the majority of the nodes without one."""
+    cache, checks_by_host = {}, {}
+    without = [host for host in hosts if switched_on(settings_by_host[host].get("profile_enabled", True))
+               and not settings_by_host[host].get("profile_file")]
+    for host in hosts:
+        settings, fields = settings_by_host[host], fields_by_host.get(host) or {}
+        if not switched_on(settings.get("profile_enabled", True)):
+            checks_by_host[host] = {"enabled": skipped("profile_enabled is false on %s" % host,
+                                                       "the node compared with its known-good profile")}
+            continue
+        path = settings.get("profile_file") or ""
+        summary = {"fields": fields, "profile": path or None}
+        if path:
+            data = _loaded(path, cache)
+            if isinstance(data, profiles.ProfileError):
+                checks_by_host[host] = {"file": failed(
+                    "the profile of %s cannot be used: %s" % (host, data), "a profile written by baseline",
+                    "record it again with python -m cluster_preflight baseline -i INVENTORY")}
+                continue
+            checks = _with_profile(host, fields, data, path, settings.get("profile_busbw_tolerance", 0.2))
+            against = "the profile %s (%d fields)" % (path, len(data["fields"]))
+        else:
+            checks = _with_majority(host, fields, [fields_by_host.get(peer) or {} for peer in without], settings)
+            against = ("the majority of the %d nodes without a profile (%d fields compared)" % (len(without),
+                                                                                                len(checks)))
+        measured = sorted(name for name, value in fields.items() if value is not None)
+        checks["summary"] = passed("%s: %d fields measured (%s), compared with %s" % (
+            host, len(measured), ", ".join(measured) or "none", against),
+            "every node like the known-good profile of its group", **summary)
+        checks_by_host[host] = checks
+    return checks_by_host
