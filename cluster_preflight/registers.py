@@ -18,6 +18,7 @@ PORT_MESH_PROBE = "port_mesh_probe"
 PORT_MESH_WAIT = "port_mesh_wait"
 LAUNCH = "preflight_launch"
 ALLREDUCE_JOB = "allreduce_job"
+SINGLE = "allreduce_single"
 PROBES = "preflight_probes"
 LOCALIZE = "allreduce_localize"
 LOCALIZE_FIRST = "allreduce_localize_first"
@@ -38,6 +39,7 @@ REGISTERS = {
     PORT_MESH_PROBE: ("port_probe (node)", "every peer's answer on the rendezvous port"),
     PORT_MESH_WAIT: ("job_wait (node)", "the port probe's result when it ran in the background"),
     LAUNCH: ("preflight_decide stage=launch", "mesh blame and the one all-reduce launch"),
+    SINGLE: ("allreduce (node), single-node run", "the node's all-reduce over its own GPUs (or ranks) alone"),
     ALLREDUCE_JOB: ("allreduce (node, background)", "the results file of the node's ranks"),
     PROBES: ("preflight_probes (node)", "every probe's result and the all-reduce's"),
     LOCALIZE: ("preflight_localize (controller)", "the pair rounds and their conclusion"),

@@ -22,6 +22,7 @@ from preflight_node.checks import CheckError, decision, error, put
 from cluster_preflight.cluster import ClusterView, live_runs, run_identity, without_gc
 from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
 from cluster_preflight import localize
+from cluster_preflight import single_node
 from cluster_preflight.capabilities import nic_discovery as preflight_nic_discovery
 from cluster_preflight.capabilities import port_mesh as preflight_port_mesh
 from cluster_preflight.capabilities import profile as preflight_profile
@@ -198,8 +199,11 @@ def stage_launch(view):
     for args in (gate.get("args_by_host") or {}).values():
         args["run_id"] = run_id
     reachable = [host for host in plan["hosts"] if host not in lost]
+    single = _guarded(checks_by_host, list(gate.get("args_by_host") or {}), "allreduce", single_node.plan, gate,
+                      view.capability_settings("allreduce", gate_hosts)) or {"args_by_host": {}, "floors": {}}
     return decision(ok=gate.get("launch", False), blockers=gate.get("blockers") or [],
                     checks_by_host=checks_by_host, gate=gate, port_mesh=report, reachable=reachable, lost=lost,
+                    single=single,
                     release_with_probes=not _may_localise(view, gate))
 
 
@@ -282,12 +286,30 @@ def stage_final(view):
                         view.capability_settings("allreduce", torch_hosts)) or {}
     for host, check in versions.items():
         _put(checks_by_host, host, "allreduce", {"versions": check})
+    summary["single_node"] = _single_checks(view, launch.get("single") or {}, checks_by_host, logs)
     profile_hosts = [host for host in view.read_hosts() if "profile" in view.settings[host]]
     compared = _guarded(checks_by_host, profile_hosts, "profile", _profile_checks, view, profile_hosts, summary,
                         checks_by_host) or {}
     for host, checks in compared.items():
         _put(checks_by_host, host, "profile", checks)
     return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost, logs=logs)
+
+
+def _single_checks(view, single, checks_by_host, logs):
+    """``allreduce.single_node`` of every node that ran its single-node all-reduce; returns ``{host: summary}``
+    and adds its logs as ``<node>.single``."""
+    singles = {}
+    for host, args in (single.get("args_by_host") or {}).items():
+        state, message = view.outcome(host, registers.SINGLE)
+        result = view.result(host, registers.SINGLE) if state == "ok" else "%s: %s" % (state, message[:300])
+        judged = _guarded(checks_by_host, [host], "allreduce", single_node.judge, host, args,
+                          (single.get("floors") or {}).get(host, 0), result)
+        if judged:
+            _put(checks_by_host, host, "allreduce", {"single_node": judged[0]})
+            singles[host] = judged[1]
+            if isinstance(result, dict):
+                logs["%s.single" % host] = _logs(result)
+    return singles
 
 
 def _profile_checks(view, hosts, summary, checks_by_host):
@@ -305,7 +327,7 @@ def _profile_checks(view, hosts, summary, checks_by_host):
         signatures = ((checks_by_host.get(host) or {}).get("allreduce") or {}).get("signatures")
         fields = dict(run) if host in (summary.get("hosts") or []) else {}
         fields.update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),
-                                           signatures, None))
+                                           signatures, (summary.get("single_node") or {}).get(host)))
         fields_by_host[host] = fields
     return preflight_profile.decide_all(hosts, fields_by_host, view.capability_settings("profile", hosts))
 

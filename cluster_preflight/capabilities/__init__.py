@@ -134,12 +134,13 @@ def validate_run(settings):
 
 # The node tasks of preflight.yml: stage -> the variable its result is registered in, and what the
 # node was doing (for "unreachable while ..." findings).  Order is the play's order.
-STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "confirm", "apply")
+STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "single", "launch", "probes", "confirm", "apply")
 STAGE_REGISTERS = {
     "settings": registers.SETTINGS,
     "facts": registers.FACTS,
     "port_mesh": registers.PORT_MESH_PROBE,
     "port_mesh_wait": registers.PORT_MESH_WAIT,
+    "single": registers.SINGLE,
     "launch": registers.ALLREDUCE_JOB,
     "probes": registers.PROBES,
     "confirm": registers.CONFIRM,
@@ -150,6 +151,7 @@ STAGE_WHAT = {
     "facts": "reading its facts",
     "port_mesh": "probing the rendezvous port",
     "port_mesh_wait": "waiting for the port mesh probe",
+    "single": "running its single-node all-reduce",
     "launch": "starting the all-reduce",
     "probes": "running the probes (core crash, ssh mesh) and waiting for the all-reduce",
     "confirm": "running the confirmation all-reduce over the nodes left after localisation",
@@ -159,7 +161,7 @@ STAGE_WHAT = {
 DEPENDS = {
     "nic_discovery": (),
     "port_mesh": ("port_mesh", "port_mesh_wait"),
-    "allreduce": ("launch", "probes"),
+    "allreduce": ("single", "launch", "probes"),
     "kernel_debug": ("probes",),
     "core_dumps": ("probes",),
     "iommu": (),

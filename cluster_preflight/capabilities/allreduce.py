@@ -68,10 +68,11 @@ def validate(settings):
     if settings.get("allreduce_stack_budget", 20) <= 0:
         bad("allreduce_stack_budget", settings.get("allreduce_stack_budget"), "more than 0 seconds",
             "set allreduce_stack_budget: 20")
-    sizes = settings.get("allreduce_sizes") or []
-    if not sizes or any(size < 1 for size in sizes):
-        bad("allreduce_sizes", sizes, "at least one size, each 1 byte or more",
-            "set allreduce_sizes, e.g. [1048576, 4194304, 16777216]")
+    for name, example in (("allreduce_sizes", "[1048576, 4194304, 16777216]"),
+                          ("allreduce_sizes_nccl", "[16777216, 134217728, 536870912, 1073741824]")):
+        sizes = settings.get(name) or []
+        if not sizes or any(size < 1 for size in sizes):
+            bad(name, sizes, "at least one size, each 1 byte or more", "set %s, e.g. %s" % (name, example))
     if settings.get("allreduce_iters", 1) < 1:
         bad("allreduce_iters", settings.get("allreduce_iters"), "1 or more", "set allreduce_iters: 5")
     if settings.get("allreduce_warmup", 0) < 0:
@@ -258,7 +259,8 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
         "timeout": settings["allreduce_timeout"],
         "hard_timeout": settings["allreduce_hard_timeout"],
         "stack_budget": settings["allreduce_stack_budget"],
-        "sizes": settings["allreduce_sizes"],
+        # GPUs show their fabric's peak only at large sizes (up to 1 GiB); CPU ranks keep to small ones.
+        "sizes": settings["allreduce_sizes_nccl" if backend == "nccl" else "allreduce_sizes"],
         "iters": settings["allreduce_iters"],
         "warmup": settings["allreduce_warmup"],
         # The worker's own 4 MiB correctness check (localisation rounds use less).
