@@ -149,11 +149,12 @@ def _nothing_to_check(host, facts, settings):
 
 def ports_check(host, ports, settings):
     """``ports``: every port ACTIVE and LinkUp, and at least ``fabric_expected_ports`` of them active."""
-    bad, no_sm = [], False
-    for label, _name, _device, port in ports:
+    bad, no_sm, named = [], False, []
+    for label, name, _device, port in ports:
         if _active(port) and port.get("phys_state") == LINK_UP:
             continue
         text = "%s: state %s, phys_state %s" % (label, port.get("state"), port.get("phys_state"))
+        named.append("ibstat %s %s" % (name, port.get("port")))
         if port.get("state") == "INIT" and (port.get("link_layer") or "").lower() != "ethernet":
             text += " (INIT: the link trained but no subnet manager configured the port)"
             no_sm = True
@@ -167,8 +168,9 @@ def ports_check(host, ports, settings):
         bad.append("%d active RDMA ports on %s, fabric_expected_ports is %d" % (active, host, wanted))
     if not bad:
         return passed("%d RDMA ports ACTIVE / LinkUp on %s" % (len(ports), host), expected, **details)
-    fix = ("on %s: ibstat <device> <port> for each port named; phys_state Polling or Disabled: check the cable, "
-           "transceiver and the switch port (ibportstate <lid> <port> query)" % host)
+    fix = ("on %s: %s; phys_state Polling or Disabled: check the cable, "
+           "transceiver and the switch port (ibportstate <lid> <port> query)" % (
+               host, ", ".join(named) or "ibstat"))
     if no_sm:
         fix += "; state INIT: no subnet manager answers (sminfo), start or check opensm / the fabric's SM"
     return failed("%s on %s" % ("; ".join(bad), host), expected, fix + ", then re-run", **details)
@@ -197,7 +199,8 @@ def cluster_rates(host, facts, settings, cluster):
            switched_on(settings.get("fabric_check_ethernet", True)))
     hit = _MEMO.get("rates")
     # The memo holds the mapping itself, so its id cannot be reused by another view while it is kept.
-    if cluster and hit and hit[0] == key and hit[1][0] is cluster.get("facts") and hit[1][1] is all_settings:
+    memo = bool(cluster) and host in (cluster.get("facts") or {})
+    if memo and hit and hit[0] == key and hit[1][0] is cluster.get("facts") and hit[1][1] is all_settings:
         return hit[2]
     seen = collections.defaultdict(list)
     for name in sorted(every):
@@ -205,7 +208,7 @@ def cluster_rates(host, facts, settings, cluster):
             if _active(port) and port.get("rate_gbps") is not None:
                 seen[_layer(port)].append(port["rate_gbps"])
     result = {layer: (_majority(rates), sorted(set(rates))) for layer, rates in seen.items()}
-    if cluster:
+    if memo:
         _MEMO["rates"] = (key, (cluster.get("facts"), all_settings), result)
     return result
 
@@ -222,7 +225,7 @@ def rate_check(host, ports, settings, facts, cluster):
                        "active ports at the expected rate")
     floor = settings.get("fabric_expected_rate_gbps") or 0
     references = {} if floor else cluster_rates(host, facts, settings, cluster)
-    slow, unknown, open_layers = [], [], set()
+    slow, unknown, open_layers, named = [], [], set(), []
     for label, name, _device, port in active:
         if port.get("rate_gbps") is None:
             unknown.append("%s: rate %r" % (label, port.get("rate")))
@@ -231,6 +234,7 @@ def rate_check(host, ports, settings, facts, cluster):
         if reference is None:
             open_layers.add(_layer(port))
         elif port["rate_gbps"] < reference:
+            named.append("mlxlink -d %s -p %s" % (name, port.get("port")))
             slow.append("%s: %s expected, %s found (%s)" % (
                 label, _rate_text(reference), port.get("rate"), "the floor fabric_expected_rate_gbps" if floor
                 else "the most common rate of the cluster's %s ports" % _layer(port)))
@@ -240,9 +244,9 @@ def rate_check(host, ports, settings, facts, cluster):
     details = {"rates": rates, "no_majority": sorted(open_layers)}
     if slow:
         return failed("%s on %s" % ("; ".join(slow), host), expected,
-                      "on %s: a cable or transceiver trained down: check each named port with mlxlink -d <device> "
-                      "(speed, FEC, errors), reseat or replace the cable / transceiver, check the switch port, then "
-                      "re-run" % host, **details)
+                      "on %s: a cable or transceiver trained down: check each named port (%s: speed, FEC, errors), "
+                      "reseat or replace the cable / transceiver, check the switch port, then re-run"
+                      % (host, ", ".join(named)), **details)
     if unknown:
         return warned("%s on %s: the rate cannot be read" % ("; ".join(unknown), host), expected,
                       "on %s: cat the port's rate file and ibstat <device>; re-run once it reads" % host, **details)
@@ -301,13 +305,15 @@ def counters_check(host, ports, settings, facts, probe):
         for kind, names in (("fail", errors), ("warn", warns)):
             moved, reset, unread = _compare(label, port, later, names, threshold, seconds)
             found[kind] += moved
+            if moved and kind == "fail":
+                found["devices"].append("mlxlink -d %s -p %s" % (name, port.get("port")))
             found["reset"] += reset
             found["unread"] += unread
     details = {"seconds": round(seconds, 1), "error_counters_before": baseline, "unread": found["unread"]}
     compared = len(ports) * len(errors + warns) - len(found["unread"]) - len(found["missing"]) * len(errors + warns)
     if found["fail"]:
         return failed("link errors during the gate on %s: %s%s" % (host, "; ".join(found["fail"]), _also(found)),
-                      expected, _FIX_ERRORS % host, **details)
+                      expected, _FIX_ERRORS % (host, ", ".join(found["devices"])), **details)
     if found["warn"] or found["reset"] or found["missing"]:
         return warned("on %s: %s" % (host, "; ".join(_warn_texts(found))), expected, _FIX_WARN % host, **details)
     if not compared and errors + warns:
@@ -319,8 +325,8 @@ def counters_check(host, ports, settings, facts, probe):
         compared, len(ports), seconds, host, threshold), expected, **details)
 
 
-_FIX_ERRORS = ("on %s: the named links took errors under load: check each with mlxlink -d <device> (BER, FEC, "
-               "symbol errors) and the switch side (perfquery), reseat or replace the cable / transceiver, then re-run")
+_FIX_ERRORS = ("on %s: the named links took errors under load: check each (%s: BER, FEC, symbol errors) and "
+               "the switch side (perfquery), reseat or replace the cable / transceiver, then re-run")
 _FIX_WARN = ("on %s: discards and receive-buffer or retry counters point at congestion or a slow peer: check the "
              "switch ports and the peers' counters; counters reset or ports not read again cannot be judged, "
              "re-run the gate")
