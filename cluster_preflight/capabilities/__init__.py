@@ -42,6 +42,7 @@ from __future__ import annotations
 from . import allreduce as preflight_allreduce
 from . import core_dumps as preflight_core_dumps
 from . import debug_tools as preflight_debug_tools
+from . import fabric as preflight_fabric
 from . import iommu as preflight_iommu
 from . import kernel_debug as preflight_kernel_debug
 from . import nic_discovery as preflight_nic_discovery
@@ -56,6 +57,7 @@ ORDER = (
     preflight_nic_discovery,
     preflight_port_mesh,
     preflight_allreduce,
+    preflight_fabric,
     preflight_kernel_debug,
     preflight_core_dumps,
     preflight_iommu,
@@ -68,7 +70,7 @@ NAMES = tuple(module.CAPABILITY for module in ORDER)
 # What bring-up configures (the gate's capabilities have nothing to write).
 BRINGUP_NAMES = ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust")
 # What a node can be judged on alone (healthcheck.yml): no peer, no all-reduce across nodes.
-LOCAL_NAMES = ("nic_discovery", "allreduce", "kernel_debug", "core_dumps", "iommu", "debug_tools")
+LOCAL_NAMES = ("nic_discovery", "allreduce", "fabric", "kernel_debug", "core_dumps", "iommu", "debug_tools")
 
 
 def get(name):
@@ -164,6 +166,7 @@ DEPENDS = {
     "allreduce": ("single", "launch", "probes"),
     "kernel_debug": ("probes",),
     "core_dumps": ("probes",),
+    "fabric": ("probes",),
     "iommu": (),
     "debug_tools": (),
     "ssh_trust": ("probes",),

@@ -12,7 +12,10 @@ import time
 
 from .fabric import CAPABILITY, port_dir, rdma_base, read_counters
 
-__all__ = ["CAPABILITY", "probe"]
+__all__ = ["AFTER_JOB", "CAPABILITY", "probe"]
+
+# Run after the all-reduce was collected (``module_utils/preflight_node/calls.py``): the counters' "after".
+AFTER_JOB = True
 
 
 def _listdir(path):

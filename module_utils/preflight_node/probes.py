@@ -10,10 +10,11 @@ reader's helper: the core probe reads the pattern as the core_dumps reader does)
 
 from __future__ import annotations
 
-from . import core_dumps_probe, kernel_debug_probe, ssh_trust_probe
+from . import core_dumps_probe, fabric_probe, kernel_debug_probe, ssh_trust_probe
 
 # Capability name -> the node module holding its ``probe``.
-PROBES = {module.CAPABILITY: module for module in (kernel_debug_probe, core_dumps_probe, ssh_trust_probe)}
+PROBES = {module.CAPABILITY: module for module in (kernel_debug_probe, core_dumps_probe, ssh_trust_probe,
+                                                   fabric_probe)}
 
 
 def get(name):
