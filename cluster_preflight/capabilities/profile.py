@@ -33,17 +33,16 @@ def _problem(name, found, expected, fix):
 def validate(settings):
     problems = []
     path = settings.get("profile_file") or ""
-    if path:
+    if path and not os.path.isabs(path):
+        problems.append(_problem("profile_file", path, "an absolute path (group_vars: use "
+                                 "\"{{ inventory_dir }}/profiles/NAME.yml\")", "make profile_file absolute"))
+    elif path:
         try:
             profiles.load(path)
         except profiles.ProfileError as exc:
             problems.append(_problem("profile_file", str(exc), "a profile written by python -m cluster_preflight "
                                      "baseline", "record one with python -m cluster_preflight baseline -i INVENTORY, "
                                      "or set profile_file to \"\" to compare the nodes with each other"))
-        if not os.path.isabs(path):
-            problems.append(_problem("profile_file", path, "an absolute path (group_vars: use "
-                                     "\"{{ inventory_dir }}/profiles/NAME.yml\")",
-                                     "make profile_file absolute"))
     tolerance = settings.get("profile_busbw_tolerance", 0.2)
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
         problems.append(_problem("profile_busbw_tolerance", repr(tolerance), "a fraction from 0 to below 1",
