@@ -20,6 +20,7 @@ from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.localize import MAX_ROUNDS
 from cluster_preflight.outputs import write_outputs
+from cluster_preflight.report import after_verdict
 from cluster_preflight.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
 
 KINDS = {
@@ -175,6 +176,11 @@ class ActionModule(ControllerAction):
                 problem["found"], problem["expected"], problem["fix"],
                 summary_line(verdict, "not written", kind.upper()))
             return result
+        # The run history and report.html: their problems are warnings, never the verdict's status.
+        run = ((view.settings.get(first) or {}).get(registry.RUN_ROLE) or {}) if first else {}
+        extra, later = after_verdict(verdict, kind, run_dir, path, results_dir, run.get("preflight_history_db", ""))
+        outputs.update(extra)
+        notes = list(notes or []) + later
         if notes:
             result["warnings"] = list(notes)
         lines = failure_lines(verdict)
@@ -190,4 +196,6 @@ class ActionModule(ControllerAction):
         else:
             result["msg"] = summary_line(verdict, path, {"preflight": "PREFLIGHT", "bringup": "BRING-UP",
                                                            "healthcheck": "HEALTH CHECK"}[kind])
+        if later:
+            result["msg"] += "".join("\nWARNING: " + text for text in later)
         return result

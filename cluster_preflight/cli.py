@@ -11,8 +11,9 @@ import signal
 import sys
 import threading
 
-from . import playbooks
+from . import history_cli, playbooks
 from .progress import Progress
+from .verdict_file import age_problem, parse_age
 from .verdict import (EXIT_INTERRUPTED, EXIT_MEANING, EXIT_UNKNOWN, EXIT_USAGE, ROOT, VerdictError, exit_code,
                       load_verdict)
 
@@ -93,14 +94,17 @@ def build_parser():
     group = sub.add_mutually_exclusive_group()
     group.add_argument("--drain-list", action="store_true", help="print the nodes to drain, one per line")
     group.add_argument("--nhc", action="store_true", help="print 'ERROR: nhc: Health check failed:' lines")
+    sub.add_argument("--max-age", metavar="AGE", help="treat a verdict that finished longer ago than AGE (24h; "
+                                                      "units s, m, h, d) as none: exit 3")
+    history_cli.add_parser(commands, ROOT)
     return parser
 
 
 def parse_args(argv):
     """``(namespace, passthrough)``: our options, and those ansible-playbook gets as they are."""
     args, rest = build_parser().parse_known_args(argv)
-    if args.command == "verdict" and rest:
-        raise UsageError("verdict: unrecognized arguments: %s" % " ".join(rest))
+    if args.command in ("verdict", "history") and rest:
+        raise UsageError("%s: unrecognized arguments: %s" % (args.command, " ".join(rest)))
     args.extravars, passthrough = {}, list(rest)
     for text in getattr(args, "extra_vars", []):
         pairs = extra_var(text)
@@ -145,7 +149,15 @@ def _out(text, stream=None):
 
 def cmd_verdict(args):
     try:
+        max_age = None if args.max_age is None else parse_age(args.max_age)
+    except ValueError as exc:
+        _out("verdict: %s" % exc, sys.stderr)
+        return EXIT_USAGE
+    try:
         verdict = load_verdict(args.path)
+        stale = age_problem(verdict.raw, max_age)
+        if stale:
+            raise VerdictError("the verdict at %s is too old: %s" % (verdict.path, stale))
     except VerdictError as exc:
         _out("UNKNOWN: %s" % exc, sys.stderr)
         return EXIT_UNKNOWN
@@ -258,7 +270,8 @@ def main(argv=None):
         args, passthrough = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
         _out(str(exc), sys.stderr)
-        _out("usage: python -m cluster_preflight {gate,bringup,healthcheck,diagnose,baseline,verdict} ... (--help)",
+        _out("usage: python -m cluster_preflight {gate,bringup,healthcheck,diagnose,baseline,verdict,history} ... "
+             "(--help)",
              sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # --help
@@ -267,4 +280,6 @@ def main(argv=None):
         return cmd_verdict(args)
     if args.command == "baseline":
         return cmd_baseline(args, passthrough)
+    if args.command == "history":
+        return history_cli.run(args, lambda text, stream=None: _out(text, sys.stderr if stream else None))
     return cmd_run(args, passthrough)

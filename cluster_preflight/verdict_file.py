@@ -5,13 +5,16 @@ Standard library only (as is the check contract it uses), so ``scripts/verdict``
 without Ansible.
 ``load`` returns the verdict or raises :class:`VerdictError` with one line
 that says what is wrong (missing, truncated, not JSON, a key missing, a
-``pass`` that contradicts its own nodes).
+``pass`` that contradicts its own nodes, or, with ``max_age``, older than that).
 """
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
+import re
+import time
 
 try:
     from preflight_node.checks import NODE_STATUSES, STATUSES as CHECK_STATUSES
@@ -85,8 +88,49 @@ def contradictions(verdict, nodes):
     return found
 
 
-def load(path):
-    """The verdict at ``path`` (a run directory or a verdict file), or VerdictError."""
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_age(text):
+    """``24h`` (units s, m, h, d; a bare number is seconds) as seconds; ValueError with one line otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(text))
+    if not match:
+        raise ValueError("max age %r is not a number with a unit s, m, h or d (24h, 30m, 7d)" % (text,))
+    return float(match.group(1)) * AGE_UNITS[match.group(2) or "s"]
+
+
+def describe_age(seconds):
+    """``2d 3h``, ``5h 12m``, ``40m``, ``12s``: an age for a message."""
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = ["%d%s" % (value, unit) for value, unit in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s"))
+             if value]
+    return " ".join(parts[:2]) or "0s"
+
+
+def age_problem(verdict, max_age, now=None):
+    """Why ``verdict`` is too old to trust under ``max_age`` seconds (by its ``finished`` time), or None."""
+    if max_age is None:
+        return None
+    finished = verdict.get("finished")
+    try:
+        when = calendar.timegm(time.strptime(str(finished), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return "it has no finished time (found %r), so its age is unknown and max age %s cannot be met" % (
+            finished, describe_age(max_age))
+    age = (time.time() if now is None else now) - when
+    if age > max_age:
+        return "it finished at %s, %s ago, older than the max age of %s: treated as no verdict (run the " \
+               "preflight again)" % (finished, describe_age(age), describe_age(max_age))
+    return None
+
+
+def load(path, max_age=None, now=None):
+    """The verdict at ``path`` (a run directory or a verdict file), or VerdictError.  ``max_age``: seconds; a
+    verdict that finished longer ago than that (``now``: seconds since the epoch, default the clock) is refused
+    as if there were none."""
     if os.path.isdir(path):
         path = os.path.join(path, VERDICT_FILE)
     try:
@@ -105,4 +149,7 @@ def load(path):
     found = problems(verdict)
     if found:
         raise VerdictError("%s is not a valid verdict: %s" % (path, "; ".join(found[:5])))
+    stale = age_problem(verdict, max_age, now)
+    if stale:
+        raise VerdictError("the verdict at %s is too old: %s" % (path, stale))
     return verdict
