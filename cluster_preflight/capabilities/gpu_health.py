@@ -101,9 +101,8 @@ def read_args(settings, node):
 
 
 def _gpu_names(facts):
-    """PCI bus id -> ``GPU <index> (<bus id>)`` of the GPUs the tools read."""
-    return {gpu.get("bus_id"): per_check.label(gpu) for vendor in per_check.TOOLS
-            for gpu in (facts.get(vendor) or {}).get("gpus") or []}
+    """PCI bus id -> ``GPU <index> (<bus id>)`` of the GPUs nvidia-smi read (Xid lines are NVIDIA's)."""
+    return {gpu.get("bus_id"): per_check.label(gpu) for gpu in (facts.get("nvidia") or {}).get("gpus") or []}
 
 
 def xid(host, facts, settings):
