@@ -18,7 +18,8 @@ MI300X_BUS = ["0000:%s:00.0" % bus for bus in ("0c", "22", "38", "5c", "9f", "af
 H100 = ("0x10de", "0x2330", "0x030200")
 MI300X = ("0x1002", "0x74a1", "0x120000")
 ASPEED = ("0x1a03", "0x2000", "0x030000")  # the BMC's VGA: a display device that is no GPU of ours
-PROGRAMS = {"nvidia-smi": "/usr/bin/nvidia-smi", "amd-smi": "/opt/rocm/bin/amd-smi", "rocm-smi": "/opt/rocm/bin/rocm-smi",
+PROGRAMS = {"nvidia-smi": "/usr/bin/nvidia-smi", "amd-smi": "/opt/rocm/bin/amd-smi",
+            "rocm-smi": "/opt/rocm/bin/rocm-smi",
             "dcgmi": "/usr/bin/dcgmi", "journalctl": "/usr/bin/journalctl", "dmesg": "/usr/bin/dmesg"}
 
 
@@ -50,10 +51,10 @@ def nvidia_node(count=8):
 
 
 DEFAULT_TOOLS = {"xml": "nvidia_smi_h100_healthy.xml", "kernel_log": "kernel_log_clean.txt",
-                 "dcgm": "dcgmi_diag_r1_pass.json", "amd": None}
+                 "dcgm": "dcgmi_diag_r1_pass.json", "amd": None, "dmesg": None}
 
 
-def commands(xml=None, kernel_log=None, dcgm=None, amd=None):
+def commands(xml=None, kernel_log=None, dcgm=None, amd=None, dmesg=None):
     """FakeOps answers: each tool given prints its fixture (or the ``(rc, out, err)`` given instead)."""
     def answer(value):
         return value if isinstance(value, tuple) else (0, fixture(value), "")
@@ -64,6 +65,8 @@ def commands(xml=None, kernel_log=None, dcgm=None, amd=None):
         found[(PROGRAMS["journalctl"], "-k")] = answer(kernel_log)
     if dcgm is not None:
         found[(PROGRAMS["dcgmi"], "diag")] = answer(dcgm)
+    if dmesg is not None:
+        found[(PROGRAMS["dmesg"],)] = answer(dmesg)
     if amd is not None:
         static, metric = amd
         found[(PROGRAMS["amd-smi"], "static")] = answer(static)

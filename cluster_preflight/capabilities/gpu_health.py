@@ -67,7 +67,8 @@ def validate(settings):
     if not _whole(settings.get("gpu_health_expected_count"), 0):
         problems.append(_problem("gpu_health_expected_count", settings.get("gpu_health_expected_count"),
                                  "a whole number, 0 for no fixed count",
-                                 "set gpu_health_expected_count to the GPUs per node (8) or 0 to compare with the PCI bus"))
+                                 "set gpu_health_expected_count to the GPUs per node (8), "
+                                 "or 0 to compare with the PCI bus"))
     if settings.get("gpu_health_pcie_min_width") not in PCIE_WIDTHS:
         problems.append(_problem("gpu_health_pcie_min_width", settings.get("gpu_health_pcie_min_width"),
                                  "one of %s" % ", ".join(str(width) for width in PCIE_WIDTHS),

@@ -15,7 +15,8 @@ VENDOR_NAMES = {"nvidia": "NVIDIA", "amd": "AMD"}
 TOOL_FIX = {
     "nvidia": "check that the NVIDIA driver is loaded (lsmod | grep nvidia) and that nvidia-smi -q -x answers "
               "by hand; reboot the node if nvidia-smi hangs",
-    "amd": "check that the amdgpu driver is loaded (lsmod | grep amdgpu) and that amd-smi static --json answers by hand",
+    "amd": "check that the amdgpu driver is loaded (lsmod | grep amdgpu) and that amd-smi static --json "
+           "answers by hand",
 }
 RESET_FIX = "drain the node and reset the GPU (nvidia-smi -r -i %s, or reboot the node) to apply it"
 HW_THROTTLE = {"hw_slowdown": "HW slowdown (power or thermal protection of the board)",
@@ -167,7 +168,8 @@ def throttle(host, facts):
             if reason in HW_THROTTLE:
                 items.append(("fail", "%s %s (%s)" % (label(gpu), field, HW_THROTTLE[reason]),
                               "check the GPU's cooling, power supplies and power brake signal (nvidia-smi -q -d "
-                              "PERFORMANCE,TEMPERATURE,POWER -i %s); drain the node until it clears" % gpu.get("index")))
+                              "PERFORMANCE,TEMPERATURE,POWER -i %s); drain the node until it clears"
+                              % gpu.get("index")))
             else:
                 items.append(("warn", "%s %s (software thermal slowdown)" % (label(gpu), field),
                               "check the airflow and inlet temperature of GPU %s" % gpu.get("index")))
@@ -186,7 +188,8 @@ def pcie(host, facts, settings):
         if width is not None and wanted and width < wanted:
             items.append(("fail", "%s PCIe link trained at x%d, expected x%d (%s)" % (
                 name, width, wanted, "gpu_health_pcie_min_width" if floor else "the GPU's max_link_width"),
-                "reseat GPU %s and check its riser/cable and slot, then reboot so the link retrains" % gpu.get("index")))
+                "reseat GPU %s and check its riser/cable and slot, then reboot so the link retrains"
+                % gpu.get("index")))
         gen, top = gpu.get("pcie_gen_current"), gpu.get("pcie_gen_max")
         if gen is not None and top and gen < top:
             items.append(("warn", "%s PCIe link at gen %d, max gen %d (an idle GPU lowers its link speed to save "

@@ -66,7 +66,8 @@ def _bus_id(raw):
 
 def parse(static_text, metric_text=None):
     """``[{index, bus_id, model, pcie_gen_current, pcie_gen_max, pcie_width_current, pcie_width_max,
-    ecc_uncorrectable, ecc_correctable, driver_version}]``; raises ValueError for a document that is not amd-smi's JSON."""
+    ecc_uncorrectable, ecc_correctable, driver_version}]``; raises ValueError for a document that is not
+    amd-smi's JSON."""
     metrics = {}
     if metric_text is not None:
         metrics = {item.get("gpu"): item for item in _load(metric_text, "amd-smi metric")}

@@ -6,7 +6,8 @@ Parsing only (``gpu_health.read`` runs journalctl or dmesg).  The driver writes 
     NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
     nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error
 
-Only those lines are kept; identical code + device pairs are counted once with their first text.
+Only those lines are kept (an SXid's continuation lines, its ``Severity`` and ``Data`` words, are not new
+events); identical code + device pairs are counted once with their first text.
 """
 
 from __future__ import annotations

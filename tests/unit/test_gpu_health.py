@@ -11,8 +11,8 @@ from preflight_node import gpu_health as node_half
 from preflight_node import nvidia_smi_xml
 from preflight_node.gpus import parse_query_gpu
 from cluster_preflight.capabilities import gpu_health
-from capability_helpers import (assert_contract as check_contract, assert_one_problem, role_yaml, statuses,
-                                switched_off_cases, typed_settings)
+from capability_helpers import (assert_contract as check_contract, assert_one_problem, role_path, role_yaml,
+                                statuses, switched_off_cases, typed_settings)
 from fake_ops import LocalOps
 from gpu_health_helpers import (ASPEED, FIXTURES, HOST, MI300X, MI300X_BUS, NODE, fixture, make_sysfs, read_node,
                                 settings)
@@ -251,3 +251,171 @@ def test_amd_smi_truncated_json_is_a_fact_then_a_failure(tmp_path):
     checks = gpu_health.decide(HOST, facts, wanted)
     assert_contract(checks)
     assert checks["count"]["status"] == "fail" and checks["ecc"]["status"] == "fail"
+
+
+# --- the kernel log: journalctl, dmesg, none, without root ---------------------------------------------------
+
+
+def test_journal_hidden_from_a_non_member_falls_back_to_dmesg(tmp_path):
+    hint = ("Hint: You are currently not seeing messages from other users and the system.\n"
+            "      Users in groups 'adm', 'systemd-journal' can see all messages.\n")
+    facts, wanted, ops = read_node(tmp_path, kernel_log=(0, "-- No entries --\n", hint), dmesg="kernel_log_xid79.txt")
+    assert ops.calls[-2] == ["/usr/bin/dmesg"]
+    assert facts["xid"]["source"] == "dmesg" and facts["xid"]["error"] is None
+    assert [event["code"] for event in facts["xid"]["events"]] == [79, 154]
+    assert gpu_health.decide(HOST, facts, wanted)["xid"]["status"] == "fail"
+
+
+REFUSED = (1, "", "dmesg: read kernel buffer failed: Operation not permitted\n")
+
+
+def test_dmesg_refused_without_root_is_blocked_never_failed(tmp_path, monkeypatch):
+    monkeypatch.setattr(node_half, "privileged", lambda: False)
+    facts, wanted, _ops = read_node(tmp_path, kernel_log=None, dmesg=REFUSED)
+    assert facts["xid"]["needs_root"] is True and facts["privileged"] is False
+    assert facts["needs_root"] == [{"path": "kernel log", "error": facts["xid"]["error"]}]
+    assert "journalctl is not installed" in facts["xid"]["error"] and "Operation not permitted" in facts["xid"]["error"]
+    checks = gpu_health.decide(HOST, facts, wanted)
+    assert_contract(checks)
+    assert checks["xid"]["status"] == "skipped" and preflight_checks.is_blocked(checks["xid"])
+    assert checks["xid"]["found"].startswith("needs root: cannot read the kernel log of %s" % HOST)
+    assert "preflight_become" in checks["xid"]["fix"]
+    assert all(check["status"] == "pass" for name, check in checks.items() if name != "xid")
+
+
+def test_dmesg_refused_to_root_is_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(node_half, "privileged", lambda: True)
+    facts, wanted, _ops = read_node(tmp_path, kernel_log=None, dmesg=REFUSED)
+    assert facts["xid"]["needs_root"] is False and facts["needs_root"] == []
+    checks = gpu_health.decide(HOST, facts, wanted)
+    assert checks["xid"]["status"] == "warn" and "Operation not permitted" in checks["xid"]["found"]
+
+
+@pytest.mark.parametrize("source, first_call", [("dmesg", ["/usr/bin/dmesg"]), ("journalctl", None)])
+def test_kernel_log_source_chosen_by_setting(tmp_path, source, first_call):
+    facts, wanted, ops = read_node(tmp_path, dmesg="kernel_log_sxid.txt",
+                                   overrides={"gpu_health_kernel_log": source})
+    log_calls = [call for call in ops.calls if call[0].endswith(("dmesg", "journalctl"))]
+    assert len(log_calls) == 1 and log_calls[0][0].endswith(source)
+    assert facts["xid"]["source"] == source
+    expected = {"dmesg": "fail", "journalctl": "pass"}[source]  # the journal holds the clean log
+    assert gpu_health.decide(HOST, facts, wanted)["xid"]["status"] == expected
+
+
+def test_kernel_log_none_is_not_read(tmp_path):
+    facts, wanted, ops = read_node(tmp_path, overrides={"gpu_health_kernel_log": "none"})
+    assert not any(call[0].endswith(("dmesg", "journalctl")) for call in ops.calls)
+    checks = gpu_health.decide(HOST, facts, wanted)
+    assert checks["xid"]["status"] == "not_applicable" and "gpu_health_kernel_log is none" in checks["xid"]["found"]
+
+
+# --- the fake tools the test bed puts on a node's PATH --------------------------------------------------------
+
+
+def test_reader_parses_what_the_fake_tools_print(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    written = fake_gpu_tools.install(
+        bin_dir, nvidia_xml=os.path.join(FIXTURES, "nvidia_smi_h100_ecc.xml"),
+        kernel_log=os.path.join(FIXTURES, "kernel_log_xid79.txt"),
+        dcgm_json=os.path.join(FIXTURES, "dcgmi_diag_r1_fail.json"), dcgm_rc=226,
+        amd=(os.path.join(FIXTURES, "amd_smi_static_mi300x.json"), os.path.join(FIXTURES, "amd_smi_metric_ecc.json")))
+    assert sorted(os.path.basename(path) for path in written) == ["amd-smi", "dcgmi", "journalctl", "nvidia-smi"]
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % bin_dir)
+    ops = LocalOps(missing={"rocm-smi"})
+    sysfs = make_sysfs(tmp_path, [])
+    args = gpu_health.read_args(settings(gpu_health_sysfs_root=str(sysfs)), NODE)
+    facts = node_half.read(args, ops)
+    assert facts["nvidia"]["error"] is None
+    assert facts["nvidia"]["gpus"] == nvidia_smi_xml.parse(fixture("nvidia_smi_h100_ecc.xml"))["gpus"]
+    assert facts["amd"]["error"] is None and len(facts["amd"]["gpus"]) == 8
+    assert facts["xid"]["source"] == "journalctl" and [event["code"] for event in facts["xid"]["events"]] == [79, 154]
+    assert facts["dcgm"]["error"] is None and any(result["status"] == "fail" for result in facts["dcgm"]["results"])
+    rc, out, _err = ops.run(["nvidia-smi", "--query-gpu=index,pci.bus_id,uuid,name", "--format=csv,noheader"])
+    assert rc == 0 and [gpu["bus_id"] for gpu in parse_query_gpu(out)] == [
+        gpu["bus_id"] for gpu in facts["nvidia"]["gpus"]]
+    rc, _out, err = ops.run(["nvidia-smi", "-L"])
+    assert rc == 2 and "unsupported arguments: -L" in err
+
+
+# --- settings, the role, the contract ------------------------------------------------------------------------
+
+
+def test_defaults_are_valid_and_mirrored_by_the_argument_specs():
+    assert gpu_health.validate(settings()) == []
+    options = role_yaml(ROLE_NAME, "meta", "argument_specs.yml")["argument_specs"]["main"]["options"]
+    defaults = role_yaml(ROLE_NAME, "defaults", "main.yml")
+    assert sorted(options) == sorted(defaults)
+    assert all(name.startswith("gpu_health_") for name in defaults)
+    assert all(option.get("type") and option.get("description") for option in options.values())
+
+
+@pytest.mark.parametrize("overrides, name, found", [
+    ({"gpu_health_dcgm_level": 4}, "gpu_health_dcgm_level", "4"),
+    ({"gpu_health_dcgm_timeout": 0}, "gpu_health_dcgm_timeout", "0"),
+    ({"gpu_health_tool_timeout": -1}, "gpu_health_tool_timeout", "-1"),
+    ({"gpu_health_kernel_log": "syslog"}, "gpu_health_kernel_log", "syslog"),
+    ({"gpu_health_sysfs_root": "sys"}, "gpu_health_sysfs_root", "sys"),
+    ({"gpu_health_expected_count": -8}, "gpu_health_expected_count", "-8"),
+    ({"gpu_health_pcie_min_width": 12}, "gpu_health_pcie_min_width", "12"),
+    ({"gpu_health_xid_ignore": ["79"]}, "gpu_health_xid_ignore", "79"),
+    ({"gpu_health_xid_warn_only": 13}, "gpu_health_xid_warn_only", "13"),
+    ({"gpu_health_nvidia_smi": "nvidia-smi -q"}, "gpu_health_nvidia_smi", "nvidia-smi -q"),
+])
+def test_validate_names_the_variable_with_found_expected_fix(overrides, name, found):
+    assert_one_problem(gpu_health.validate(settings(**overrides)), name, found)
+
+
+def test_settings_typed_from_the_command_line():
+    typed = typed_settings(ROLE_NAME, gpu_health_dcgm_level="2", gpu_health_xid_ignore="13,43",
+                           gpu_health_expected_count="8")
+    assert gpu_health.validate(typed) == []
+    args = gpu_health.read_args(typed, NODE)
+    assert args["dcgm_level"] == 2 and args["tool_timeout"] == 20 and args["rocm_smi"] == "rocm-smi"
+    assert typed["gpu_health_xid_ignore"] == [13, 43]
+    assert gpu_health.read_args(typed_settings(ROLE_NAME, gpu_health_enabled="false"), NODE) is None
+
+
+def test_the_role_only_holds_settings():
+    assert sorted(os.listdir(role_path(ROLE_NAME))) == ["README.md", "defaults", "meta"]
+
+
+@pytest.mark.parametrize("case", switched_off_cases(ROLE_NAME, HOST), ids=lambda case: case[0])
+def test_switched_off_is_skipped_and_reads_nothing(case):
+    _name, _kwargs, overrides, expected = case
+    wanted = settings(**overrides)
+    assert gpu_health.read_args(wanted, NODE) is None
+    checks = gpu_health.decide(HOST, None, wanted)
+    assert_contract(checks)
+    (status, found, _fix), = expected.values()
+    assert list(checks) == ["enabled"] and checks["enabled"]["status"] == status
+    assert found in checks["enabled"]["found"]
+
+
+def test_decide_without_facts_is_a_failure_naming_the_node():
+    checks = gpu_health.decide(HOST, None, settings())
+    assert_contract(checks)
+    assert checks["no_facts"]["status"] == "fail"
+
+
+def test_check_names_qualify_in_the_verdict(tmp_path):
+    flat = preflight_checks.flatten({gpu_health.CAPABILITY: audit(tmp_path)})
+    assert sorted(flat) == sorted("gpu_health.%s" % name for name in gpu_health.CHECKS)
+
+
+# --- profile_fields ------------------------------------------------------------------------------------------
+
+
+def test_profile_fields(tmp_path):
+    facts, _wanted, _ops = read_node(tmp_path, xml="nvidia_smi_h100_pcie_x8.xml")
+    assert gpu_health.profile_fields(facts) == {
+        "gpu.vendor": "nvidia", "gpu.count": 8, "gpu.model": "NVIDIA H100 80GB HBM3",
+        "gpu.driver_version": "550.90.07", "gpu.cuda_version": "12.4", "gpu.pcie_gen_max": 5,
+        "gpu.pcie_width_min": 8}
+    amd, _wanted, _ops = read_node(tmp_path / "amd", devices=[(address, MI300X) for address in MI300X_BUS],
+                                   xml=None, dcgm=None, amd=("amd_smi_static_mi300x.json", "amd_smi_metric_ecc.json"))
+    assert gpu_health.profile_fields(amd) == {
+        "gpu.vendor": "amd", "gpu.count": 8, "gpu.model": "AMD Instinct MI300X", "gpu.driver_version": "6.7.0",
+        "gpu.cuda_version": None, "gpu.pcie_gen_max": 5, "gpu.pcie_width_min": 8}
+    empty, _wanted, _ops = read_node(tmp_path / "cpu", devices=[], xml=None, kernel_log=None, dcgm=None)
+    assert set(gpu_health.profile_fields(empty).values()) == {None}
+    assert set(gpu_health.profile_fields(None).values()) == {None}
