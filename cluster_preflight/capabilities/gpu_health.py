@@ -152,9 +152,12 @@ def dcgm(host, facts, settings):
                       "check nv-hostengine (systemctl status nvidia-dcgm) and run dcgmi diag -r %s -j by hand on %s; "
                       "raise gpu_health_dcgm_timeout if it only needs longer" % (level, host))
     items = []
+    # DCGM numbers GPUs as nvidia-smi does (PCI order): name them with their bus id.
+    names = {gpu.get("index"): per_check.label(gpu) for gpu in (facts.get("nvidia") or {}).get("gpus") or []}
     for result in section.get("results") or []:
         if result["status"] in ("fail", "warn"):
-            where = "all GPUs" if result.get("gpu") is None else "GPU %s" % result["gpu"]
+            gpu = result.get("gpu")
+            where = "all GPUs" if gpu is None else names.get(gpu, "GPU %s" % gpu)
             items.append((result["status"], "test %r %s on %s: %s" % (
                 result["test"], "failed" if result["status"] == "fail" else "warned", where, result.get("info") or "-"),
                 "follow DCGM's message for each test named; confirm with dcgmi diag -r 3 on %s before draining it"

@@ -71,7 +71,8 @@ FAULTS = [
     ("sxid", {"kernel_log": "kernel_log_sxid.txt"}, {}, "xid",
      ("fail", "SXid 24007 on NVSwitch 00000000:08:00.0, 1 line", "nvidia-fabricmanager")),
     ("dcgm-fail", {"dcgm": "dcgmi_diag_r1_fail.json"}, {}, "dcgm",
-     ("fail", "test 'Page Retirement/Row Remap' failed on GPU 3: GPU 3 has uncorrectable memory errors", "dcgmi")),
+     ("fail", "test 'Page Retirement/Row Remap' failed on GPU 3 (00000000:5D:00.0): GPU 3 has uncorrectable memory",
+      "dcgmi")),
 ]
 
 
