@@ -13,7 +13,8 @@ def settings(**overrides):
     values = {"allreduce_python": VENV_PYTHON, "allreduce_master_port": 6000, "allreduce_backend": "auto",
               "allreduce_nproc_per_node": 0, "allreduce_cpu_nproc": 2, "allreduce_timeout": 30.0,
               "allreduce_hard_timeout": 120.0, "allreduce_stack_budget": 20.0,
-              "allreduce_sizes": [1048576, 4194304], "allreduce_iters": 5, "allreduce_warmup": 2,
+              "allreduce_sizes": [1048576, 4194304], "allreduce_sizes_nccl": [16777216, 1073741824],
+              "allreduce_iters": 5, "allreduce_warmup": 2,
               "allreduce_min_busbw_gbps": 0.0, "allreduce_poll_interval": 0.1, "allreduce_env": {},
               "allreduce_keep_scratch": False, "allreduce_selftest_fault": "none", "allreduce_selftest_rank": -1}
     values.update(overrides)

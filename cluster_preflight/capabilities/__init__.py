@@ -43,6 +43,7 @@ from . import allreduce as preflight_allreduce
 from . import core_dumps as preflight_core_dumps
 from . import debug_tools as preflight_debug_tools
 from . import fabric as preflight_fabric
+from . import gpu_health as preflight_gpu_health
 from . import iommu as preflight_iommu
 from . import kernel_debug as preflight_kernel_debug
 from . import nic_discovery as preflight_nic_discovery
@@ -57,6 +58,7 @@ ORDER = (
     preflight_nic_discovery,
     preflight_port_mesh,
     preflight_allreduce,
+    preflight_gpu_health,
     preflight_fabric,
     preflight_kernel_debug,
     preflight_core_dumps,
@@ -70,7 +72,7 @@ NAMES = tuple(module.CAPABILITY for module in ORDER)
 # What bring-up configures (the gate's capabilities have nothing to write).
 BRINGUP_NAMES = ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust")
 # What a node can be judged on alone (healthcheck.yml): no peer, no all-reduce across nodes.
-LOCAL_NAMES = ("nic_discovery", "allreduce", "fabric", "kernel_debug", "core_dumps", "iommu", "debug_tools")
+LOCAL_NAMES = ("nic_discovery", "allreduce", "gpu_health", "fabric", "kernel_debug", "core_dumps", "iommu", "debug_tools")
 
 
 def get(name):
@@ -166,6 +168,7 @@ DEPENDS = {
     "allreduce": ("single", "launch", "probes"),
     "kernel_debug": ("probes",),
     "core_dumps": ("probes",),
+    "gpu_health": (),
     "fabric": ("probes",),
     "iommu": (),
     "debug_tools": (),

@@ -10,11 +10,12 @@ Only reader modules are imported here, so a call that reads ships no probe code;
 
 from __future__ import annotations
 
-from . import allreduce, core_dumps, debug_tools, fabric, iommu, kernel_debug, nic_discovery, port_mesh, ssh_trust
+from . import (allreduce, core_dumps, debug_tools, fabric, gpu_health, iommu, kernel_debug, nic_discovery, port_mesh,
+               ssh_trust)
 
 # Capability name -> the node module holding its ``read``.
 READERS = {module.CAPABILITY: module for module in (
-    nic_discovery, port_mesh, allreduce, fabric, kernel_debug, core_dumps, iommu, debug_tools, ssh_trust)}
+    nic_discovery, port_mesh, allreduce, gpu_health, fabric, kernel_debug, core_dumps, iommu, debug_tools, ssh_trust)}
 
 
 def get(name):
