@@ -1,0 +1,158 @@
+"""GPU health, RDMA fabric and the known-good profile end to end on the namespace test bed: four nodes that
+look like 8-GPU InfiniBand nodes, each with its own fake ``nvidia-smi``, ``dcgmi`` and ``journalctl`` (in its
+own overlay of ``/usr/local/bin``, first on its PATH), its own fake PCI bus and ``/sys/class/infiniband`` tree,
+all over real SSH; the all-reduce itself stays real (gloo).
+
+Two playbook runs: a healthy bed passes and ``baseline`` records its profile; then, gated against that profile,
+one node drifts (another driver), one lost a GPU and an IB port, and one logged Xid 79 and takes link errors
+while the all-reduce runs (a counter bumped mid-run): each fails with exactly its findings, the healthy node
+passes."""
+
+import os
+import threading
+import time
+
+import pytest
+import yaml
+
+import fabric_tree
+import fake_gpu_tools
+from cluster_preflight import cli
+from gate_helpers import explain, rank_processes
+from gpu_health_helpers import FIXTURES, make_sysfs, nvidia_node
+from playbook import run_playbook
+from testbed import testbed_fixture
+
+pytestmark = pytest.mark.timeout(900)
+
+NODES = 4
+HEALTHY_XML = os.path.join(FIXTURES, "nvidia_smi_h100_healthy.xml")
+EXTRA = {"ssh_trust_mesh": False}
+
+
+@pytest.fixture(scope="module")
+def bed(request):
+    return testbed_fixture(request, nodes=NODES, private_dirs=("/etc", "/usr/local/bin"))
+
+
+def drifted_xml(directory):
+    """The healthy node's XML with another driver (what a node left out of an upgrade shows)."""
+    path = directory / "drifted.xml"
+    with open(HEALTHY_XML) as handle:
+        path.write_text(handle.read().replace("550.90.07", "550.54.15"))
+    return str(path)
+
+
+def make_gpu_node(bed, node, root, xml=HEALTHY_XML, kernel_log="kernel_log_clean.txt", gpus_on_bus=8, down=()):
+    """Fake GPU tools in ``node``'s /usr/local/bin, a fake PCI bus and IB tree; returns the node's host vars."""
+    staging = root / "bin"
+    fake_gpu_tools.install(staging, nvidia_xml=xml, kernel_log=os.path.join(FIXTURES, kernel_log),
+                           dcgm_json=os.path.join(FIXTURES, "dcgmi_diag_r1_pass.json"))
+    # Written from inside the node (its own mount namespace), replacing what an earlier test put there.
+    bed.run(node, ["sh", "-c", "rm -rf /usr/local/bin/.fake_gpu /usr/local/bin/nvidia-smi /usr/local/bin/dcgmi "
+                   "/usr/local/bin/journalctl && cp -a %s/. /usr/local/bin/" % staging], check=True)
+    assert "NVIDIA H100" in bed.run(node, ["nvidia-smi", "-q", "-x"], check=True).stdout
+    sysfs = make_sysfs(root, nvidia_node(gpus_on_bus))
+    fabric_tree.make_tree(str(root / "fab"), down=down)
+    return {"gpu_health_sysfs_root": str(sysfs), "fabric_sysfs_root": str(root / "fab")}
+
+
+def hardware_checks(verdict, host):
+    return {name: check for name, check in verdict["nodes"][host]["checks"].items()
+            if name.startswith(("gpu_health.", "fabric.", "profile."))}
+
+
+def failed(verdict, host):
+    return sorted(name for name, check in verdict["nodes"][host]["checks"].items() if check["status"] == "fail")
+
+
+@pytest.fixture(scope="module")
+def recorded(bed, tmp_path_factory):
+    """The healthy run, and the profile ``baseline`` recorded from it."""
+    tmp_path = tmp_path_factory.mktemp("healthy")
+    host_vars = {node.name: make_gpu_node(bed, node, tmp_path / node.name) for node in bed.nodes}
+    inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"), host_vars=host_vars)
+    result = run_playbook(tmp_path, inventory=inventory, timeout=600, extravars=EXTRA)
+    assert result.verdict is not None, explain(result)
+    out = tmp_path / "profiles"
+    code = cli.main(["baseline", "-i", inventory, "--from", os.path.join(result.results_dir, "latest"),
+                     "--out", str(out), "--group", "cluster"])
+    return result, code, str(out / "cluster.yml")
+
+
+def test_a_healthy_gpu_bed_passes_every_gpu_and_fabric_check_and_baseline_records_it(bed, recorded):
+    result, code, profile = recorded
+    verdict = result.verdict
+    assert verdict["status"] == "pass", explain(result)
+    for node in bed.nodes:
+        checks = hardware_checks(verdict, node.name)
+        for name in ("gpu_health.count", "gpu_health.ecc", "gpu_health.memory", "gpu_health.throttle",
+                     "gpu_health.pcie", "gpu_health.xid", "gpu_health.dcgm", "fabric.ports", "fabric.rate",
+                     "fabric.counters"):
+            assert checks[name]["status"] == "pass", (node.name, name, checks[name])
+        assert "8 " in checks["gpu_health.count"]["found"]
+        assert "compared" in checks["fabric.counters"]["found"]
+    assert code == 0 and os.path.exists(profile)
+    with open(profile) as handle:
+        fields = yaml.safe_load(handle)["fields"]
+    assert fields["gpu.count"] == 8 and fields["gpu.model"] == "NVIDIA H100 80GB HBM3"
+    assert fields["gpu.driver_version"] == "550.90.07" and fields["rdma.active_ports"] == 8
+    assert fields["rdma.rate_gbps"] == 400 and fields["allreduce.backend"] == "gloo"
+
+
+def bump_when_ranks_run(bed, node, tree, done):
+    """Once ``node``'s ranks run (the all-reduce, after the facts' first read), link errors on mlx5_5."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not done.is_set():
+        if rank_processes(bed, node):
+            fabric_tree.bump(tree, "mlx5_5", 1, "symbol_error", 7)
+            fabric_tree.bump(tree, "mlx5_5", 1, "link_downed", 1)
+            return
+        time.sleep(0.05)
+
+
+def test_each_hardware_fault_and_a_drift_from_the_profile_fail_exactly_their_node(bed, recorded, tmp_path):
+    _result, _code, profile = recorded
+    healthy, drifted, short, xid = (node.name for node in bed.nodes)
+    host_vars = {
+        healthy: make_gpu_node(bed, bed.nodes[0], tmp_path / healthy),
+        drifted: make_gpu_node(bed, bed.nodes[1], tmp_path / drifted, xml=drifted_xml(tmp_path)),
+        short: make_gpu_node(bed, bed.nodes[2], tmp_path / short,
+                             xml=os.path.join(FIXTURES, "nvidia_smi_h100_7gpus.xml"), down=("mlx5_3",)),
+        xid: make_gpu_node(bed, bed.nodes[3], tmp_path / xid, kernel_log="kernel_log_xid79.txt"),
+    }
+    inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"), host_vars=host_vars)
+    done = threading.Event()
+    striker = threading.Thread(target=bump_when_ranks_run, args=(bed, bed.nodes[3], host_vars[xid]["fabric_sysfs_root"],
+                                                                 done))
+    striker.start()
+    try:
+        # gloo busbw on a shared 2-core machine varies run to run: the test is about the hardware fields.
+        result = run_playbook(tmp_path, inventory=inventory, timeout=600,
+                              extravars=dict(EXTRA, profile_file=profile, profile_busbw_tolerance=0.95))
+    finally:
+        done.set()
+        striker.join()
+    verdict = result.verdict
+    assert verdict is not None, explain(result)
+    assert sorted(verdict["failed_hosts"]) == sorted([drifted, short, xid]), explain(result)
+    # The healthy node: nothing failed, every GPU, fabric and profile check passed (the bed is not brought up, so
+    # its core-dump settings warn).
+    assert failed(verdict, healthy) == [] and verdict["nodes"][healthy]["status"] == "warn"
+    assert all(check["status"] == "pass" for check in hardware_checks(verdict, healthy).values())
+    assert failed(verdict, drifted) == ["profile.gpu_driver_version"]
+    drift = verdict["nodes"][drifted]["checks"]["profile.gpu_driver_version"]
+    assert "550.54.15" in drift["found"] and "550.90.07" in drift["expected"] and profile in drift["expected"]
+    assert failed(verdict, short) == ["fabric.ports", "gpu_health.count", "profile.gpu_count",
+                                      "profile.rdma_active_ports"]
+    checks = verdict["nodes"][short]["checks"]
+    assert "mlx5_3 port 1" in checks["fabric.ports"]["found"] and "DOWN" in checks["fabric.ports"]["found"]
+    assert "7" in checks["gpu_health.count"]["found"] and "8" in checks["gpu_health.count"]["found"]
+    assert failed(verdict, xid) == ["fabric.counters", "gpu_health.xid"]
+    checks = verdict["nodes"][xid]["checks"]
+    assert "79" in checks["gpu_health.xid"]["found"] and "5D:00" in checks["gpu_health.xid"]["found"].upper()
+    assert "symbol_error" in checks["fabric.counters"]["found"] and "mlx5_5" in checks["fabric.counters"]["found"]
+    for host in (drifted, short, xid):
+        for name in failed(verdict, host):
+            check = verdict["nodes"][host]["checks"][name]
+            assert check["found"] and check["expected"] and check["fix"], (host, name, check)
