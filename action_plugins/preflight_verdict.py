@@ -38,7 +38,8 @@ CONNECT_BOUND = 25
 
 
 def bound_seconds(view, plan, launch, localize=None):
-    """The longest this run could have taken: the sum of its stages' bounds (with the localisation rounds
+    """The longest this run could have taken: the sum of its stages' bounds (with the single-node runs when
+    planned, and the localisation rounds
     when they ran: at most MAX_ROUNDS rounds of two steps, each bounded like the all-node run, and every
     GPU pair launch of the node with the most, one after another)."""
     first = view.hosts[0] if view.hosts else None
@@ -47,6 +48,10 @@ def bound_seconds(view, plan, launch, localize=None):
     mesh = (plan or {}).get("port_mesh") or {}
     parts = [settings.get("facts_timeout") or 0, mesh.get("wait_timeout") or 0, CONNECT_BOUND,
              settings.get("probes_timeout") or 0, gate_args[0]["wait_timeout"] if gate_args else 0]
+    single = list((((launch or {}).get("single") or {}).get("args_by_host") or {}).values())
+    if single:
+        # The single-node runs before the all-node run, every node's at once.
+        parts.append(max(args["wait_timeout"] for args in single) + CONNECT_BOUND)
     if (localize or {}).get("needed") and gate_args:
         parts.append(MAX_ROUNDS * 2 * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
         # GPU pair rounds run their launches one after another on a node: each is bounded like a launch.
