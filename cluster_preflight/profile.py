@@ -36,6 +36,8 @@ FIELDS = (
     Field("gpu.pcie_gen_max", "exact", _HW),
     Field("gpu.pcie_width_min", "floor", "a GPU's PCIe link trained narrower than on healthy nodes: reseat the GPU "
           "or riser, check with nvidia-smi -q -d PCIE / lspci -vv (LnkSta)"),
+    Field("gpu.nvlinks_active_min", "floor", "a GPU has fewer active NVLinks than on healthy nodes: nvidia-smi "
+          "nvlink -s, check the NVLink/NVSwitch tray and nvidia-fabricmanager"),
     Field("rdma.devices", "exact", "an RDMA device is missing (ibstat, lspci): check the HCA and its driver"),
     Field("rdma.active_ports", "floor", "an RDMA port is down: ibstat, check the cable and the switch port"),
     Field("rdma.rate_gbps", "floor", "an RDMA port trained at a lower rate: mlxlink -d <dev>, reseat or replace "

@@ -2,7 +2,8 @@
 ``dcgmi``, ``journalctl`` and ``amd-smi`` as small ``/bin/sh`` scripts that print fixture files copied next
 to them (``<bin_dir>/.fake_gpu/``), so a node with ``bin_dir`` first on its PATH looks like a GPU node.
 
-* ``nvidia-smi -q -x`` prints the XML; ``nvidia-smi --query-gpu=index,pci.bus_id,uuid,name
+* ``nvidia-smi -q -x`` prints the XML; ``nvidia-smi nvlink -s`` 18 links per GPU (``nvlink_down``: inactive ones);
+  ``nvidia-smi --query-gpu=index,pci.bus_id,uuid,name
   --format=csv,noheader`` the CSV derived from the same XML; anything else exits 2 with a message.
 * ``dcgmi diag -r <level> -j`` prints the JSON (exit ``dcgm_rc``: real dcgmi exits non-zero when a test fails).
 * ``journalctl`` with ``-k`` prints the kernel log.
@@ -31,6 +32,18 @@ def query_gpu_csv(xml_text):
     return "".join(line + "\n" for line in lines)
 
 
+def nvlink_text(xml_text, down=None, links=18):
+    """What ``nvidia-smi nvlink -s`` prints for the GPUs of a ``nvidia-smi -q -x`` document: ``links`` NVLinks per
+    GPU at 26.562 GB/s (an H100 SXM's 18 NVLink4 links), those of ``down`` (``{gpu index: [link]}``) inactive."""
+    down = down or {}
+    out = []
+    for index, gpu in enumerate(ElementTree.fromstring(xml_text).findall("gpu")):
+        out.append("GPU %d: %s (UUID: %s)" % (index, gpu.findtext("product_name").strip(), gpu.findtext("uuid").strip()))
+        out.extend("\t Link %d: %s" % (link, "<inactive>" if link in down.get(index, ()) else "26.562 GB/s")
+                   for link in range(links))
+    return "".join(line + "\n" for line in out)
+
+
 def _script(bin_dir, name, cases):
     path = os.path.join(bin_dir, name)
     with open(path, "w") as handle:
@@ -44,7 +57,7 @@ def _copy(source, data_dir, name):
     return name
 
 
-def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None, dcgm_rc=0):
+def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None, dcgm_rc=0, nvlink_down=None):
     """Write the fakes of the tools given a fixture path for into ``bin_dir``; returns their paths."""
     bin_dir = str(bin_dir)
     data_dir = os.path.join(bin_dir, DATA_DIR)
@@ -56,8 +69,11 @@ def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None,
             csv = query_gpu_csv(handle.read())
         with open(os.path.join(data_dir, "query_gpu.csv"), "w") as handle:
             handle.write(csv)
+        with open(str(nvidia_xml)) as source, open(os.path.join(data_dir, "nvlink.txt"), "w") as handle:
+            handle.write(nvlink_text(source.read(), nvlink_down))
         written.append(_script(bin_dir, "nvidia-smi", (
             '  "-q -x") cat "$here/nvidia_smi.xml" ;;\n'
+            '  "nvlink -s") cat "$here/nvlink.txt" ;;\n'
             '  "--query-gpu=%s --format=csv,noheader") cat "$here/query_gpu.csv" ;;\n' % ",".join(QUERY_FIELDS))))
     if dcgm_json is not None:
         _copy(dcgm_json, data_dir, "dcgmi_diag.json")

@@ -51,16 +51,19 @@ def nvidia_node(count=8):
 
 
 DEFAULT_TOOLS = {"xml": "nvidia_smi_h100_healthy.xml", "kernel_log": "kernel_log_clean.txt",
-                 "dcgm": "dcgmi_diag_r1_pass.json", "amd": None, "dmesg": None}
+                 "dcgm": "dcgmi_diag_r1_pass.json", "amd": None, "dmesg": None,
+                 "nvlink": "nvidia_smi_nvlink_h100.txt"}
 
 
-def commands(xml=None, kernel_log=None, dcgm=None, amd=None, dmesg=None):
+def commands(xml=None, kernel_log=None, dcgm=None, amd=None, dmesg=None, nvlink=None):
     """FakeOps answers: each tool given prints its fixture (or the ``(rc, out, err)`` given instead)."""
     def answer(value):
         return value if isinstance(value, tuple) else (0, fixture(value), "")
     found = {}
     if xml is not None:
         found[(PROGRAMS["nvidia-smi"], "-q", "-x")] = answer(xml)
+    if nvlink is not None:
+        found[(PROGRAMS["nvidia-smi"], "nvlink", "-s")] = answer(nvlink)
     if kernel_log is not None:
         found[(PROGRAMS["journalctl"], "-k")] = answer(kernel_log)
     if dcgm is not None:

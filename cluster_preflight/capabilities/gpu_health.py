@@ -23,7 +23,7 @@ from . import gpu_health_checks as per_check
 from .common import off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
-CHECKS = ("count", "ecc", "memory", "throttle", "pcie", "persistence", "xid", "dcgm")
+CHECKS = ("count", "ecc", "memory", "throttle", "pcie", "nvlink", "persistence", "xid", "dcgm")
 PCIE_WIDTHS = (0, 1, 2, 4, 8, 16, 32)
 PROGRAMS = ("gpu_health_nvidia_smi", "gpu_health_amd_smi", "gpu_health_dcgmi")
 
@@ -180,7 +180,7 @@ def _no_gpu(facts):
 
 
 def decide(host, facts, settings, probe=None, cluster=None):
-    """``{count, ecc, memory, throttle, pcie, persistence, xid, dcgm}`` for ``host``."""
+    """``{count, ecc, memory, throttle, pcie, nvlink, persistence, xid, dcgm}`` for ``host``."""
     first = off_or_unread(CAPABILITY, host, settings.get("gpu_health_enabled", True), facts,
                           "the GPUs' health", "nvidia-smi / amd-smi, the kernel log, dcgmi and the PCI bus of the node")
     if first is not None:
@@ -201,6 +201,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
         "memory": per_check.memory(host, facts),
         "throttle": per_check.throttle(host, facts),
         "pcie": per_check.pcie(host, facts, settings),
+        "nvlink": per_check.nvlink(host, facts),
         "persistence": per_check.persistence(host, facts),
         "xid": xid(host, facts, settings),
         "dcgm": dcgm(host, facts, settings),
@@ -224,6 +225,7 @@ def profile_fields(facts):
     gpus = section.get("gpus") or []
     gens = [gpu.get("pcie_gen_max") for gpu in gpus if gpu.get("pcie_gen_max") is not None]
     widths = [gpu.get("pcie_width_current") for gpu in gpus if gpu.get("pcie_width_current") is not None]
+    links = [per_check.active_links(gpu) for gpu in gpus if per_check.active_links(gpu) is not None]
     return {
         "gpu.vendor": vendor,
         "gpu.count": len(gpus) if vendor else None,
@@ -232,4 +234,5 @@ def profile_fields(facts):
         "gpu.cuda_version": section.get("cuda_version"),
         "gpu.pcie_gen_max": min(gens) if gens else None,
         "gpu.pcie_width_min": min(widths) if widths else None,
+        "gpu.nvlinks_active_min": min(links) if links else None,
     }

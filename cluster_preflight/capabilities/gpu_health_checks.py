@@ -211,3 +211,39 @@ def persistence(host, facts):
         return []
     return per_gpu(host, facts, ("nvidia",), judge, "persistence mode enabled on every NVIDIA GPU",
                    "persistence mode enabled on %d GPUs", "persistence mode")
+
+
+def active_links(gpu):
+    """How many NVLinks of ``gpu`` are active (None when nvidia-smi nvlink -s did not list it)."""
+    links = gpu.get("nvlink")
+    return None if not links else len(links.get("active") or [])
+
+
+def nvlink(host, facts):
+    """Every GPU has as many active NVLinks as the best GPU of its node (an NVLink that went down is inactive on one
+    GPU only; a node built with fewer links has them inactive on every GPU alike)."""
+    section = facts.get("nvidia") or {}
+    gpus = section.get("gpus") or []
+    expected = "as many active NVLinks on every GPU as on the best GPU of the node"
+    if section.get("nvlink_error"):
+        return failed("nvidia-smi nvlink -s failed on %s, so NVLink is not verified: %s" % (
+            host, section["nvlink_error"]), expected,
+            "run nvidia-smi nvlink -s by hand on %s; check nvidia-fabricmanager (systemctl status "
+            "nvidia-fabricmanager) on NVSwitch systems" % host)
+    counts = {label(gpu): active_links(gpu) for gpu in gpus}
+    best = max([count for count in counts.values() if count is not None] or [0])
+    if len(gpus) < 2 or not best:
+        return not_applicable("no active NVLink on the GPUs of %s (PCIe only, or fewer than two GPUs)" % host,
+                              expected)
+    items = []
+    for gpu in gpus:
+        count = counts[label(gpu)]
+        if count is None:
+            items.append(("fail", "%s is missing from nvidia-smi nvlink -s while its peers have %d active links" % (
+                label(gpu), best), "run nvidia-smi nvlink -s -i %s on %s" % (gpu.get("index"), host)))
+        elif count < best:
+            items.append(("fail", "%s has %d active NVLinks, its peers %d (inactive: %s)" % (
+                label(gpu), count, best, ", ".join("link %d" % link for link in gpu["nvlink"].get("inactive") or [])),
+                "drain %s: check the NVLink/NVSwitch tray and nvidia-fabricmanager's log, reset the GPUs (reboot); "
+                "if the link stays down, open an RMA for the baseboard" % host))
+    return combine(host, items, expected, "%d GPUs with %d active NVLinks each" % (len(gpus), best), len(gpus))

@@ -12,7 +12,7 @@ text naming the command; nothing raises.  The parsers are ``nvidia_smi_xml``, ``
 
 from __future__ import annotations
 
-from . import amd_smi, dcgm, kernel_log, nvidia_smi_xml
+from . import amd_smi, dcgm, kernel_log, nvidia_smi_xml, nvlink
 from .iommu import read_pci
 from .privilege import denied, privileged
 
@@ -63,7 +63,26 @@ def read_nvidia(args, ops):
     except ValueError as exc:
         facts["error"] = "%s printed what is not nvidia-smi's XML: %s; output starts %r" % (
             " ".join(argv), exc, out[:120])
+        return facts
+    if len(facts["gpus"]) >= 2:
+        facts["nvlink_error"] = read_nvlink(program, facts["gpus"], ops, args["tool_timeout"])
     return facts
+
+
+def read_nvlink(program, gpus, ops, timeout):
+    """Each GPU's ``nvlink`` (``{active, inactive, gbps}``, by UUID) from ``nvidia-smi nvlink -s``; returns an
+    error text, or None."""
+    argv = [program] + nvlink.ARGV
+    _rc, out, _err, error = run_tool(ops, argv, timeout)
+    if error:
+        return error
+    try:
+        links = nvlink.parse(out)
+    except ValueError as exc:
+        return "%s: %s" % (" ".join(argv), exc)
+    for gpu in gpus:
+        gpu["nvlink"] = links.get(gpu.get("uuid"))
+    return None
 
 
 def read_amd(args, ops):

@@ -4,7 +4,7 @@ own overlay of ``/usr/local/bin``, first on its PATH), its own fake PCI bus and 
 all over real SSH; the all-reduce itself stays real (gloo).
 
 Two playbook runs: a healthy bed passes and ``baseline`` records its profile; then, gated against that profile,
-one node drifts (another driver), one lost a GPU and an IB port, and one logged Xid 79 and takes link errors
+one node drifts (another driver), one lost a GPU and an IB port, and one logged Xid 79, lost an NVLink and takes link errors
 while the all-reduce runs (a counter bumped mid-run): each fails with exactly its findings, the healthy node
 passes."""
 
@@ -43,11 +43,12 @@ def drifted_xml(directory):
     return str(path)
 
 
-def make_gpu_node(bed, node, root, xml=HEALTHY_XML, kernel_log="kernel_log_clean.txt", gpus_on_bus=8, down=()):
+def make_gpu_node(bed, node, root, xml=HEALTHY_XML, kernel_log="kernel_log_clean.txt", gpus_on_bus=8, down=(),
+                  nvlink_down=None):
     """Fake GPU tools in ``node``'s /usr/local/bin, a fake PCI bus and IB tree; returns the node's host vars."""
     staging = root / "bin"
     fake_gpu_tools.install(staging, nvidia_xml=xml, kernel_log=os.path.join(FIXTURES, kernel_log),
-                           dcgm_json=os.path.join(FIXTURES, "dcgmi_diag_r1_pass.json"))
+                           dcgm_json=os.path.join(FIXTURES, "dcgmi_diag_r1_pass.json"), nvlink_down=nvlink_down)
     # Written from inside the node (its own mount namespace), replacing what an earlier test put there.
     bed.run(node, ["sh", "-c", "rm -rf /usr/local/bin/.fake_gpu /usr/local/bin/nvidia-smi /usr/local/bin/dcgmi "
                    "/usr/local/bin/journalctl && cp -a %s/. /usr/local/bin/" % staging], check=True)
@@ -87,7 +88,8 @@ def test_a_healthy_gpu_bed_passes_every_gpu_and_fabric_check_and_baseline_record
     for node in bed.nodes:
         checks = hardware_checks(verdict, node.name)
         for name in ("gpu_health.count", "gpu_health.ecc", "gpu_health.memory", "gpu_health.throttle",
-                     "gpu_health.pcie", "gpu_health.xid", "gpu_health.dcgm", "fabric.ports", "fabric.rate",
+                     "gpu_health.pcie", "gpu_health.nvlink", "gpu_health.xid", "gpu_health.dcgm", "fabric.ports",
+                     "fabric.rate",
                      "fabric.counters"):
             assert checks[name]["status"] == "pass", (node.name, name, checks[name])
         assert "8 " in checks["gpu_health.count"]["found"]
@@ -119,7 +121,7 @@ def test_each_hardware_fault_and_a_drift_from_the_profile_fail_exactly_their_nod
         drifted: make_gpu_node(bed, bed.nodes[1], tmp_path / drifted, xml=drifted_xml(tmp_path)),
         short: make_gpu_node(bed, bed.nodes[2], tmp_path / short,
                              xml=os.path.join(FIXTURES, "nvidia_smi_h100_7gpus.xml"), down=("mlx5_3",)),
-        xid: make_gpu_node(bed, bed.nodes[3], tmp_path / xid, kernel_log="kernel_log_xid79.txt"),
+        xid: make_gpu_node(bed, bed.nodes[3], tmp_path / xid, kernel_log="kernel_log_xid79.txt", nvlink_down={2: [4]}),
     }
     inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"), host_vars=host_vars)
     done = threading.Event()
@@ -148,10 +150,13 @@ def test_each_hardware_fault_and_a_drift_from_the_profile_fail_exactly_their_nod
     checks = verdict["nodes"][short]["checks"]
     assert "mlx5_3 port 1" in checks["fabric.ports"]["found"] and "DOWN" in checks["fabric.ports"]["found"]
     assert "7" in checks["gpu_health.count"]["found"] and "8" in checks["gpu_health.count"]["found"]
-    assert failed(verdict, xid) == ["fabric.counters", "gpu_health.xid"]
+    assert failed(verdict, xid) == ["fabric.counters", "gpu_health.nvlink", "gpu_health.xid",
+                                    "profile.gpu_nvlinks_active_min"]
     checks = verdict["nodes"][xid]["checks"]
     assert "79" in checks["gpu_health.xid"]["found"] and "5D:00" in checks["gpu_health.xid"]["found"].upper()
     assert "symbol_error" in checks["fabric.counters"]["found"] and "mlx5_5" in checks["fabric.counters"]["found"]
+    assert "GPU 2 (00000000:3A:00.0) has 17 active NVLinks, its peers 18 (inactive: link 4)" in checks[
+        "gpu_health.nvlink"]["found"]
     for host in (drifted, short, xid):
         for name in failed(verdict, host):
             check = verdict["nodes"][host]["checks"][name]

@@ -8,7 +8,7 @@ import pytest
 
 from preflight_node import checks as preflight_checks
 from preflight_node import gpu_health as node_half
-from preflight_node import nvidia_smi_xml
+from preflight_node import nvidia_smi_xml, nvlink
 from preflight_node.gpus import parse_query_gpu
 from cluster_preflight.capabilities import gpu_health
 from capability_helpers import (assert_contract as check_contract, assert_one_problem, role_path, role_yaml,
@@ -40,8 +40,9 @@ def test_healthy_h100_node_passes_every_check(tmp_path):
 def test_one_nvidia_smi_call_and_every_command_bounded(tmp_path):
     _facts, wanted, ops = read_node(tmp_path)
     assert [call[:3] for call in ops.calls] == [
-        ["/usr/bin/nvidia-smi", "-q", "-x"], ["/usr/bin/journalctl", "-k", "-b"], ["/usr/bin/dcgmi", "diag", "-r"]]
-    assert ops.calls[2] == ["/usr/bin/dcgmi", "diag", "-r", "1", "-j"]
+        ["/usr/bin/nvidia-smi", "-q", "-x"], ["/usr/bin/nvidia-smi", "nvlink", "-s"], ["/usr/bin/journalctl", "-k", "-b"],
+        ["/usr/bin/dcgmi", "diag", "-r"]]
+    assert ops.calls[3] == ["/usr/bin/dcgmi", "diag", "-r", "1", "-j"]
 
 
 # --- every fault fails exactly its check -----------------------------------------------------------------
@@ -236,7 +237,7 @@ def test_amd_node_reads_amd_smi(tmp_path):
     assert ["/opt/rocm/bin/amd-smi", "metric", "--ecc", "--pcie", "--json"] in ops.calls
     checks = gpu_health.decide(HOST, facts, wanted)
     assert_contract(checks)
-    assert statuses(checks) == {"count": "pass", "ecc": "fail", "memory": "not_applicable",
+    assert statuses(checks) == {"count": "pass", "ecc": "fail", "memory": "not_applicable", "nvlink": "not_applicable",
                                 "throttle": "not_applicable", "pcie": "fail", "persistence": "not_applicable",
                                 "xid": "not_applicable", "dcgm": "not_applicable"}
     assert "GPU 2 (00000000:38:00.0) ecc.total_uncorrectable_count is 1" in checks["ecc"]["found"]
@@ -327,7 +328,10 @@ def test_reader_parses_what_the_fake_tools_print(tmp_path, monkeypatch):
     args = gpu_health.read_args(settings(gpu_health_sysfs_root=str(sysfs)), NODE)
     facts = node_half.read(args, ops)
     assert facts["nvidia"]["error"] is None
-    assert facts["nvidia"]["gpus"] == nvidia_smi_xml.parse(fixture("nvidia_smi_h100_ecc.xml"))["gpus"]
+    nvlinks = nvlink.parse(fixture("nvidia_smi_nvlink_h100.txt"))
+    assert facts["nvidia"]["gpus"] == [dict(gpu, nvlink=nvlinks[gpu["uuid"]]) for gpu in nvidia_smi_xml.parse(
+        fixture("nvidia_smi_h100_ecc.xml"))["gpus"]]
+    assert facts["nvidia"]["nvlink_error"] is None
     assert facts["amd"]["error"] is None and len(facts["amd"]["gpus"]) == 8
     assert facts["xid"]["source"] == "journalctl" and [event["code"] for event in facts["xid"]["events"]] == [79, 154]
     assert facts["dcgm"]["error"] is None and any(result["status"] == "fail" for result in facts["dcgm"]["results"])
@@ -411,12 +415,48 @@ def test_profile_fields(tmp_path):
     assert gpu_health.profile_fields(facts) == {
         "gpu.vendor": "nvidia", "gpu.count": 8, "gpu.model": "NVIDIA H100 80GB HBM3",
         "gpu.driver_version": "550.90.07", "gpu.cuda_version": "12.4", "gpu.pcie_gen_max": 5,
-        "gpu.pcie_width_min": 8}
+        "gpu.pcie_width_min": 8, "gpu.nvlinks_active_min": 18}
     amd, _wanted, _ops = read_node(tmp_path / "amd", devices=[(address, MI300X) for address in MI300X_BUS],
                                    xml=None, dcgm=None, amd=("amd_smi_static_mi300x.json", "amd_smi_metric_ecc.json"))
     assert gpu_health.profile_fields(amd) == {
         "gpu.vendor": "amd", "gpu.count": 8, "gpu.model": "AMD Instinct MI300X", "gpu.driver_version": "6.7.0",
-        "gpu.cuda_version": None, "gpu.pcie_gen_max": 5, "gpu.pcie_width_min": 8}
+        "gpu.cuda_version": None, "gpu.pcie_gen_max": 5, "gpu.pcie_width_min": 8,
+        "gpu.nvlinks_active_min": None}
     empty, _wanted, _ops = read_node(tmp_path / "cpu", devices=[], xml=None, kernel_log=None, dcgm=None)
     assert set(gpu_health.profile_fields(empty).values()) == {None}
     assert set(gpu_health.profile_fields(None).values()) == {None}
+
+
+# --- NVLink (nvidia-smi nvlink -s) -----------------------------------------------------------------------
+
+
+def test_nvlink_parser_reads_every_link_of_every_gpu():
+    links = nvlink.parse(fixture("nvidia_smi_nvlink_h100_link_down.txt"))
+    assert len(links) == 8 and all(len(gpu["active"]) + len(gpu["inactive"]) == 18 for gpu in links.values())
+    down = [gpu for gpu in links.values() if gpu["inactive"]]
+    assert [(gpu["index"], gpu["inactive"]) for gpu in down] == [(5, [3, 11])]
+    assert nvlink.parse("GPU 0: NVIDIA L40S (UUID: GPU-0a1b2c3d-0000-1111-2222-333344445555)\n") == {
+        "GPU-0a1b2c3d-0000-1111-2222-333344445555": {"index": 0, "active": [], "inactive": [], "gbps": {}}}
+    with pytest.raises(ValueError, match="line 1"):
+        nvlink.parse("NVML: Unable to determine the device handle\n")
+
+
+def test_a_gpu_with_an_nvlink_down_fails_naming_it_and_its_links(tmp_path):
+    facts, wanted, _ops = read_node(tmp_path, nvlink="nvidia_smi_nvlink_h100_link_down.txt")
+    checks = gpu_health.decide(HOST, facts, wanted)
+    assert_contract(checks)
+    assert [name for name, check in checks.items() if check["status"] != "pass"] == ["nvlink"]
+    found = checks["nvlink"]["found"]
+    assert "GPU 5 (00000000:AB:00.0) has 16 active NVLinks, its peers 18 (inactive: link 3, link 11)" in found
+    assert gpu_health.profile_fields(facts)["gpu.nvlinks_active_min"] == 16
+
+
+def test_nvlink_not_read_is_a_failure_and_pcie_only_gpus_are_not_applicable(tmp_path):
+    facts, wanted, _ops = read_node(tmp_path / "a", nvlink=(9, "", "Failed to initialize NVML: Driver/library mismatch"))
+    check = gpu_health.decide(HOST, facts, wanted)["nvlink"]
+    assert check["status"] == "fail" and "nvidia-smi nvlink -s failed" in check["found"] and "mismatch" in check["found"]
+    pcie_only = "".join(line + "\n" for line in fixture("nvidia_smi_nvlink_h100.txt").splitlines()
+                        if not line.strip().startswith("Link"))
+    facts, wanted, _ops = read_node(tmp_path / "b", nvlink=(0, pcie_only, ""))
+    check = gpu_health.decide(HOST, facts, wanted)["nvlink"]
+    assert check["status"] == "not_applicable" and "PCIe only" in check["found"]
