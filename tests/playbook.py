@@ -63,3 +63,12 @@ def task_results(result, task_substring, event="runner_on_ok"):
         if item.get("event") == event and task_substring in data.get("task", ""):
             found[data["host"]] = data.get("res", {})
     return found
+
+
+def newest_run_dir(results_dir):
+    """The newest run directory under ``results_dir`` (run ids sort by time; ``latest``, the run history and
+    other files are not runs)."""
+    runs = sorted(name for name in os.listdir(results_dir)
+                  if name != "latest" and os.path.isdir(os.path.join(results_dir, name))
+                  and not os.path.islink(os.path.join(results_dir, name)))
+    return os.path.join(results_dir, runs[-1])

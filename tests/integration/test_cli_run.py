@@ -44,7 +44,7 @@ def test_api_gate_returns_the_verdict_the_playbook_wrote(tmp_path):
     assert all(item.status in ("warn", "unverified") for item in verdict.findings)
     assert {item.check for item in verdict.findings} == {
         name for name, check in verdict.raw["nodes"]["localhost"]["checks"].items() if check["status"] == "warn"}
-    assert sorted(verdict.outputs) == ["hostfile", "hosts.csv", "hosts.txt", "junit.xml", "preflight.prom"]
+    assert sorted(verdict.outputs) == ["hostfile", "hosts.csv", "hosts.txt", "junit.xml", "preflight.prom", "report.html"]
     assert all(os.path.isfile(path) for path in verdict.outputs.values())
     # The summary callback ran under ansible-runner; progress saw the plays and every task.
     assert result.summary[0] == "PREFLIGHT SUMMARY: PASS, 1/1 nodes healthy"

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from playbook import run_playbook
+from playbook import newest_run_dir, run_playbook
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -14,8 +14,7 @@ NODE_TASKS = ("Read the node and run its node-local probes in one call",)
 
 
 def report(result):
-    run = sorted(name for name in os.listdir(result.results_dir) if name != "latest")[-1]
-    with open(os.path.join(result.results_dir, run, "healthcheck.json"), encoding="utf-8") as handle:
+    with open(os.path.join(newest_run_dir(result.results_dir), "healthcheck.json"), encoding="utf-8") as handle:
         return json.load(handle)
 
 
@@ -26,8 +25,8 @@ def test_node_local_checks_in_one_module_call_within_the_budget(tmp_path):
     checks = verdict["nodes"]["localhost"]["checks"]
     assert verdict["status"] == "pass" and "allreduce" not in verdict
     assert checks["preflight.budget"]["status"] == "pass" and "of the 30 s budget" in checks["preflight.budget"]["found"]
-    assert {name.split(".")[0] for name in checks} == {"preflight", "nic_discovery", "allreduce", "kernel_debug",
-                                                      "core_dumps", "iommu", "debug_tools"}
+    assert {name.split(".")[0] for name in checks} == {"preflight", "nic_discovery", "allreduce", "gpu_health",
+                                                      "fabric", "kernel_debug", "core_dumps", "iommu", "debug_tools"}
     assert checks["core_dumps.core_probe"]["status"] == "pass"  # the probe ran in the same call
     assert checks["allreduce.torch"]["status"] == "pass"
     # One module call on the node; everything else is decided on the controller.

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from playbook import run_playbook
+from playbook import newest_run_dir, run_playbook
 from gate_helpers import REPLACE_FILE, RESOLV_CONF, explain, gate_leftovers, rank_processes
 from testbed import testbed_fixture
 
@@ -293,7 +293,7 @@ def test_bringup_on_a_node_with_a_read_only_etc_records_it_there_and_applies_eve
     finally:
         bed.run(node, ["mount", "-o", "remount,rw", "/etc"], check=True)
     assert result.rc != 0, result.stdout[-3000:]
-    run_dir = os.path.join(result.results_dir, sorted(os.listdir(result.results_dir))[-1])
+    run_dir = newest_run_dir(result.results_dir)
     with open(os.path.join(run_dir, "bringup.json"), encoding="utf-8") as handle:
         report = json.load(handle)
     assert report["failed_hosts"] == [node.name], report["failed_hosts"]

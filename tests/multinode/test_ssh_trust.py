@@ -23,7 +23,7 @@ import subprocess
 import pytest
 
 import testbed as tb
-from playbook import run_playbook, task_results
+from playbook import newest_run_dir, run_playbook, task_results
 
 APPLY = "bringup.yml"
 AUDIT = "preflight.yml"
@@ -131,7 +131,7 @@ def _checks(result):
     """{node: {ssh_trust check name: check}} from the run's verdict or bring-up report."""
     verdict = result.verdict
     if verdict is None:
-        report = os.path.join(result.results_dir, sorted(os.listdir(result.results_dir))[-1], "bringup.json")
+        report = os.path.join(newest_run_dir(result.results_dir), "bringup.json")
         with open(report, encoding="utf-8") as handle:
             verdict = json.load(handle)
     return {host: {name[len("ssh_trust."):]: check for name, check in node["checks"].items()
@@ -326,7 +326,7 @@ def test_a_spoofed_hostname_gets_no_name_and_a_symlinked_ssh_dir_is_refused(bed,
     for node in ("pfn1", "pfn3"):
         assert checks[node]["ssh_dirs"]["status"] == "pass" and checks[node]["names"]["status"] == "pass"
     assert checks["pfn1"]["hostname"]["status"] == "pass"
-    verdict_path = os.path.join(result.results_dir, sorted(os.listdir(result.results_dir))[-1], "bringup.json")
+    verdict_path = os.path.join(newest_run_dir(result.results_dir), "bringup.json")
     with open(verdict_path, encoding="utf-8") as handle:
         report = json.load(handle)
     assert report["failed_hosts"] == ["pfn2"], report["failed_hosts"]
