@@ -11,6 +11,9 @@ prefix.  A node an admin drained (``admin: disk``), or Slurm itself (``Prolog er
 responding``), is never resumed and its reason is never overwritten.  Applying the same verdict
 twice changes nothing the second time.
 
+A drain reason says since when the node has failed that way when the run history knows
+(:func:`history_since`, over ``cluster_preflight/history.py``); the history is optional.
+
 Pure functions (unit-tested with recorded scontrol/sinfo text): :func:`drain_reason`,
 :func:`owns`, :func:`parse_sinfo`, :func:`parse_scontrol_nodes`, :func:`plan`.  Runners take argv
 lists only (no shell) and a ``run`` callable, so tests can record what would run.
