@@ -11,6 +11,9 @@ prefix.  A node an admin drained (``admin: disk``), or Slurm itself (``Prolog er
 responding``), is never resumed and its reason is never overwritten.  Applying the same verdict
 twice changes nothing the second time.
 
+A drain reason says since when the node has failed that way when the run history knows
+(:func:`history_since`, over ``cluster_preflight/history.py``); the history is optional.
+
 Pure functions (unit-tested with recorded scontrol/sinfo text): :func:`drain_reason`,
 :func:`owns`, :func:`parse_sinfo`, :func:`parse_scontrol_nodes`, :func:`plan`.  Runners take argv
 lists only (no shell) and a ``run`` callable, so tests can record what would run.
@@ -46,15 +49,47 @@ def shorten(text, limit):
     return text if len(text) <= limit else text[:max(limit - 3, 0)].rstrip() + "..."
 
 
-def drain_reason(check, found, more=0, limit=REASON_MAX):
-    """``preflight: <check>: <short found>`` within ``limit`` characters; ``(+N more)`` when other
-    checks failed too.  The prefix and the check name are never cut."""
+def drain_reason(check, found, more=0, limit=REASON_MAX, since=None):
+    """``preflight: <check>: <short found>`` within ``limit`` characters; `` since <UTC time>`` when the run
+    history knows when the node first failed this way (``since``, see :func:`since_text`); ``(+N more)`` when
+    other checks failed too.  The prefix and the check name are never cut; the time is kept whole or left
+    out when the limit leaves no room for it."""
     head = "%s %s: " % (PREFIX, one_line(check))
     tail = " (+%d more)" % more if more else ""
-    room = limit - len(head) - len(tail)
+    when = " since %s" % one_line(since) if since else ""
+    if when and limit - len(head) - len(tail) - len(when) < 8:
+        when = ""  # the check name and what was found matter more than when it began
+    room = limit - len(head) - len(tail) - len(when)
     if room < 8:  # a check name too long to leave room for what was found: keep the name
         return shorten(head + one_line(found), limit) if len(head) < limit else head[:limit].rstrip()
-    return head + shorten(found, room) + tail
+    return head + shorten(found, room) + when + tail
+
+
+def since_text(finished):
+    """A history ``finished`` time (``2026-11-20T10:00:00Z``) as ``2026-11-20 10:00 UTC`` (the text as given
+    when it is not in that form)."""
+    match = re.fullmatch(r"(\d{4}-\d\d-\d\d)T(\d\d:\d\d)(?::\d\d)?Z", str(finished or "").strip())
+    return "%s %s UTC" % match.groups() if match else one_line(finished or "")
+
+
+def history_since(db):
+    """``since(node, check)``: when ``node`` first failed ``check`` in its current streak of failing runs, as
+    :func:`since_text`, from the run history at ``db`` (``cluster_preflight/history.py``:
+    ``first_failure``); None when the history does not say.  The history is optional: no ``db``, a missing,
+    corrupt or older database gives None, never an error."""
+    if not db:
+        return lambda node, check: None
+    import sqlite3  # pylint: disable=import-outside-toplevel
+
+    from cluster_preflight.history import HistoryError, first_failure  # pylint: disable=import-outside-toplevel
+
+    def since(node, check):
+        try:
+            first = first_failure(db, node, check)
+        except (HistoryError, sqlite3.Error, OSError, ValueError):
+            return None
+        return since_text(first["finished"]) if first and first.get("finished") else None
+    return since
 
 
 def owns(reason):
@@ -75,13 +110,14 @@ def failing_checks(node_result):
     return sorted(failing, key=lambda item: (not item[0].startswith(_RUN_NAMESPACE), item[0]))
 
 
-def node_reason(node_result, limit=REASON_MAX):
-    """The drain reason for a failed node of a verdict or health-check report."""
+def node_reason(node_result, limit=REASON_MAX, since=None):
+    """The drain reason for a failed node of a verdict or health-check report; ``since``: the first failing
+    check's start as text (see :func:`history_since`), or None."""
     failing = failing_checks(node_result)
     if not failing:
         return drain_reason("preflight.status", "node status %s" % (node_result or {}).get("status"), limit=limit)
     name, check = failing[0]
-    return drain_reason(name, check.get("found", ""), more=len(failing) - 1, limit=limit)
+    return drain_reason(name, check.get("found", ""), more=len(failing) - 1, limit=limit, since=since)
 
 
 def failure_line(node, node_result, limit=LINE_MAX):
@@ -151,10 +187,11 @@ def parse_scontrol_nodes(text):
 # -- what to do ---------------------------------------------------------------------------------
 
 
-def plan(report, current):
+def plan(report, current, since=None):
     """Actions that make Slurm agree with a verdict or health-check ``report``.
 
-    ``current``: ``{node: {"state", "reason"}}`` as Slurm has it now.  Returns one dict per node of
+    ``current``: ``{node: {"state", "reason"}}`` as Slurm has it now.  ``since``: ``since(node, check)``
+    (:func:`history_since`) puts when the node first failed into its drain reason.  Returns one dict per node of
     the report: ``{node, action, reason, why}`` with action ``drain`` (failed; not drained by
     someone else), ``resume`` (healthy, drained with the preflight's prefix), or ``keep``.
     A node the report could not judge (``unverified``) is left as it is."""
@@ -169,7 +206,8 @@ def plan(report, current):
             continue
         drained, reason = is_drained(now.get("state")), now.get("reason") or ""
         if status == "fail":
-            wanted = node_reason(result)
+            failing = failing_checks(result)
+            wanted = node_reason(result, since=since(node, failing[0][0]) if since and failing else None)
             if drained and reason and not owns(reason):
                 actions.append({"node": node, "action": "keep", "reason": reason,
                                 "why": "failed, but drained by someone else (%r): left as it is" % reason})
@@ -387,9 +425,9 @@ def apply(actions, runner=run, scontrol="scontrol", dry_run=False):
     return done
 
 
-def reconcile(report, runner=run, sinfo="sinfo", scontrol="scontrol", dry_run=False, nodes=None):
-    """Read Slurm, plan against ``report`` and apply: ``(actions, results)``."""
+def reconcile(report, runner=run, sinfo="sinfo", scontrol="scontrol", dry_run=False, nodes=None, since=None):
+    """Read Slurm, plan against ``report`` (``since``: see :func:`plan`) and apply: ``(actions, results)``."""
     nodes = list(nodes if nodes is not None else report.get("hosts") or [])
     current = read_states(nodes, runner, sinfo, scontrol)
-    actions = [item for item in plan(report, current) if item["node"] in nodes]
+    actions = [item for item in plan(report, current, since) if item["node"] in nodes]
     return actions, apply(actions, runner, scontrol, dry_run)

@@ -6,18 +6,23 @@ HealthCheckProgram and the prolog, run on a Slurm node by ``scripts/slurm-health
 :func:`local_main` is their command line; :func:`local_check` runs healthcheck.yml on this node alone
 over the local connection within a budget (:func:`run_bounded` kills the whole session at its end).
 The drain and resume rules, the parsers and the runners are ``cluster_preflight/slurm.py``.
+:func:`fresh_pass` is the ``--max-age`` fast path (a recent pass of this node: no checks run), and each
+run is recorded in the node's run history (:func:`history_db`), which dates the drain reason.
 Standard library plus PyYAML (the node's variables file), no Ansible import.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 
+from cluster_preflight.history import db_path
 from cluster_preflight.slurm import (BAD_CONF_FIX, PREFIX, SLURM_CONF_HELP, conf_words, failure_line, find_slurm_conf,
-                                     one_line, reconcile, slurm_runner)
+                                     history_since, one_line, reconcile, slurm_runner)
+from cluster_preflight.verdict_file import VerdictError, load, parse_age
 
 def local_node_name(environ=None):
     """This node's Slurm name: ``SLURMD_NODENAME`` (set by slurmd for a prolog and a health check),
@@ -34,9 +39,11 @@ def node_inventory(node, python, host_vars=None, group="cluster"):
     return {"all": {"children": {group: {"hosts": {node: hostvars}}}}}
 
 
-def healthcheck_argv(ansible_playbook, playbook, inventory, results_dir, budget):
+def healthcheck_argv(ansible_playbook, playbook, inventory, results_dir, budget, history=None):
+    """``history``: the database the run is recorded in (None: not recorded, ``preflight_history_db=none``)."""
     return [ansible_playbook, playbook, "-i", inventory, "-e", "preflight_results_dir=%s" % results_dir,
-            "-e", "preflight_healthcheck_budget=%d" % budget]
+            "-e", "preflight_healthcheck_budget=%d" % budget,
+            "-e", json.dumps({"preflight_history_db": history or "none"})]
 
 
 def run_bounded(argv, timeout, env, cwd):
@@ -97,12 +104,12 @@ def run_failure(node, check, found, fix):
                 "fix": fix}}}}}
 
 
-def local_check(node, root, python, results_base, budget=BUDGET, host_vars=None, environ=None):
-    """healthcheck.yml on this node alone over the local connection, bounded by ``budget`` seconds.
+def local_check(node, root, python, results_base, budget=BUDGET, host_vars=None, environ=None, history=None):
+    """healthcheck.yml on this node alone over the local connection, bounded by ``budget`` seconds, recorded in
+    the run history ``history`` (a path; None: not recorded).
 
     Returns ``(report, log)``: the health-check report (``run_failure`` when there is none) and
     ansible-playbook's output.  The run's directory is temporary; the caller keeps what it wants."""
-    import json  # pylint: disable=import-outside-toplevel
     import shutil  # pylint: disable=import-outside-toplevel
     import tempfile  # pylint: disable=import-outside-toplevel
     import time  # pylint: disable=import-outside-toplevel
@@ -126,7 +133,8 @@ def local_check(node, root, python, results_base, budget=BUDGET, host_vars=None,
             env["HOME"] = pwd.getpwuid(os.geteuid()).pw_dir
         playbook_budget = max(int(budget - SCRIPT_MARGIN), 5)
         argv = healthcheck_argv(os.path.join(os.path.dirname(python), "ansible-playbook"),
-                                os.path.join(root, "healthcheck.yml"), inventory, results_dir, playbook_budget)
+                                os.path.join(root, "healthcheck.yml"), inventory, results_dir, playbook_budget,
+                                history)
         rc, log = run_bounded(argv, max(budget - KILL_MARGIN - (time.monotonic() - started), 1), env, root)
         reports = []
         if os.path.isdir(results_dir):
@@ -149,7 +157,6 @@ def local_check(node, root, python, results_base, budget=BUDGET, host_vars=None,
 
 def _keep_last(results_base, report, log):
     """The last run's report and ansible output, for the admin (``last.json``, ``last.log``), atomically."""
-    import json  # pylint: disable=import-outside-toplevel
     import tempfile  # pylint: disable=import-outside-toplevel
 
     for name, text in (("last.log", log or ""), ("last.json", json.dumps(report, indent=2, sort_keys=True) + "\n")):
@@ -164,13 +171,63 @@ def _keep_last(results_base, report, log):
                 os.unlink(tmp)
 
 
-def local_main(argv, mode, root, stderr=None):
-    """The command line of ``scripts/slurm-healthcheck`` (mode ``healthcheck``) and
-    ``scripts/slurm-prolog`` (mode ``prolog``).  Prints nothing when the node passes."""
-    import argparse  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
+# The verdicts of this node that --max-age may trust, under the results directory: the last node-local run's
+# report, and a gate's or health check's run that `latest` points at (preflight_results_dir set to it).
+LATEST_FILES = ("last.json", os.path.join("latest", "verdict.json"), os.path.join("latest", "healthcheck.json"))
+NODE_PASSES = ("pass", "warn")
 
-    stderr = stderr or sys.stderr
+
+def fresh_pass(results_base, node, max_age, now=None):
+    """The verdict file that lets this node skip its checks, or None (run them).
+
+    The node's latest verdict among :data:`LATEST_FILES` (by ``finished``) must name ``node`` as pass or warn
+    and be younger than ``max_age`` seconds (``verdict_file.load``'s ``max_age``).  A file there that cannot be
+    trusted (truncated, invalid, a report of a run that gave none), or a verdict naming the node without a
+    finished time, means the last outcome is unknown: None."""
+    latest = []
+    for name in LATEST_FILES:
+        path = os.path.join(results_base, name)
+        if not os.path.exists(path):
+            continue
+        try:
+            verdict = load(path)
+        except VerdictError:
+            return None
+        if node in verdict["hosts"]:
+            if not verdict.get("finished"):
+                return None
+            latest.append((str(verdict["finished"]), path, verdict))
+    if not latest:
+        return None
+    _finished, path, verdict = max(latest, key=lambda item: item[0])
+    if verdict["nodes"][node]["status"] not in NODE_PASSES:
+        return None
+    try:
+        load(path, max_age=max_age, now=now)
+    except VerdictError:
+        return None
+    return path
+
+
+def history_db(option, host_vars, results_base):
+    """The run history the node-local runs are recorded in and the drain reason is dated from:
+    ``--history-db``, else the node's ``preflight_history_db``, else ``<results-dir>/history.sqlite``;
+    None when that is "none"."""
+    return db_path(option or (host_vars or {}).get("preflight_history_db") or "", results_base)
+
+
+def _max_age(text):
+    import argparse  # pylint: disable=import-outside-toplevel
+
+    try:
+        return parse_age(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser(mode):
+    import argparse  # pylint: disable=import-outside-toplevel
+
     parser = argparse.ArgumentParser(
         prog="slurm-" + mode,
         description="Run healthcheck.yml on this node alone (local connection) within the budget. "
@@ -188,11 +245,30 @@ def local_main(argv, mode, root, stderr=None):
     parser.add_argument("--results-dir", default=os.environ.get("PREFLIGHT_SLURM_RESULTS") or RESULTS_BASE,
                         help="where last.json and last.log of the last run are kept (default %s, "
                              "$PREFLIGHT_SLURM_RESULTS)" % RESULTS_BASE)
+    # argparse passes a string default through ``type`` too: the environment's value is checked the same way.
+    parser.add_argument("--max-age", type=_max_age, default=os.environ.get("PREFLIGHT_MAX_AGE") or None,
+                        metavar="AGE", help="exit 0 at once, running nothing, when this node's latest verdict under "
+                        "the results directory is a pass younger than AGE (6h, 30m, 1d; $PREFLIGHT_MAX_AGE)")
+    parser.add_argument("--history-db", default="", metavar="PATH",
+                        help="the run history each run is recorded in and drain reasons are dated from (default: "
+                             "the node's preflight_history_db, else history.sqlite in the results directory; "
+                             "\"none\": none)")
     parser.add_argument("--slurm-conf", default=None, metavar="PATH", help=SLURM_CONF_HELP)
     if mode == "healthcheck":
         parser.add_argument("--dry-run", action="store_true", help="print the scontrol commands, run none")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def local_main(argv, mode, root, stderr=None):
+    """The command line of ``scripts/slurm-healthcheck`` (mode ``healthcheck``) and
+    ``scripts/slurm-prolog`` (mode ``prolog``).  Prints nothing when the node passes."""
+    import sys  # pylint: disable=import-outside-toplevel
+
+    stderr = stderr or sys.stderr
+    args = _parser(mode).parse_args(argv)
     node = args.node or local_node_name()
+    if args.max_age is not None and fresh_pass(args.results_dir, node, args.max_age):
+        return 0  # a recent pass stands: no checks, no scontrol, nothing written
     python = sys.executable
     found = find_slurm_conf(args.slurm_conf)
     if found["error"] and mode == "healthcheck":  # a prolog never calls scontrol: nothing to stop for
@@ -208,7 +284,8 @@ def local_main(argv, mode, root, stderr=None):
     environ = dict(os.environ)
     if found["path"]:  # the playbook's own Slurm clients, if any, read the same file
         environ["SLURM_CONF"] = found["path"]
-    report, log = local_check(node, root, python, args.results_dir, args.budget, host_vars, environ)
+    history = history_db(args.history_db, host_vars, args.results_dir)
+    report, log = local_check(node, root, python, args.results_dir, args.budget, host_vars, environ, history)
     _keep_last(args.results_dir, report, log)
     result = (report.get("nodes") or {}).get(node) or {}
     line = failure_line(node, result) if report.get("status") != "pass" else None
@@ -224,7 +301,8 @@ def local_main(argv, mode, root, stderr=None):
     if line:
         print(line, file=stderr)
     try:
-        _actions, results = reconcile(report, runner=slurm_runner(found), dry_run=args.dry_run, nodes=[node])
+        _actions, results = reconcile(report, runner=slurm_runner(found), dry_run=args.dry_run, nodes=[node],
+                                     since=history_since(history))
     except RuntimeError as exc:
         print("%s %s: slurm: %s; %s" % (PREFIX, node, exc, conf_words(found)), file=stderr)
         return 2

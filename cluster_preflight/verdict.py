@@ -34,9 +34,9 @@ EXIT_MEANING = {
     EXIT_USAGE: "usage: bad arguments or invalid settings, no node was judged",
     EXIT_INTERRUPTED: "interrupted",
 }
-# The files preflight_outputs.py writes next to the verdict (found there when the run's
+# The files preflight_outputs.py (and report.py: report.html) writes next to the verdict (found there when the run's
 # task result is not at hand, as for `verdict PATH`).
-OUTPUT_FILES = ("junit.xml", "preflight.prom", "hostfile", "hosts.txt", "hosts.csv")
+OUTPUT_FILES = ("junit.xml", "preflight.prom", "hostfile", "hosts.txt", "hosts.csv", "report.html")
 FINDING_STATUSES = ("fail", "warn")
 
 

@@ -7,7 +7,9 @@
 * scripts/slurm-healthcheck (HealthCheckProgram) run inside a node as slurmd runs it: a failing node
   drains itself with the reason; once it passes, it resumes itself; an admin's drain stays.
 * scripts/slurm-prolog: a failing node exits 1 with exactly one line on stderr, and never calls
-  scontrol (the node is not drained by it); a passing node prints nothing.
+  scontrol (the node is not drained by it); a passing node prints nothing; with a max age, a pass younger
+  than that lets the next prolog exit 0 without running the checks, an older one runs them again.
+* the health check records its runs in the node's run history, and its drain reason says since when.
 * inside a ``salloc -N2`` allocation, SLURM_JOB_NODELIST names the allocation's nodes, srun runs on
   them, and ``-i inventory/slurm.yml`` (the seeds' recipe) has exactly them in ``cluster``.
 
@@ -143,16 +145,22 @@ def test_healthcheck_mode_drains_its_node_on_failure_and_resumes_it_after_a_pass
     assert "DRAIN" in state["state"]
     assert state["reason"].startswith("preflight: %s: " % line["check"]) and len(state["reason"]) <= 120
     assert slurm.node_state(other.name)["state"] == "IDLE", "a node's health check touches that node only"
-    report = json.loads((tmp_path / ("results-" + node.name) / "last.json").read_text())
+    results = tmp_path / ("results-" + node.name)
+    report = json.loads((results / "last.json").read_text())
     assert report["failed_hosts"] == [node.name]
+    # The run is in the node's history, its first failing run: the reason is dated from it.
+    assert " since %s" % preflight_slurm.since_text(report["finished"]) in state["reason"], state["reason"]
     # Read back from Slurm, the reason is the tool's own: the same report again changes nothing.
-    assert [item["action"] for item in preflight_slurm.plan(report, {node.name: state})] == ["keep"]
+    since = preflight_slurm.history_since(str(results / "history.sqlite"))
+    assert [item["action"] for item in preflight_slurm.plan(report, {node.name: state}, since)] == ["keep"]
     set_vars(bed, node, None)
     done = node_script(slurm, node, "slurm-healthcheck", tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     assert slurm.wait_state(node.name, lambda s: s["state"] == "IDLE")["reason"] == ""
-    # Nothing of the run stays behind but the last report and log.
-    assert sorted(os.listdir(tmp_path / ("results-" + node.name))) == ["last.json", "last.log"]
+    # Nothing of the runs stays behind but the last report and log, and the history of both (with the -wal
+    # and -shm files SQLite leaves after a read-only reader of a WAL database).
+    assert sorted(name for name in os.listdir(results) if name not in ("history.sqlite-wal", "history.sqlite-shm")) \
+        == ["history.sqlite", "last.json", "last.log"]
 
 
 def test_prolog_mode_exits_nonzero_with_one_line_and_never_calls_scontrol(idle, bed, tmp_path):
@@ -174,6 +182,15 @@ def test_prolog_mode_exits_nonzero_with_one_line_and_never_calls_scontrol(idle, 
     set_vars(bed, node, None)
     done = node_script(slurm, node, "slurm-prolog", tmp_path, env)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    # Broken again, but the pass just now is younger than the max age: exit 0, the checks not run.
+    set_vars(bed, node, BAD_VARS)
+    done = node_script(slurm, node, "slurm-prolog", tmp_path, dict(env, PREFLIGHT_MAX_AGE="6h"))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    # Older than the max age: the checks run and find the breakage.
+    time.sleep(2)
+    done = node_script(slurm, node, "slurm-prolog", tmp_path, dict(env, PREFLIGHT_MAX_AGE="1s"))
+    assert done.returncode == 1 and LINE.match(done.stderr.rstrip("\n")), done.stderr
+    assert not (tmp_path / "scontrol-called").exists()
 
 
 def test_inside_an_allocation_the_nodelist_gives_the_inventory(idle, bed):

@@ -150,11 +150,12 @@ def test_invalid_verdict_exits_3(tmp_path, capsys, change, message):
 def test_verdict_is_typed(tmp_path):
     path = write(tmp_path, mixed())
     (tmp_path / "20261123T150000Z" / "junit.xml").write_text("<testsuites/>")
+    (tmp_path / "20261123T150000Z" / "report.html").write_text("<!doctype html>")
     verdict = cluster_preflight.load_verdict(os.path.dirname(path))
     assert verdict.status == "fail" and not verdict.passed and verdict.path == path
     assert verdict.failed_hosts == ("gpu04", "gpu05") and verdict.unverified_hosts == ("gpu03",)
     assert verdict.unreachable_hosts == ("gpu04",) and verdict.healthy_hosts == ("gpu01", "gpu02")
-    assert verdict.outputs == {"junit.xml": str(tmp_path / "20261123T150000Z" / "junit.xml")}
+    assert verdict.outputs == {name: str(tmp_path / "20261123T150000Z" / name) for name in ("junit.xml", "report.html")}
     assert verdict.raw == mixed()
     by_key = {(item.host, item.check): item for item in verdict.findings}
     assert by_key[("gpu02", "core_dumps.core_pattern")].status == "warn"
