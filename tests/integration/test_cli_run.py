@@ -1,6 +1,6 @@
 """cluster_preflight on localhost: the API returns the verdict the playbook wrote, the command line's exit
 codes follow it (0 for the embedded default, 2 for a node whose training Python has no torch), and
-``verdict`` refuses a missing file with 3. Three real runs (~20 s each)."""
+``verdict`` refuses a missing file with 3; ``baseline`` records a profile the next gate holds to. Five real runs."""
 
 import json
 import os
@@ -79,3 +79,24 @@ def test_cli_verdict_refuses_a_missing_file(tmp_path):
     done = cli("verdict", str(tmp_path / "no-such-run"), timeout=60)
     assert done.returncode == 3 and done.stdout == ""
     assert done.stderr.startswith("UNKNOWN: no verdict at ") and "Traceback" not in done.stderr
+
+
+def test_baseline_runs_the_gate_records_the_profile_and_the_next_gate_holds_to_it(tmp_path):
+    results, out = str(tmp_path / "results"), str(tmp_path / "profiles")
+    port = str(free_port())
+    recorded = cli("baseline", "-q", "--results-dir", results, "--out", out, "--group", "cluster",
+                   "-e", "preflight_master_port=" + port)
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    profile = os.path.join(out, "cluster.yml")
+    assert "profile of group cluster (1 nodes) -> %s" % profile in recorded.stdout
+    again = cli("baseline", "-q", "--results-dir", results, "--out", out, "--from", os.path.join(results, "latest"))
+    assert again.returncode == 4 and "pass --force" in again.stderr
+    gated = cli("gate", "-q", "--results-dir", results, "-e", "preflight_master_port=" + port,
+                "-e", "profile_file=" + profile, "-e", "profile_busbw_tolerance=0.95")
+    assert gated.returncode in (0, 1), gated.stdout + gated.stderr
+    with open(os.path.join(results, "latest", "verdict.json")) as handle:
+        checks = json.load(handle)["nodes"]["localhost"]["checks"]
+    compared = {name: check for name, check in checks.items() if name.startswith("profile.")}
+    assert {"profile.torch_version", "profile.allreduce_backend", "profile.allreduce_busbw_gbps",
+            "profile.summary"} <= set(compared)
+    assert all(check["status"] == "pass" for check in compared.values()), compared
