@@ -1,6 +1,7 @@
 """cluster_preflight on localhost: the API returns the verdict the playbook wrote, the command line's exit
 codes follow it (0 for the embedded default, 2 for a node whose training Python has no torch), and
-``verdict`` refuses a missing file with 3; ``baseline`` records a profile the next gate holds to. Five real runs."""
+``verdict`` refuses a missing file with 3; ``baseline`` records a profile the next gate holds to.  Five real
+runs."""
 
 import json
 import os
