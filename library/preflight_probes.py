@@ -18,6 +18,8 @@ description:
     with host-key checking on. Probes leave nothing behind on the node. No reader code is shipped with it.
   - Each probe is its own failure domain; one that raises is reported under RV(errors) and the others still
     run. The controller (C(preflight_decide)) turns the results into checks.
+  - With O(wait_for), the background all-reduce's result is collected after the probes, and the probes that read
+    what it changed (C(AFTER_JOB), the C(fabric) error counters) run after it.
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.run_state, preflight.node_call]
 options:

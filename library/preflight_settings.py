@@ -13,8 +13,8 @@ module: preflight_settings
 short_description: Load and validate every capability's settings for a node before anything runs on it
 description:
   - Runs on the controller for each node and contacts no node. For the run-wide role C(preflight) and every
-    capability role (C(nic_discovery), C(port_mesh), C(allreduce), C(kernel_debug), C(core_dumps), C(iommu),
-    C(debug_tools), C(ssh_trust)) it reads C(defaults/main.yml) and C(meta/argument_specs.yml), takes each
+    capability role (C(nic_discovery), C(port_mesh), C(allreduce), C(gpu_health), C(fabric), C(kernel_debug),
+    C(core_dumps), C(iommu), C(debug_tools), C(ssh_trust), C(profile)) it reads C(defaults/main.yml) and C(meta/argument_specs.yml), takes each
     variable from the node's variables (inventory, play, C(-e)) or else the role default, renders it and converts
     it to the type the spec names, so C(-e debug_tools_enabled=false) is the boolean false and
     C(-e ssh_trust_port=abc) is an error.
