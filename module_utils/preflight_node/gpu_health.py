@@ -170,17 +170,24 @@ def read_dcgm(args, ops):
     return facts
 
 
+def any_gpu(facts):
+    """Whether the PCI bus shows a GPU or a GPU tool is installed."""
+    pci = facts.get("pci") or {}
+    return bool(pci.get("nvidia_gpus") or pci.get("amd_gpus") or pci.get("error")
+                or (facts.get("nvidia") or {}).get("present") or (facts.get("amd") or {}).get("present"))
+
+
 def read(args, ops):
     """``{nvidia, amd, pci, xid, dcgm, privileged, needs_root}`` (see the module docstring)."""
     root = privileged()
-    facts = {
-        "pci": read_pci(args.get("sysfs_root") or "/sys"),
-        "nvidia": read_nvidia(args, ops),
-        "amd": read_amd(args, ops),
-        "xid": read_kernel_log(args, ops, root),
-        "dcgm": read_dcgm(args, ops),
-        "privileged": root,
-    }
+    facts = {"pci": read_pci(args.get("sysfs_root") or "/sys"), "nvidia": read_nvidia(args, ops),
+             "amd": read_amd(args, ops), "privileged": root}
+    if any_gpu(facts):
+        facts["xid"], facts["dcgm"] = read_kernel_log(args, ops, root), read_dcgm(args, ops)
+    else:
+        # A node with no GPU and no GPU tool: no Xid to look for, nothing for DCGM (a big journal costs seconds).
+        facts["xid"] = {"source": None, "error": None, "needs_root": False, "events": [], "skipped": "no GPU"}
+        facts["dcgm"] = {"present": False, "level": int(args.get("dcgm_level") or 0), "error": None, "results": []}
     # What a reader without root was refused (see privilege.py): here the kernel log, not a file.
     facts["needs_root"] = ([{"path": "kernel log", "error": facts["xid"]["error"]}]
                            if facts["xid"]["needs_root"] else [])
