@@ -22,6 +22,7 @@ from preflight_node.checks import CheckError, decision, error, put
 from cluster_preflight.cluster import ClusterView, live_runs, run_identity, without_gc
 from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
 from cluster_preflight import localize
+from cluster_preflight import retest
 from cluster_preflight import single_node
 from cluster_preflight.capabilities import nic_discovery as preflight_nic_discovery
 from cluster_preflight.capabilities import port_mesh as preflight_port_mesh
@@ -79,8 +80,10 @@ def lock_args(view):
     gate = (view.settings.get(first) or {}).get("allreduce") or {}
     launch = float(gate.get("allreduce_hard_timeout") or 120) + float(gate.get("allreduce_stack_budget") or 20) \
         + 60 + CONNECT_BOUND
+    # The retest of a node named for a slow or failed run adds its steps (cluster_preflight/retest.py).
+    retests = retest.STEPS if run.get("preflight_retest_allreduce", True) else 0
     lease = float(run.get("preflight_facts_timeout") or 60) + float(run.get("preflight_probes_timeout") or 120) \
-        + 120 + (2 * localize.MAX_ROUNDS + 2) * launch + 300
+        + 120 + (2 * localize.MAX_ROUNDS + 2 + retests) * launch + 300
     run_id, pid, start = run_identity()
     return {"dir": run.get("preflight_lock_dir") or "/run/lock", "run_id": run_id, "controller": run_id.split(":")[0],
             "controller_pid": pid, "controller_start": start, "user": getpass.getuser(), "lease_seconds": int(lease),
