@@ -138,6 +138,10 @@ def stage_plan(view, probes=True):
                     ready=ready["ready"], **result)
 
 
+# capability -> {probe argument: the run-wide setting that switches its retry on}.
+RETEST_PROBES = {"ssh_trust": {"retry_timeouts": "preflight_retest_ssh"}}
+
+
 def _probe_args(view, hosts, checks_by_host, pairing):
     """Node -> capability -> the arguments of its probe (peers: ``pairing`` over the nodes that were read)."""
     nodes = {host: view.nodes[host] for host in hosts}
@@ -156,6 +160,11 @@ def _probe_args(view, hosts, checks_by_host, pairing):
             args = _guarded(checks_by_host, [host], name, module.probe_args, view.settings[host][name],
                             view.nodes[host], plans[name])
             if args is not None:
+                if name in RETEST_PROBES:
+                    # Retest before blame: a run-wide setting (roles/preflight) the probe reads as its own.
+                    run = view.settings[host].get(registry.RUN_ROLE) or {}
+                    args = dict(args, **{key: bool(run.get(setting, True))
+                                         for key, setting in RETEST_PROBES[name].items()})
                 probe_args[host][name] = args
     return probe_args
 
