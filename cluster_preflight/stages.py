@@ -11,6 +11,7 @@ that node.
 from __future__ import annotations
 
 import getpass
+import math
 import traceback
 
 from cluster_preflight import capabilities as registry
@@ -19,6 +20,7 @@ from cluster_preflight.capabilities.allreduce import candidates, launch_plan, re
 from cluster_preflight.allreduce_outcome import summarize
 from cluster_preflight.allreduce_versions import version_checks
 from preflight_node.checks import CheckError, decision, error, put
+from preflight_node.port_probe import retry_slack
 from cluster_preflight.cluster import ClusterView, live_runs, run_identity, without_gc
 from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
 from cluster_preflight import localize
@@ -133,6 +135,8 @@ def stage_plan(view, probes=True):
         "run": False, "hosts": [], "args_by_host": {}, "async_seconds": 0, "wait_timeout": 0}
     for host, checks in mesh.pop("checks_by_host").items():
         _put(checks_by_host, host, "port_mesh", checks)
+    if mesh.get("run") and run.get("preflight_retest_port_mesh", True):
+        mesh = mesh_with_retry(mesh)
     blockers = list(nic.get("blockers") or [])
     return decision(blockers=blockers, checks_by_host=checks_by_host, nic=nic, port_mesh=mesh,
                     ready=ready["ready"], **result)
@@ -140,6 +144,17 @@ def stage_plan(view, probes=True):
 
 # capability -> {probe argument: the run-wide setting that switches its retry on}.
 RETEST_PROBES = {"ssh_trust": {"retry_timeouts": "preflight_retest_ssh"}}
+
+
+def mesh_with_retry(mesh):
+    """The port mesh plan with every probe's ``retry`` on (a pair not connected within the window is tried once
+    more before blame), its wait bound extended by the retry's pause and one more connect attempt."""
+    mesh = dict(mesh, args_by_host={host: dict(args, retry=True) for host, args in mesh["args_by_host"].items()})
+    slack = max([retry_slack(args["connect_timeout"]) for args in mesh["args_by_host"].values()] or [0])
+    mesh["wait_timeout"] = int(mesh["wait_timeout"] + math.ceil(slack))
+    if mesh.get("async_seconds"):
+        mesh["async_seconds"] = mesh["wait_timeout"]
+    return mesh
 
 
 def _probe_args(view, hosts, checks_by_host, pairing):

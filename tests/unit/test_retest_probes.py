@@ -1,9 +1,15 @@
 """Retest before blame in the node probes: an ssh of the ssh_trust mesh that timed out is tried once more
-(module_utils/preflight_node/ssh_mesh.py, switched by preflight_retest_ssh through cluster_preflight/stages.py);
-one refused or denied never is."""
+(module_utils/preflight_node/ssh_mesh.py, switched by preflight_retest_ssh through cluster_preflight/stages.py),
+one refused or denied never is; a port-mesh pair not connected within the window is tried once more after a
+pause (module_utils/preflight_node/port_probe.py, preflight_retest_port_mesh), over real sockets on 127.0.0.x."""
+
+import socket
+import threading
+import time
 
 import pytest
 
+from preflight_node import port_probe
 from preflight_node import ssh_mesh
 from preflight_node import ssh_trust_probe
 from fake_ops import FakeOps
@@ -66,3 +72,84 @@ def test_the_stages_hand_the_run_wide_switch_to_the_ssh_probe(switch):
     args = stages._probe_args(view, names, {}, None)  # pylint: disable=protected-access
     assert args["n1"]["ssh_trust"]["retry_timeouts"] is switch
     assert args["n1"]["ssh_trust"]["peers"][0]["node"] == "n2"
+
+
+# --------------------------------------------------------------------------
+# The port mesh: a pair not connected within the window is tried once more, after a pause, before blame
+
+WINDOW, CONNECT = 0.6, 0.3
+
+
+def _free_port(addr):
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((addr, 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def _late_listener(addr, port, name, delay):
+    """A peer's listener that comes up only ``delay`` seconds from now and answers one preflight probe."""
+    ready = threading.Event()
+
+    def serve():
+        time.sleep(delay)
+        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((addr, port))
+        server.listen(4)
+        server.settimeout(3)
+        ready.set()
+        try:
+            conn, _peer = server.accept()
+            conn.recv(256)
+            conn.sendall(("OK %s\n" % name).encode("ascii"))
+            conn.close()
+        except OSError:
+            pass
+        finally:
+            server.close()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread, ready
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_a_peer_that_comes_up_just_after_the_window_is_reached_on_the_retry_only(retry):
+    addr = "127.0.0.%d" % (60 + retry)
+    port = _free_port(addr)
+    thread, _ready = _late_listener(addr, port, "late", WINDOW + 0.1)
+    started = time.monotonic()
+    result = port_probe.probe("127.0.0.59", port, "node1", [{"name": "late", "addr": addr}], window=WINDOW,
+                              connect_timeout=CONNECT, listen=False, retry=retry)
+    took = time.monotonic() - started
+    thread.join(5)
+    row = result["results"][0]
+    if retry:
+        assert row["result"] == "open" and row["retried"]["result"] == "refused", row
+        assert "retried once after" in row["detail"] and result["checks"]["port_reach_late"]["status"] == "pass"
+        assert took <= WINDOW + port_probe.retry_slack(CONNECT) + 1.0
+    else:
+        assert row["result"] == "refused" and "retried" not in row and "retried" not in row["detail"]
+        assert took <= WINDOW + 1.0
+
+
+def test_a_pair_that_stays_closed_is_blamed_after_its_retry_saying_so():
+    addr = "127.0.0.62"
+    port = _free_port(addr)
+    result = port_probe.probe("127.0.0.59", port, "node1", [{"name": "gone", "addr": addr}], window=WINDOW,
+                              connect_timeout=CONNECT, listen=False, retry=True)
+    row = result["results"][0]
+    assert row["result"] == "refused" and row["retried"]["result"] == "refused"
+    check = result["checks"]["port_reach_gone"]
+    assert check["status"] == "fail" and "retried once after" in check["found"]
+
+
+def test_the_mesh_plan_with_retry_waits_for_it():
+    from cluster_preflight import stages  # pylint: disable=import-outside-toplevel
+    mesh = {"run": True, "wait_timeout": 38, "async_seconds": 38, "args_by_host": {
+        "n1": {"connect_timeout": 2, "window": 8}, "n2": {"connect_timeout": 2, "window": 8}}}
+    out = stages.mesh_with_retry(mesh)
+    assert all(args["retry"] for args in out["args_by_host"].values())
+    assert out["wait_timeout"] == 38 + 3 and out["async_seconds"] == out["wait_timeout"]
+    assert "retry" not in mesh["args_by_host"]["n1"], "the plan it was given is left as it was"
