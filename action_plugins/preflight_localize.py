@@ -7,7 +7,10 @@ once with ``start: true`` after the all-node run was collected, then once after
 each round (``roles/allreduce/tasks/localize.yml``): it folds the round's
 results (registered as ``allreduce_localize_first`` and
 ``allreduce_localize_second``) into the rounds so far and plans the next
-round, or concludes with ``checks_by_host`` for the verdict.  Never fails the
+round, or concludes with ``checks_by_host`` for the verdict.  Before it
+concludes, the nodes named for a slow or failed run are retested once
+(``cluster_preflight/retest.py``; registers ``allreduce_retest_first`` and
+``allreduce_retest_second``).  Never fails the
 play: what it finds is a check on a node.
 """
 
@@ -20,8 +23,10 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 from cluster_preflight.action import ControllerAction
 from cluster_preflight import gpu_pairs
+from cluster_preflight import capabilities as registry
 from cluster_preflight import localize
 from cluster_preflight import registers
+from cluster_preflight import retest
 from cluster_preflight.allreduce_outcome import own_faults
 from preflight_node.checks import error
 from cluster_preflight.cluster import ClusterView, outcome as localize_outcome, without_gc
@@ -29,6 +34,7 @@ from cluster_preflight.cluster import ClusterView, outcome as localize_outcome, 
 REGISTER = registers.LOCALIZE
 STEP_REGISTERS = (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND)
 GPU_REGISTER = registers.LOCALIZE_GPU
+RETEST_REGISTERS = (registers.RETEST_FIRST, registers.RETEST_SECOND)
 CONFIRM_REGISTER = registers.CONFIRM
 
 
@@ -54,6 +60,7 @@ def start(view):
     gate_hosts = [host for host in gate.get("hosts") or [] if host in gate["args_by_host"]]
     results = {host: _node_result(view, host, registers.PROBES, pick="job") for host in gate_hosts}
     settings = view.settings.get(gate_hosts[0], {}).get("allreduce") or {}
+    run = view.settings.get(gate_hosts[0], {}).get(registry.RUN_ROLE) or {}
     floor = localize.floors(settings, gate.get("backend"))
     outcome = localize.run_outcome(gate_hosts, results)
     needed, why = localize.all_node_trigger(outcome, floor)
@@ -76,7 +83,7 @@ def start(view):
              "backend": gate.get("backend"), "gpu_pairs": bool(settings.get("allreduce_gpu_pairs", True)),
              "gpus_by_host": {host: (view.capability_facts("allreduce", [host]).get(host) or {}).get("gpus") or []
                               for host in hosts},
-             "started": time.time()}
+             "retest": bool(run.get("preflight_retest_allreduce", True)), "started": time.time()}
     return plan_next(state, 1)
 
 
@@ -94,6 +101,19 @@ def plan_next(state, round_no):
 def finish(state):
     summary, checks_by_host = localize.conclude(state["hosts"], state["rounds"], state["floor"], state["trigger"],
                                                 state["excluded"], round(time.time() - state["started"], 1))
+    summary["retest"] = {"enabled": bool(state.get("retest")), "hosts": [], "passed": [], "failed": [],
+                         "launches": []}
+    if state.get("retest") and "retest_round" not in state:
+        # Before a node is named for a slow or failed run: one more bounded step, its pair with a node proven
+        # good and its run alone over lo (cluster_preflight/retest.py).
+        again = retest.candidates(state["hosts"], state["rounds"], state["floor"], summary["bad"])
+        if again:
+            return plan_retest(state, again, summary["good"])
+    if state.get("retest_round"):
+        verdicts = retest.judge(state["rounds"], state["retest_round"], state["floor"], summary["kinds"])
+        summary, checks_by_host = retest.apply(summary, checks_by_host, state["hosts"], state["rounds"],
+                                               state["floor"], verdicts)
+        summary["retest"]["enabled"] = True
     # A node named for a node fault (it fails alone over lo too) with two GPUs or more: which GPU?
     nodes = [host for host in summary["bad"] if summary["kinds"].get(host) == "node"] if state.get("gpu_pairs") else []
     gpu = {host: {"gpus": state["gpus_by_host"].get(host) or [], "rounds": []} for host in nodes
@@ -104,6 +124,29 @@ def finish(state):
                      gpu_master_port=localize.derived_port(state["master_port"], serial))
         return plan_gpus(state, 1)
     return _done(state, summary, checks_by_host)
+
+
+def plan_retest(state, hosts, good):
+    """The retest step over ``hosts`` (named by the rounds for a slow or failed run), with nodes of ``good``."""
+    serial = sum(len(item["launches"]) for item in state["rounds"])
+    planned = retest.plan(hosts, good, state["base_args_by_host"], state["addr_by_host"], state["master_port"],
+                          serial, state["floor"])
+    state = dict(state, phase="retest", planned={"round": planned["round"], "launches": planned["launches"]})
+    return {"needed": True, "done": False, "round": planned["round"], "first_args_by_host": {},
+            "second_args_by_host": {}, "gpu_slots_by_host": {}, "retest_first_args_by_host": planned["steps"][0],
+            "retest_second_args_by_host": planned["steps"][1], "state": state}
+
+
+def advance_retest(view, state):
+    """Fold the retest step's results in and conclude (the GPU pairs and the confirmation run follow)."""
+    planned = state["planned"]
+    results_by_step = [{}, {}]
+    for launch in planned["launches"]:
+        for host in launch["hosts"]:
+            results_by_step[launch["step"]][host] = _node_result(view, host, RETEST_REGISTERS[launch["step"]])
+    state = dict(state, phase="nodes", retest_round=localize.record(planned, results_by_step))
+    state.pop("planned", None)
+    return finish(state)
 
 
 def _done(state, summary, checks_by_host):
@@ -202,6 +245,8 @@ def advance(view, previous):
     state = previous["state"]
     if state.get("phase") == "gpus":
         return advance_gpus(view, state)
+    if state.get("phase") == "retest":
+        return advance_retest(view, state)
     planned = state["planned"]
     results_by_step = [{}, {}]
     for launch in planned["launches"]:

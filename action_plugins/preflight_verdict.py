@@ -19,6 +19,7 @@ from cluster_preflight import capabilities as registry
 from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.localize import MAX_ROUNDS
+from cluster_preflight.retest import STEPS as RETEST_STEPS
 from cluster_preflight.outputs import write_outputs
 from cluster_preflight.report import after_verdict
 from cluster_preflight.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
@@ -41,7 +42,7 @@ def bound_seconds(view, plan, launch, localize=None):
     """The longest this run could have taken: the sum of its stages' bounds (with the single-node runs when
     planned, and the localisation rounds
     when they ran: at most MAX_ROUNDS rounds of two steps, each bounded like the all-node run, and every
-    GPU pair launch of the node with the most, one after another)."""
+    GPU pair launch of the node with the most, one after another, and the retest's steps when it was on)."""
     first = view.hosts[0] if view.hosts else None
     settings = (view.result(first, registers.SETTINGS) or {}) if first else {}
     gate_args = list(((launch or {}).get("gate") or {}).get("args_by_host", {}).values())
@@ -59,6 +60,9 @@ def bound_seconds(view, plan, launch, localize=None):
         launches = max([sum(len(item["launches"]) for item in summary.get("rounds") or [])
                         for summary in gpus.values()] or [0])
         parts.append(launches * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
+        # The retest of the nodes named for a slow or failed run: a pair, then a run alone, each bounded alike.
+        if (((localize or {}).get("localize") or {}).get("retest") or {}).get("enabled"):
+            parts.append(RETEST_STEPS * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
         # The confirmation run over the nodes left, bounded like the all-node run.
         parts.append(gate_args[0]["wait_timeout"] + CONNECT_BOUND)
     return int(sum(parts) + CONNECT_BOUND * 6)

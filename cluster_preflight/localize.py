@@ -106,7 +106,9 @@ def run_outcome(hosts, results_by_host):
                     first.get("rank"), first.get("host"))}
     if bad or not rows:
         first = bad[0] if bad else {}
-        return {"status": "fail", "busbw_gbps": None, "lost": {},
+        # Wrong data is a hardware-class finding (silent corruption): never retested (cluster_preflight/retest.py).
+        corrupt = any(row.get("status") == "wrong" or row.get("correct") is False for row in rows)
+        return {"status": "fail", "busbw_gbps": None, "lost": {}, "corrupt": corrupt,
                 "reason": "rank %s on %s %s at stage %s: %s" % (
                     first.get("rank"), first.get("host"), first.get("status", "gave no rank"), first.get("stage"),
                     str(first.get("error") or "no error recorded")[:200]) if bad else "no rank reported"}
@@ -510,13 +512,17 @@ def reconcile(first_checks_by_host, localize_summary, confirm_checks_by_host):
     against the floors); ``confirm_checks_by_host``: that run's checks (``summarize`` over it).  A node named
     bad or lost keeps the all-node run's findings.  A node of the confirmation run gets that run's checks
     instead, and ``first_run`` saying what the all-node run did there: ``pass`` when the nodes named explain
-    it (collateral), ``warn`` when no node was named (it failed, then passed).  When the confirmation run did
+    it (collateral), ``warn`` when no node was named (it failed, then passed) and on a node named by the rounds
+    that then passed its retest (``cluster_preflight/retest.py``; its peers' ``pass`` names it).  When the
+    confirmation run did
     not pass, every failure on its nodes is blocked: they are ``unverified``, never blamed and never healthy.
     Returns ``{host: {name: check}}`` (the ``allreduce`` capability's checks of the gate)."""
     confirm = localize_summary.get("confirm") or {}
     confirmed = set(confirm.get("hosts") or []) if confirm.get("status") not in (None, "planned", "skipped") else set()
+    retested = list((localize_summary.get("retest") or {}).get("passed") or [])
     named = list(localize_summary.get("bad") or []) + list(localize_summary.get("lost") or []) + sorted(
         localize_summary.get("excluded") or {})
+    explained = named + ["%s (failed, then passed on retest)" % host for host in retested]
     out = {}
     for host, checks in first_checks_by_host.items():
         if host not in confirmed:
@@ -525,11 +531,18 @@ def reconcile(first_checks_by_host, localize_summary, confirm_checks_by_host):
         first = _first_run_text(host, checks)
         mine = dict(confirm_checks_by_host.get(host) or {})
         if confirm["status"] == "pass":
-            if named:
+            if host in retested:
+                mine["first_run"] = warned(
+                    "the all-node run failed or was slow (%s); on %s: %s; the rounds named %s, which failed, then "
+                    "passed on retest and with the nodes left (%s): a transient fault" % (
+                        localize_summary.get("trigger"), host, first, host, ", ".join(confirm["hosts"])),
+                    FIRST_RUN_EXPECTED, "nothing to drain now; if it repeats, read its first run's log (%s.log), the "
+                    "rounds in the verdict's localize and the interface's counters" % host)
+            elif explained:
                 mine["first_run"] = passed(
                     "the all-node run failed or was slow (%s), explained by %s (allreduce.localize); on %s it was "
                     "collateral (%s); %s then passed with the nodes left (%s)" % (
-                        localize_summary.get("trigger"), ", ".join(named), host, first, host,
+                        localize_summary.get("trigger"), ", ".join(explained), host, first, host,
                         ", ".join(confirm["hosts"])), FIRST_RUN_EXPECTED)
             else:
                 mine["first_run"] = warned(

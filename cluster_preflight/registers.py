@@ -24,6 +24,8 @@ LOCALIZE = "allreduce_localize"
 LOCALIZE_FIRST = "allreduce_localize_first"
 LOCALIZE_SECOND = "allreduce_localize_second"
 LOCALIZE_GPU = "allreduce_localize_gpu"
+RETEST_FIRST = "allreduce_retest_first"
+RETEST_SECOND = "allreduce_retest_second"
 CONFIRM = "allreduce_confirm"
 FINAL = "preflight_final"
 LOCAL = "preflight_local"
@@ -45,6 +47,8 @@ REGISTERS = {
     LOCALIZE: ("preflight_localize (controller)", "the pair rounds and their conclusion"),
     LOCALIZE_FIRST: ("allreduce (node), a round's first launch step", "the pair launches of that step"),
     LOCALIZE_SECOND: ("allreduce (node), a round's second launch step", "the loopback launches of that step"),
+    RETEST_FIRST: ("allreduce (node), the retest's first step", "a named node's pair with a node proven good"),
+    RETEST_SECOND: ("allreduce (node), the retest's second step", "a named node's run alone over lo"),
     LOCALIZE_GPU: ("allreduce (node), GPU pair slots", "the GPU pair launches of a named node"),
     CONFIRM: ("allreduce (node), confirmation run", "the all-node run over the nodes left"),
     FINAL: ("preflight_decide stage=final", "every decider's checks"),

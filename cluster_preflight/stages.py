@@ -11,6 +11,7 @@ that node.
 from __future__ import annotations
 
 import getpass
+import math
 import traceback
 
 from cluster_preflight import capabilities as registry
@@ -19,9 +20,11 @@ from cluster_preflight.capabilities.allreduce import candidates, launch_plan, re
 from cluster_preflight.allreduce_outcome import summarize
 from cluster_preflight.allreduce_versions import version_checks
 from preflight_node.checks import CheckError, decision, error, put
+from preflight_node.port_probe import retry_slack
 from cluster_preflight.cluster import ClusterView, live_runs, run_identity, without_gc
 from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
 from cluster_preflight import localize
+from cluster_preflight import retest
 from cluster_preflight import single_node
 from cluster_preflight.capabilities import nic_discovery as preflight_nic_discovery
 from cluster_preflight.capabilities import port_mesh as preflight_port_mesh
@@ -79,8 +82,10 @@ def lock_args(view):
     gate = (view.settings.get(first) or {}).get("allreduce") or {}
     launch = float(gate.get("allreduce_hard_timeout") or 120) + float(gate.get("allreduce_stack_budget") or 20) \
         + 60 + CONNECT_BOUND
+    # The retest of a node named for a slow or failed run adds its steps (cluster_preflight/retest.py).
+    retests = retest.STEPS if run.get("preflight_retest_allreduce", True) else 0
     lease = float(run.get("preflight_facts_timeout") or 60) + float(run.get("preflight_probes_timeout") or 120) \
-        + 120 + (2 * localize.MAX_ROUNDS + 2) * launch + 300
+        + 120 + (2 * localize.MAX_ROUNDS + 2 + retests) * launch + 300
     run_id, pid, start = run_identity()
     return {"dir": run.get("preflight_lock_dir") or "/run/lock", "run_id": run_id, "controller": run_id.split(":")[0],
             "controller_pid": pid, "controller_start": start, "user": getpass.getuser(), "lease_seconds": int(lease),
@@ -130,9 +135,26 @@ def stage_plan(view, probes=True):
         "run": False, "hosts": [], "args_by_host": {}, "async_seconds": 0, "wait_timeout": 0}
     for host, checks in mesh.pop("checks_by_host").items():
         _put(checks_by_host, host, "port_mesh", checks)
+    if mesh.get("run") and run.get("preflight_retest_port_mesh", True):
+        mesh = mesh_with_retry(mesh)
     blockers = list(nic.get("blockers") or [])
     return decision(blockers=blockers, checks_by_host=checks_by_host, nic=nic, port_mesh=mesh,
                     ready=ready["ready"], **result)
+
+
+# capability -> {probe argument: the run-wide setting that switches its retry on}.
+RETEST_PROBES = {"ssh_trust": {"retry_timeouts": "preflight_retest_ssh"}}
+
+
+def mesh_with_retry(mesh):
+    """The port mesh plan with every probe's ``retry`` on (a pair not connected within the window is tried once
+    more before blame), its wait bound extended by the retry's pause and one more connect attempt."""
+    mesh = dict(mesh, args_by_host={host: dict(args, retry=True) for host, args in mesh["args_by_host"].items()})
+    slack = max([retry_slack(args["connect_timeout"]) for args in mesh["args_by_host"].values()] or [0])
+    mesh["wait_timeout"] = int(mesh["wait_timeout"] + math.ceil(slack))
+    if mesh.get("async_seconds"):
+        mesh["async_seconds"] = mesh["wait_timeout"]
+    return mesh
 
 
 def _probe_args(view, hosts, checks_by_host, pairing):
@@ -153,6 +175,11 @@ def _probe_args(view, hosts, checks_by_host, pairing):
             args = _guarded(checks_by_host, [host], name, module.probe_args, view.settings[host][name],
                             view.nodes[host], plans[name])
             if args is not None:
+                if name in RETEST_PROBES:
+                    # Retest before blame: a run-wide setting (roles/preflight) the probe reads as its own.
+                    run = view.settings[host].get(registry.RUN_ROLE) or {}
+                    args = dict(args, **{key: bool(run.get(setting, True))
+                                         for key, setting in RETEST_PROBES[name].items()})
                 probe_args[host][name] = args
     return probe_args
 

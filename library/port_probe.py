@@ -77,6 +77,13 @@ options:
       - Seconds one connection attempt may take before it counts as C(timeout).
     type: float
     default: 2.0
+  retry:
+    description:
+      - A peer not connected within O(window) is tried once more after a short pause, and the listener stays up
+        that long too (the pause plus O(connect_timeout)), before the pair is blamed. The row of a peer tried
+        again has C(retried) (the first outcome) and says so in C(detail).
+    type: bool
+    default: false
   listen:
     description:
       - Listen on O(port). Set to V(false) on a node that should only connect.
@@ -283,6 +290,7 @@ def main():
             check_in_use_only=dict(type="bool", default=False),
             proc_root=dict(type="path", default="/proc"),
             inbound=dict(type="list", elements="str"),
+            retry=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -291,7 +299,7 @@ def main():
     result = probe(params["listen_addr"], params["port"], params["node_name"], params["peers"],
                    window=params["window"], connect_timeout=params["connect_timeout"], listen=params["listen"],
                    check_in_use_only=params["check_in_use_only"], proc_root=params["proc_root"],
-                   inbound=params["inbound"])
+                   inbound=params["inbound"], retry=params["retry"])
     module.exit_json(changed=False, **result)
 
 

@@ -76,6 +76,16 @@ second_args_by_host:
   description: Node to C(allreduce) arguments of the round's second step (loopback runs of paired suspects).
   returned: when needed
   type: dict
+retest_first_args_by_host:
+  description:
+    - Node to C(allreduce) arguments of the retest's first step (C(cluster_preflight/retest.py)) - a node the
+      rounds named for a slow or failed run paired with a node proven good. Only in the round that retests.
+  returned: when a node is retested
+  type: dict
+retest_second_args_by_host:
+  description: Node to C(allreduce) arguments of the retest's second step (the retested node alone over C(lo)).
+  returned: when a node is retested
+  type: dict
 gpu_slots_by_host:
   description:
     - Node to the list of C(allreduce) arguments of its GPU pair launches in this round, run one after another

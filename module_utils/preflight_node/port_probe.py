@@ -29,6 +29,14 @@ _LINE_MAX = 256
 # Seconds one ARP question to an unanswering peer's next hop may take (once per peer, inside the window).
 _ARP_TIMEOUT = 1.0
 _UNASKED = object()
+# Retest before blame (preflight_retest_port_mesh): a connection that failed through the window is tried once
+# more after this pause; every listener stays up for the pause and one connect timeout more.
+RETRY_PAUSE = 0.5
+
+
+def retry_slack(connect_timeout):
+    """Seconds a probe with ``retry`` may run past its window: the pause and one more connect attempt."""
+    return RETRY_PAUSE + float(connect_timeout)
 
 
 def _read_line(conn, deadline):
@@ -181,8 +189,20 @@ def _unreachable(outcome, addr, port, silent):
     return dict(outcome, result="unreachable", detail=detail), hop
 
 
-def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc_root="/proc"):
-    """Connect to one peer, retrying until a final outcome or the deadline."""
+def _retry_once(node_name, peer, port, connect_timeout, outcome, retry_deadline):
+    """The failed ``outcome`` tried once more after ``RETRY_PAUSE`` (the peer's listener is still up until
+    ``retry_deadline``): the new outcome, whose detail says it was retried, and the first one."""
+    time.sleep(max(0.0, min(RETRY_PAUSE, retry_deadline - time.monotonic())))
+    again = _connect_once(node_name, peer, port, max(0.05, min(connect_timeout, retry_deadline - time.monotonic())),
+                          retry_deadline)
+    detail = "%s; retried once after %g s: %s" % (outcome["detail"], RETRY_PAUSE, again["detail"])
+    return dict(again, detail=detail), {"result": outcome["result"], "errno": outcome["errno"],
+                                        "detail": outcome["detail"]}
+
+
+def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc_root="/proc", retry_deadline=None):
+    """Connect to one peer, retrying until a final outcome or the deadline; with ``retry_deadline``, a peer
+    not connected by then is tried once more after a pause (its row has ``retried``)."""
     started = time.monotonic()
     attempts = 0
     silent = _UNASKED
@@ -205,6 +225,10 @@ def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc
         pause = _RETRY_PAUSE - (time.monotonic() - attempt_started)
         if pause > 0:
             time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+    first = None
+    if retry_deadline is not None and not outcome["connected"]:
+        attempts += 1
+        outcome, first = _retry_once(node_name, peer, port, connect_timeout, outcome, retry_deadline)
     outcome, hop = _unreachable(outcome, peer["addr"], port, None if silent is _UNASKED else silent)
     row = {
         "source": node_name,
@@ -221,6 +245,8 @@ def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc
     }
     if hop is not None:
         row["next_hop"] = hop
+    if first is not None:
+        row["retried"] = first
     with lock:
         out.append(row)
 
@@ -245,20 +271,21 @@ def _bind(listen_addr, port, backlog):
     return sock, "ok", None, "listening on %s:%d" % (listen_addr, port)
 
 
-def _start(sock, node_name, peers, port, connect_timeout, deadline, results, lock, proc_root, inbound):
+def _start(sock, node_name, peers, port, connect_timeout, deadline, results, lock, proc_root, inbound,
+           retry_deadline=None):
     """Start the listener (when ``sock``) and one connector thread per peer; returns (listener,
     listener_thread, connector threads)."""
     listener = listener_thread = None
     threads = []
     if sock is not None:
         expected = [p["name"] for p in peers] if inbound is None else [n for n in inbound if n != node_name]
-        listener = _Listener(sock, node_name, expected, deadline, max(connect_timeout, 0.5))
+        listener = _Listener(sock, node_name, expected, retry_deadline or deadline, max(connect_timeout, 0.5))
         listener_thread = threading.Thread(target=listener.run, daemon=True)
         listener_thread.start()
     for peer in peers:
         threads.append(threading.Thread(
-            target=_connector, args=(node_name, peer, port, connect_timeout, deadline, results, lock, proc_root),
-            daemon=True))
+            target=_connector, args=(node_name, peer, port, connect_timeout, deadline, results, lock, proc_root,
+                                     retry_deadline), daemon=True))
     for thread in threads:
         thread.start()
     return listener, listener_thread, threads
@@ -301,13 +328,15 @@ def _rows(results, lock, peers, node_name, port, window, started):
 
 
 def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.0, listen=True,
-          check_in_use_only=False, proc_root="/proc", inbound=None):
+          check_in_use_only=False, proc_root="/proc", inbound=None, retry=False):
     """Run the probe on this node; returns the module's result (without ``changed``).
 
     ``inbound``: the names of the nodes that connect here (the listener is done once each has);
-    the same as ``peers`` when None, as in a full mesh."""
+    the same as ``peers`` when None, as in a full mesh.  ``retry``: a peer not connected within the
+    window is tried once more after a pause (the probe then takes up to ``retry_slack`` seconds more)."""
     started = time.monotonic()
     deadline = started + window
+    end = deadline + retry_slack(connect_timeout) if retry else deadline
     peers = [dict(name=p["name"], addr=p["addr"]) for p in peers if p["name"] != node_name]
     if check_in_use_only:
         peers = []
@@ -326,13 +355,13 @@ def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.
             sock.close()
             sock = None
         listener, listener_thread, threads = _start(sock, node_name, peers, port, connect_timeout, deadline,
-                                                    results, lock, proc_root, inbound)
+                                                    results, lock, proc_root, inbound, end if retry else None)
         if listen_info["status"] == "in_use":
             # Runs while the connectors work; bounded by the same window.
             holder = find_port_holder(port, proc_root, addr=listen_addr, deadline=deadline)
             listen_info["holder"] = holder
             listen_info["detail"] = describe_holder(port, holder)
-        incoming, misdirected = _finish(listener, listener_thread, threads, deadline)
+        incoming, misdirected = _finish(listener, listener_thread, threads, end)
     finally:
         if sock is not None:
             sock.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import time
 
 from .ssh import parse_known_hosts_line, read_file, rooted, safe_fingerprint, split_lines
 
@@ -70,6 +71,8 @@ def host_key_verified(status):
 # The ssh mesh: ssh from this node to every peer, all at once, each call bounded
 
 TIMEOUT_RCS = (124, 128 + 9)
+# Seconds before an ssh that timed out is tried once more (preflight_retest_ssh).
+RETRY_PAUSE = 1.0
 # Options that would turn the check into something else than what it measures.
 FORBIDDEN_SSH_OPTIONS = ("stricthostkeychecking", "userknownhostsfile", "globalknownhostsfile", "batchmode",
                          "checkhostip", "updatehostkeys", "knownhostscommand", "proxycommand", "localcommand",
@@ -170,13 +173,29 @@ def offending_fingerprint(root, detail):
     return safe_fingerprint(entry["blob"]) if entry else None
 
 
-def _ssh_row(ops, argv, timeout, root, row):
+def _ssh_once(ops, argv, timeout):
     rc, _out, err = ops.run(argv, timeout=timeout)
     timed_out = rc in TIMEOUT_RCS
     status, detail = classify_ssh(rc, err, timed_out)
-    row.update(status=status, rc=rc, stderr=short_stderr(err))
+    text = short_stderr(err)
     if timed_out and status == "timeout":
-        row["stderr"] = (row["stderr"] + "\n" if row["stderr"] else "") + "killed after %ss" % timeout
+        text = (text + "\n" if text else "") + "killed after %ss" % timeout
+    return rc, status, detail, text
+
+
+def _ssh_row(ops, argv, timeout, root, row, retry=False):
+    rc, status, detail, text = _ssh_once(ops, argv, timeout)
+    if retry and status == "timeout":
+        # A timeout can be transient (a lost SYN, an sshd busy with its MaxStartups): once more after a pause.
+        # Refused, denied, unknown keys and DNS never are, and are never retried.
+        first = {"status": status, "rc": rc, "stderr": text}
+        time.sleep(RETRY_PAUSE)
+        rc, status, detail, text = _ssh_once(ops, argv, timeout)
+        row["retried"] = first
+        text = (text + "\n" if text else "") + ("timed out, retried once after %g s: timed out again" % RETRY_PAUSE
+                                                 if status == "timeout" else "timed out, retried once after %g s: %s"
+                                                 % (RETRY_PAUSE, status))
+    row.update(status=status, rc=rc, stderr=text)
     for key in ("key_type", "new_fingerprint"):
         if key in detail:
             row[key] = detail[key]
@@ -248,14 +267,16 @@ def _keyscan(ops, argv, timeout, target):
 
 def run_mesh(ops, source, peers, user="", connect_timeout=5, timeout=20, parallel=32, ssh_options=(),
              connect=True, pdsh="auto", pdsh_hosts=(), ssh_bin="ssh", pdsh_bin="pdsh", root="/",
-             keyscan=True, keyscan_bin="ssh-keyscan"):
+             keyscan=True, keyscan_bin="ssh-keyscan", retry_timeouts=False):
     """ssh from this node to every target of every peer, at most ``parallel`` at once.
 
     ``peers`` is ``[{node, targets, port}]``.  Every target gets ``ssh -G`` (the client's
     effective configuration, no connection); with ``connect`` also one ssh with
     BatchMode and StrictHostKeyChecking=yes, and pdsh to ``pdsh_hosts`` when installed and
     ``pdsh`` is ``auto``.  Each command is killed after ``timeout`` seconds, so the whole
-    run takes at most about ``ceil((targets * 2 + 1) / parallel) * (timeout + 2)`` seconds.
+    run takes at most about ``ceil((targets * 2 + 1) / parallel) * (timeout + 2)`` seconds; with
+    ``retry_timeouts`` an ssh that timed out is tried once more after ``RETRY_PAUSE`` seconds (its row
+    has ``retried``, the first attempt), so at most ``2 * timeout + RETRY_PAUSE`` for such a wave.
 
     With ``connect`` and ``keyscan``, also ``ssh-keyscan`` of each peer's first target: the
     host keys its sshd really presents, so the controller can compare them with the key files
@@ -312,7 +333,7 @@ def run_mesh(ops, source, peers, user="", connect_timeout=5, timeout=20, paralle
         scan_futures = {node: pool.submit(_keyscan, ops, argv, timeout, target)
                         for node, (argv, target) in scans.items()}
         config_futures = {target: pool.submit(_ssh_config, ops, argv, timeout) for target, argv in config_jobs.items()}
-        futures = [pool.submit(_ssh_row, ops, argv, timeout, root, row) for argv, row in jobs]
+        futures = [pool.submit(_ssh_row, ops, argv, timeout, root, row, bool(retry_timeouts)) for argv, row in jobs]
         report["results"] = [future.result() for future in futures]
         report["client_config"] = {target: future.result() for target, future in config_futures.items()}
         report["served"] = {node: future.result() for node, future in scan_futures.items()}

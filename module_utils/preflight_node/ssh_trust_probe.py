@@ -24,4 +24,5 @@ def probe(args, ops):
                     connect=args.get("connect", True), pdsh=args.get("pdsh", "auto"),
                     pdsh_hosts=args.get("pdsh_hosts") or [], ssh_bin=args.get("ssh_bin") or "ssh",
                     pdsh_bin=args.get("pdsh_bin") or "pdsh", root=args.get("root") or "/",
-                    keyscan=args.get("keyscan", True), keyscan_bin=args.get("keyscan_bin") or "ssh-keyscan")
+                    keyscan=args.get("keyscan", True), keyscan_bin=args.get("keyscan_bin") or "ssh-keyscan",
+                    retry_timeouts=bool(args.get("retry_timeouts", False)))

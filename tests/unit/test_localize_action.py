@@ -59,9 +59,22 @@ def test_action_skips_a_healthy_run_and_plans_a_slow_one():
             "ranks": ranks(busbw=SLOW_BW if host in ("n2", "n0") else GOOD_BW)}
         task_vars["hostvars"][host]["allreduce_localize_second"] = (
             {"ranks": ranks(busbw=LOOP_BW)} if host in ("n2", "n3") else {"skipped": True})
-    done = action.advance(ClusterView(task_vars), second)
+    again = action.advance(ClusterView(task_vars), second)
+    # Named for a slow run: retested once (a pair with a node proven good, then alone over lo) before it is named.
+    assert not again["done"] and "checks_by_host" not in again
+    assert set(again["retest_first_args_by_host"]) == {"n0", "n2"} and set(again["retest_second_args_by_host"]) == {
+        "n2"}
+    for host in names:
+        task_vars["hostvars"][host]["allreduce_retest_first"] = (
+            {"ranks": ranks(busbw=SLOW_BW)} if host in ("n0", "n2") else {"skipped": True})
+        task_vars["hostvars"][host]["allreduce_retest_second"] = (
+            {"ranks": ranks(busbw=LOOP_BW)} if host == "n2" else {"skipped": True})
+    done = action.advance(ClusterView(task_vars), again)
     assert done["done"] and done["localize"]["bad"] == ["n2"] and done["localize"]["rounds_run"] == 2
-    assert done["checks_by_host"]["n2"]["allreduce"]["localize"]["status"] == "fail"
+    named = done["checks_by_host"]["n2"]["allreduce"]["localize"]
+    assert named["status"] == "fail" and "Retested once: retest pair n0+n2 was slow" in named["found"]
+    assert [launch["kind"] for launch in named["details"]["retest"]] == ["pair", "loopback"]
+    assert done["localize"]["retest"]["failed"] == ["n2"] and done["localize"]["retest"]["passed"] == []
 
 
 # --------------------------------------------------------------------------
@@ -84,16 +97,17 @@ def _drive(task_vars, names, node_fault, bad_gpu):
     while not outcome["done"]:
         for host in names:
             task_vars["hostvars"][host]["allreduce_localize"] = outcome
-            for step in ("first", "second"):
-                by_host = outcome["%s_args_by_host" % step]
+            for step, register in (("first", "localize_first"), ("second", "localize_second"),
+                                   ("retest_first", "retest_first"), ("retest_second", "retest_second")):
+                by_host = outcome.get("%s_args_by_host" % step) or {}
                 args = by_host.get(host)
                 if args is None:
-                    task_vars["hostvars"][host]["allreduce_localize_%s" % step] = {"skipped": True}
+                    task_vars["hostvars"][host]["allreduce_%s" % register] = {"skipped": True}
                     continue
                 # A node fault fails every launch the node takes part in (the same master port), alone or not.
                 launch = [other for other, other_args in by_host.items()
                           if other_args["master_port"] == args["master_port"]]
-                task_vars["hostvars"][host]["allreduce_localize_%s" % step] = {
+                task_vars["hostvars"][host]["allreduce_%s" % register] = {
                     "ranks": ranks(ok=node_fault not in launch)}
             slots = outcome["gpu_slots_by_host"].get(host)
             if slots is None:
