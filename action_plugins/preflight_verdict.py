@@ -40,9 +40,9 @@ CONNECT_BOUND = 25
 
 def bound_seconds(view, plan, launch, localize=None):
     """The longest this run could have taken: the sum of its stages' bounds (with the single-node runs when
-    planned, and the localisation rounds
-    when they ran: at most MAX_ROUNDS rounds of two steps, each bounded like the all-node run, and every
-    GPU pair launch of the node with the most, one after another, and the retest's steps when it was on)."""
+    planned, and the localisation rounds when they ran: at most MAX_ROUNDS rounds of two steps, each bounded
+    like the all-node run, every GPU pair launch of the node with the most, one after another, and the
+    retest's steps when it was on)."""
     first = view.hosts[0] if view.hosts else None
     settings = (view.result(first, registers.SETTINGS) or {}) if first else {}
     gate_args = list(((launch or {}).get("gate") or {}).get("args_by_host", {}).values())
