@@ -27,7 +27,7 @@ from cluster_preflight.accounting import build_verdict, failure_lines, run_place
 KINDS = {
     # kind: (decisions in order, node stages, capabilities that apply, verdict file)
     "preflight": ((registers.INPUTS, registers.PLAN, registers.LAUNCH, registers.LOCALIZE, registers.FINAL),
-                  ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes", "confirm"),
+                  ("settings", "facts", "port_mesh", "port_mesh_wait", "single", "launch", "probes", "confirm"),
                   registry.NAMES, "verdict.json"),
     "bringup": ((registers.INPUTS, registers.FINAL), ("settings", "facts", "apply"),
                 registry.BRINGUP_NAMES, "bringup.json"),
@@ -49,7 +49,7 @@ def bound_seconds(view, plan, launch, localize=None):
     mesh = (plan or {}).get("port_mesh") or {}
     parts = [settings.get("facts_timeout") or 0, mesh.get("wait_timeout") or 0, CONNECT_BOUND,
              settings.get("probes_timeout") or 0, gate_args[0]["wait_timeout"] if gate_args else 0]
-    single = list((((launch or {}).get("single") or {}).get("args_by_host") or {}).values())
+    single = list((((plan or {}).get("single") or {}).get("args_by_host") or {}).values())
     if single:
         # The single-node runs before the all-node run, every node's at once.
         parts.append(max(args["wait_timeout"] for args in single) + CONNECT_BOUND)

@@ -3,10 +3,11 @@
 (NVLink/PCIe, no network), run before the all-node run, with its own floor.
 
 A node whose GPUs cannot reach their NVLink/PCIe bandwidth hides in an all-node run, whose busbw the network
-bounds; alone, it shows.  :func:`plan` derives each node's launch from the all-node plan (the loopback launch
-of ``cluster_preflight/localize.py``, the node's full sizes and correctness check); the task
-``roles/allreduce/tasks/launch.yml`` runs it (register ``allreduce_single``); :func:`judge` turns each node's
-result into ``allreduce.single_node``.  ``allreduce_single_node``: ``auto`` (nccl nodes with two or more GPUs),
+bounds; alone, it shows.  :func:`plan` (the plan stage) gives each ready node its launch alone (the loopback
+launch of ``cluster_preflight/localize.py``, with the node's full sizes and correctness check); the task
+``roles/allreduce/tasks/single.yml`` runs it after the port mesh (register ``allreduce_single``);
+:func:`judge_all` (the launch stage) turns each node's result into ``allreduce.single_node`` and leaves the
+nodes that failed alone out of the all-node run.  ``allreduce_single_node``: ``auto`` (nccl nodes with two or more GPUs),
 ``always`` (every node: gloo ranks over lo, as on the test bed), ``never``.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from preflight_node.checks import failed, passed
 
 from cluster_preflight import localize
+from cluster_preflight.capabilities.allreduce import alone_args
 
 EXPECTED = ("%s's all-reduce over its own %d %s alone (no network) completes with exact data and busbw at least "
             "%s GB/s at the largest size")
@@ -33,20 +35,36 @@ def floor(settings, backend):
             "relative": 0.0, "grace": float(settings.get("allreduce_slow_grace", 10) or 0)}
 
 
-def plan(gate, settings_by_host):
-    """``{args_by_host, floors}``: the single-node launch of every node of the all-node plan it applies to."""
+def plan(hosts, facts_by_host, settings_by_host, run_id=""):
+    """``{args_by_host, floors}``: the single-node launch of every node of ``hosts`` (those ready to run ranks) it
+    applies to, planned with the port mesh, before the all-node launch."""
     out = {"args_by_host": {}, "floors": {}}
-    for host, args in (gate.get("args_by_host") or {}).items():
+    for host in hosts:
         settings = settings_by_host.get(host) or {}
-        if not applies(settings, args):
+        base = alone_args(host, facts_by_host[host], settings)
+        if not applies(settings, base):
             continue
-        node_floor = floor(settings, args.get("backend"))
-        single = localize.loopback_args(args, args["master_port"], node_floor)
+        node_floor = floor(settings, base.get("backend"))
+        single = localize.loopback_args(base, base["master_port"], node_floor)
         # The gate's own correctness check (4 MiB), not a localisation round's smaller one.
-        single["check_elements"] = 0
+        single.update(check_elements=0, run_id=run_id)
         out["args_by_host"][host] = single
         out["floors"][host] = node_floor["absolute"]
     return out
+
+
+def judge_all(single, results_by_host):
+    """``(checks_by_host, summaries, excluded)`` of the single-node runs of ``single`` (the plan): each node's
+    ``single_node`` check, its summary (for the profile), and ``{host: reason}`` of the nodes the all-node run
+    leaves out because they failed alone (they would only drag their peers down with them)."""
+    checks_by_host, summaries, excluded = {}, {}, {}
+    for host, args in (single.get("args_by_host") or {}).items():
+        check, summary = judge(host, args, (single.get("floors") or {}).get(host, 0), results_by_host.get(host))
+        checks_by_host[host] = {"single_node": check}
+        summaries[host] = summary
+        if summary["status"] != "pass":
+            excluded[host] = "its all-reduce alone failed or was slow (see allreduce.single_node)"
+    return checks_by_host, summaries, excluded
 
 
 def _what(args):

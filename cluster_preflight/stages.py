@@ -129,6 +129,11 @@ def stage_plan(view, probes=True):
                      view.capability_settings("allreduce", torch_hosts)) or {"checks_by_host": {}, "ready": []}
     for host, checks in ready["checks_by_host"].items():
         _put(checks_by_host, host, "allreduce", checks)
+    run_id = ((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock") or {}).get("run_id") or ""
+    single = _guarded(checks_by_host, ready["ready"], "allreduce", single_node.plan, ready["ready"],
+                      view.capability_facts("allreduce", ready["ready"]),
+                      view.capability_settings("allreduce", ready["ready"]), run_id) or {"args_by_host": {},
+                                                                                         "floors": {}}
     mesh = _guarded(checks_by_host, hosts, "port_mesh", preflight_port_mesh.plan, hosts, nic,
                     view.capability_settings("port_mesh", hosts), view.forks, pairing) or {
         "ok": False, "blockers": ["the port mesh plan failed (see port_mesh.error)"], "checks_by_host": {},
@@ -139,7 +144,7 @@ def stage_plan(view, probes=True):
         mesh = mesh_with_retry(mesh)
     blockers = list(nic.get("blockers") or [])
     return decision(blockers=blockers, checks_by_host=checks_by_host, nic=nic, port_mesh=mesh,
-                    ready=ready["ready"], **result)
+                    ready=ready["ready"], single=single, **result)
 
 
 # capability -> {probe argument: the run-wide setting that switches its retry on}.
@@ -198,7 +203,7 @@ def stage_launch(view):
     plan = view.result(view.hosts[0], registers.PLAN) if view.hosts else None
     plan = plan or {"hosts": [], "nic": {}, "port_mesh": {"run": False}, "ready": [], "blockers": []}
     checks_by_host = {}
-    lost = view.lost(["facts", "port_mesh", "port_mesh_wait"])
+    lost = view.lost(["facts", "port_mesh", "port_mesh_wait", "single"])
     mesh_hosts = plan["port_mesh"].get("hosts") or []
     probes = {host: _mesh_results(view, host) for host in mesh_hosts if host not in lost}
     for host in mesh_hosts:
@@ -212,6 +217,7 @@ def stage_launch(view):
     excluded = dict(lost)
     for host in report.get("suspect_nodes") or []:
         excluded.setdefault(host, "the port mesh blames it (see port_mesh.reach)")
+    singles = _single_outcomes(view, plan.get("single") or {}, checks_by_host, excluded)
     gate_hosts = [host for host in plan["hosts"]]
     blockers = list(plan.get("blockers") or []) + list(report.get("blockers") or [])
     gate = _guarded(
@@ -226,11 +232,9 @@ def stage_launch(view):
     for args in (gate.get("args_by_host") or {}).values():
         args["run_id"] = run_id
     reachable = [host for host in plan["hosts"] if host not in lost]
-    single = _guarded(checks_by_host, list(gate.get("args_by_host") or {}), "allreduce", single_node.plan, gate,
-                      view.capability_settings("allreduce", gate_hosts)) or {"args_by_host": {}, "floors": {}}
     return decision(ok=gate.get("launch", False), blockers=gate.get("blockers") or [],
                     checks_by_host=checks_by_host, gate=gate, port_mesh=report, reachable=reachable, lost=lost,
-                    single=single,
+                    single=singles,
                     release_with_probes=not _may_localise(view, gate))
 
 
@@ -313,7 +317,11 @@ def stage_final(view):
                         view.capability_settings("allreduce", torch_hosts)) or {}
     for host, check in versions.items():
         _put(checks_by_host, host, "allreduce", {"versions": check})
-    summary["single_node"] = _single_checks(view, launch.get("single") or {}, checks_by_host, logs)
+    summary["single_node"] = launch.get("single") or {}
+    for host in (plan.get("single") or {}).get("args_by_host") or {}:
+        result = _single_result(view, host)
+        if isinstance(result, dict):
+            logs["%s.single" % host] = _logs(result)
     profile_hosts = [host for host in view.read_hosts() if "profile" in view.settings[host]]
     compared = _guarded(checks_by_host, profile_hosts, "profile", _profile_checks, view, profile_hosts, summary,
                         checks_by_host) or {}
@@ -322,21 +330,25 @@ def stage_final(view):
     return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost, logs=logs)
 
 
-def _single_checks(view, single, checks_by_host, logs):
-    """``allreduce.single_node`` of every node that ran its single-node all-reduce; returns ``{host: summary}``
-    and adds its logs as ``<node>.single``."""
-    singles = {}
-    for host, args in (single.get("args_by_host") or {}).items():
-        state, message = view.outcome(host, registers.SINGLE)
-        result = view.result(host, registers.SINGLE) if state == "ok" else "%s: %s" % (state, message[:300])
-        judged = _guarded(checks_by_host, [host], "allreduce", single_node.judge, host, args,
-                          (single.get("floors") or {}).get(host, 0), result)
-        if judged:
-            _put(checks_by_host, host, "allreduce", {"single_node": judged[0]})
-            singles[host] = judged[1]
-            if isinstance(result, dict):
-                logs["%s.single" % host] = _logs(result)
-    return singles
+def _single_outcomes(view, single, checks_by_host, excluded):
+    """The single-node runs of the plan judged (``allreduce.single_node``); a node that failed alone joins
+    ``excluded`` (the all-node run goes on without it).  Returns ``{host: summary}``."""
+    hosts = list(single.get("args_by_host") or {})
+    judged = _guarded(checks_by_host, hosts, "allreduce", single_node.judge_all, single,
+                      {host: _single_result(view, host) for host in hosts})
+    if not judged:
+        return {}
+    for host, checks in judged[0].items():
+        _put(checks_by_host, host, "allreduce", checks)
+    for host, reason in judged[2].items():
+        excluded.setdefault(host, reason)
+    return judged[1]
+
+
+def _single_result(view, host):
+    """``host``'s single-node run result, or why there is none (text)."""
+    state, message = view.outcome(host, registers.SINGLE)
+    return view.result(host, registers.SINGLE) if state == "ok" else "%s: %s" % (state, message[:300])
 
 
 def _profile_checks(view, hosts, summary, checks_by_host):

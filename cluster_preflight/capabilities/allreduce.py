@@ -282,6 +282,12 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
     return args
 
 
+def alone_args(host, facts, settings):
+    """The ``allreduce`` module's arguments for ``host`` running its ranks alone over ``lo`` (its single-node run,
+    planned before any peer is): the all-node launch's shape, one node."""
+    return _node_args(host, 0, [host], settings, facts, facts["nproc_per_node"], "127.0.0.1", facts["backend"], "lo")
+
+
 def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, nic_plan, blockers=()):
     """The single launch of the gate.
 

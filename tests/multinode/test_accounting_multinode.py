@@ -194,6 +194,50 @@ def test_node_killed_after_its_ranks_started_is_the_suspect_and_its_peers_are_no
     assert len(suspect) == RANKS_PER_NODE
 
 
+SINGLE_TASK = "Run this node's single-node all-reduce"
+SINGLE = dict(FAST, allreduce_single_node="always")
+
+
+def test_node_killed_while_its_single_node_all_reduce_runs_is_named_and_its_peers_are_proven(bed, tmp_path):
+    node = bed.nodes[1]
+    strike = Strike(bed, node, SINGLE_TASK, "runner_on_start", kill_node_once_its_ranks_run)
+    result = run(bed, tmp_path, extravars=SINGLE, event_handler=strike)
+    strike.finish()
+    assert_lost_and_named(result, node, ("while running its single-node all-reduce",))
+    verdict = result.verdict
+    assert verdict["nodes"][node.name]["checks"]["allreduce.single_node"]["status"] == "fail"
+    # Lost before the launch plan: the all-node run goes on without it and proves its peers.
+    assert verdict["healthy_hosts"] == names(bed, node), explain(result)
+    assert verdict["allreduce"]["status"] == "pass" and node.name not in verdict["allreduce"]["hosts"]
+    for other in names(bed, node):
+        assert verdict["nodes"][other]["checks"]["allreduce.single_node"]["status"] == "pass"
+
+
+def test_a_node_whose_own_all_reduce_is_slow_fails_alone_on_a_passing_all_node_run(bed, tmp_path):
+    """``tc tbf`` on the node's loopback: its ranks' traffic alone is slow, the all-node run (on the fabric) is
+    not."""
+    node = bed.nodes[2]
+    bed.tc(node, ["qdisc", "add", "dev", "lo", "root", "tbf", "rate", "20mbit", "burst", "32kbit", "latency",
+                  "400ms"])
+    try:
+        result = run(bed, tmp_path, extravars=dict(SINGLE, allreduce_slow_grace=3))
+    finally:
+        bed.tc(node, ["qdisc", "del", "dev", "lo", "root"], check=False)
+    verdict = result.verdict
+    assert verdict["failed_hosts"] == [node.name], explain(result)
+    assert verdict["allreduce"]["status"] == "pass"
+    single = verdict["nodes"][node.name]["checks"]["allreduce.single_node"]
+    assert single["status"] == "fail" and node.name in single["found"], single
+    assert "below the floor" in single["found"] or "is slow" in single["found"], single
+    for other in names(bed, node):
+        assert verdict["nodes"][other]["checks"]["allreduce.single_node"]["status"] == "pass"
+        assert verdict["nodes"][other]["status"] != "fail"
+    assert os.path.exists(os.path.join(verdict["run_dir"], "%s.single.log" % node.name))
+    # Left out of the all-node run, which proves the others without it.
+    assert node.name not in verdict["allreduce"]["hosts"]
+    assert "see allreduce.single_node" in verdict["nodes"][node.name]["checks"]["allreduce.run"]["found"]
+
+
 def test_node_whose_traffic_is_dropped_while_the_probes_run_is_named(bed, tmp_path):
     node = bed.nodes[3]
     strike = Strike(bed, node, PROBES_TASK, "runner_on_start", drop_everything)

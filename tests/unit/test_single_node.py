@@ -12,26 +12,27 @@ from capability_helpers import role_settings
 from test_decide import HOSTS, Run, mesh_result
 
 
-def gate_args(backend="nccl", nproc=8):
-    return {"args_by_host": {host: {"backend": backend, "nproc_per_node": nproc, "master_port": 6000,
-                                    "master_addr": "198.18.0.1", "nnodes": 2, "node_rank": index,
-                                    "sizes": [1 << 20, 1 << 30], "iters": 5, "warmup": 2, "env": {"NCCL_DEBUG": "INFO"},
-                                    "check_elements": 0}
-                             for index, host in enumerate(HOSTS)}}
+def facts(backend="nccl", nproc=8):
+    return {"backend": backend, "nproc_per_node": nproc, "job_user": {"run_as": "trainer"}}
 
 
 @pytest.mark.parametrize("mode, backend, nproc, planned", [
     ("auto", "nccl", 8, True), ("auto", "nccl", 1, False), ("auto", "gloo", 2, False),
     ("always", "gloo", 2, True), ("never", "nccl", 8, False)])
 def test_the_single_node_run_applies_to_multi_gpu_nccl_nodes_unless_told(mode, backend, nproc, planned):
-    settings = role_settings("allreduce", allreduce_single_node=mode)
-    plan = single_node.plan(gate_args(backend, nproc), {host: settings for host in HOSTS})
+    settings = role_settings("allreduce", allreduce_single_node=mode, allreduce_python="/venv/bin/python",
+                             allreduce_master_port=6000, allreduce_env={"NCCL_DEBUG": "INFO"})
+    plan = single_node.plan(HOSTS, {host: facts(backend, nproc) for host in HOSTS},
+                            {host: settings for host in HOSTS}, run_id="ctl:1:2")
     assert bool(plan["args_by_host"]) == planned
     if planned:
         args = plan["args_by_host"]["n2"]
-        assert (args["nnodes"], args["node_rank"], args["master_addr"]) == (1, 0, "127.0.0.1")
+        assert (args["nnodes"], args["node_rank"], args["master_addr"], args["master_port"]) == (1, 0, "127.0.0.1",
+                                                                                               6000)
         assert args["env"]["NCCL_SOCKET_IFNAME"] == "lo" and args["env"]["NCCL_DEBUG"] == "INFO"
-        assert args["check_elements"] == 0 and args["bandwidth_deadline"] > 0
+        assert args["check_elements"] == 0 and args["bandwidth_deadline"] > 0 and args["run_id"] == "ctl:1:2"
+        assert args["nproc_per_node"] == nproc and args["run_as"] == "trainer"
+        assert args["sizes"] == settings["allreduce_sizes_nccl" if backend == "nccl" else "allreduce_sizes"]
         assert plan["floors"]["n2"] == settings["allreduce_floor_single_busbw_gbps_%s" % backend]
 
 
@@ -47,7 +48,7 @@ def ranks(busbw, status="ok", correct=True):
     ("unreachable: ssh timed out", "fail", "gave no result"),
 ])
 def test_each_nodes_single_run_is_judged_on_its_own_floor(result, status, words):
-    args = gate_args()["args_by_host"]["n1"]
+    args = {"backend": "nccl", "nproc_per_node": 8}
     check, summary = single_node.judge("n1", args, 400.0, result)
     assert check["status"] == status and words in check["found"] and "n1" in check["found"]
     assert summary["status"] == status
@@ -55,32 +56,55 @@ def test_each_nodes_single_run_is_judged_on_its_own_floor(result, status, words)
         assert check["fix"]
 
 
-def test_the_final_stage_judges_the_single_runs_and_gives_their_busbw_to_the_profile(tmp_path):
+def test_the_single_runs_are_planned_with_the_mesh_and_their_busbw_goes_to_the_profile(tmp_path):
     run = Run(tmp_path)
     for host in HOSTS:
         run.hostvars[host]["preflight_settings"]["settings"]["allreduce"]["allreduce_single_node"] = "always"
         run.hostvars[host]["preflight_settings"]["settings"]["profile"] = role_settings("profile")
     run.decide("inputs", "preflight_inputs")
-    run.decide("plan", "preflight_plan")
+    plan = run.decide("plan", "preflight_plan")
+    assert sorted(plan["single"]["args_by_host"]) == HOSTS
     for src, dst in (("n1", "n2"), ("n2", "n1")):
         run.register(src, "port_mesh_probe", mesh_result(src, dst))
-    launch = run.decide("launch", "preflight_launch")
-    assert sorted(launch["single"]["args_by_host"]) == HOSTS
     run.register("n1", "allreduce_single", ranks(1.5))
-    run.register("n2", "allreduce_single", ranks(1.5, status="failed", correct=False))
+    run.register("n2", "allreduce_single", ranks(1.5))
+    launch = run.decide("launch", "preflight_launch")
+    assert launch["gate"]["hosts"] == HOSTS
     for index, host in enumerate(HOSTS):
         run.register(host, "preflight_probes", {"probes": {}, "errors": {}, "job": {"ranks": [
             {"rank": 2 * index + local, "local_rank": local, "status": "ok", "stage": "done", "correct": True,
              "bandwidth": [{"size_bytes": 16 << 20, "busbw_gbps": 0.5}], "error": None} for local in (0, 1)],
             "checks": {}, "log": ""}})
     final = run.decide("final", "preflight_final")
-    checks = final["checks_by_host"]
+    assert launch["checks_by_host"]["n1"]["allreduce"]["single_node"]["status"] == "pass"
+    fields = final["checks_by_host"]["n1"]["profile"]["summary"]["details"]["fields"]
+    assert fields["allreduce.single_node_busbw_gbps"] == 1.5 and fields["allreduce.busbw_gbps"] == 0.5
+
+
+def test_a_node_that_fails_alone_is_left_out_of_the_all_node_run_and_its_peers_still_run(tmp_path):
+    hosts = ["n1", "n2", "n3"]
+    run = Run(tmp_path, hosts=hosts)
+    for host in hosts:
+        run.hostvars[host]["preflight_settings"]["settings"]["allreduce"]["allreduce_single_node"] = "always"
+    run.decide("inputs", "preflight_inputs")
+    run.decide("plan", "preflight_plan")
+    for src in hosts:
+        run.register(src, "port_mesh_probe", {"results": [mesh_result(src, dst)["results"][0] for dst in hosts
+                                                          if dst != src], "checks": mesh_result(src, src)["checks"]})
+    run.register("n1", "allreduce_single", ranks(1.5))
+    run.register("n2", "allreduce_single", ranks(1.5, status="failed", correct=False))
+    run.register("n3", "allreduce_single", ranks(0.001))
+    launch = run.decide("launch", "preflight_launch")
+    assert launch["gate"]["hosts"] == ["n1"] and launch["gate"]["launch"] is True
+    checks = launch["checks_by_host"]
     assert checks["n1"]["allreduce"]["single_node"]["status"] == "pass"
     assert checks["n2"]["allreduce"]["single_node"]["status"] == "fail"
     assert "n2's single-node all-reduce failed" in checks["n2"]["allreduce"]["single_node"]["found"]
-    fields = checks["n1"]["profile"]["summary"]["details"]["fields"]
-    assert fields["allreduce.single_node_busbw_gbps"] == 1.5 and fields["allreduce.busbw_gbps"] == 0.5
-    assert "allreduce.single_node_busbw_gbps" not in checks["n2"]["profile"]["summary"]["details"]["fields"]
+    assert "below the floor" in checks["n3"]["allreduce"]["single_node"]["found"]
+    for host in ("n2", "n3"):
+        run_check = checks[host]["allreduce"]["run"]
+        assert run_check["details"]["blocked"] and "see allreduce.single_node" in run_check["found"]
+    assert launch["single"]["n2"]["status"] == "fail" and launch["single"]["n1"]["status"] == "pass"
 
 
 def test_a_node_lost_in_its_single_run_is_lost_for_the_gate_and_named_for_it(tmp_path):
@@ -91,13 +115,13 @@ def test_a_node_lost_in_its_single_run_is_lost_for_the_gate_and_named_for_it(tmp
     run.decide("plan", "preflight_plan")
     for src, dst in (("n1", "n2"), ("n2", "n1")):
         run.register(src, "port_mesh_probe", mesh_result(src, dst))
-    run.decide("launch", "preflight_launch")
     run.register("n1", "allreduce_single", ranks(1.5))
     run.register("n2", "allreduce_single", {"unreachable": True, "msg": "ssh: connect timed out"})
-    final = run.decide("final", "preflight_final")
-    single = final["checks_by_host"]["n2"]["allreduce"]["single_node"]
+    launch = run.decide("launch", "preflight_launch")
+    single = launch["checks_by_host"]["n2"]["allreduce"]["single_node"]
     assert single["status"] == "fail" and "unreachable: ssh: connect timed out" in single["found"]
-    assert "running its single-node all-reduce" in final["lost"]["n2"]
+    assert "running its single-node all-reduce" in launch["lost"]["n2"]
+    assert launch["gate"]["hosts"] == ["n1"]
 
 
 class _Exit(Exception):

@@ -240,8 +240,8 @@ def test_the_bound_counts_the_localisation_rounds_the_confirmation_run_and_every
                                                   "n2": {"rounds": [{"launches": [{}] * 2}]}}}}
     assert plugin.bound_seconds(view, {}, launch, gpus) - rounds == 7 * per_launch
     # The single-node runs before the all-node run: every node's at once, the longest counts.
-    single = dict(launch, single={"args_by_host": {"n1": {"wait_timeout": 90}, "n2": {"wait_timeout": 150}}})
-    assert plugin.bound_seconds(view, {}, single) - plain == 150 + plugin.CONNECT_BOUND
+    single = {"single": {"args_by_host": {"n1": {"wait_timeout": 90}, "n2": {"wait_timeout": 150}}}}
+    assert plugin.bound_seconds(view, single, launch) - plain == 150 + plugin.CONNECT_BOUND
 
 
 # -- a results directory that cannot take the run: the reason, and nothing half-written -----------------
