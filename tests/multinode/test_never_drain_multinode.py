@@ -25,6 +25,7 @@ import time
 
 import pytest
 
+from cluster_preflight import history
 from gate_helpers import assert_no_gate_processes, explain, rank_processes, send_signal, trusted_bed
 from playbook import run_playbook
 
@@ -163,9 +164,12 @@ def test_two_gates_at_once_one_passes_the_other_reports_the_nodes_busy_and_fails
     names = [node.name for node in bed.nodes]
     results = {}
 
+    # Both runs record into one run history, finishing close together (WAL, one transaction per run).
+    shared = str(tmp_path / "history.sqlite")
+
     def run(label, delay):
         time.sleep(delay)
-        results[label] = gate(bed, tmp_path / label, STOP_GATE)[0]
+        results[label] = gate(bed, tmp_path / label, dict(STOP_GATE, preflight_history_db=shared))[0]
 
     threads = [threading.Thread(target=run, args=(label, delay)) for label, delay in (("first", 0), ("second", 1))]
     for thread in threads:
@@ -184,6 +188,10 @@ def test_two_gates_at_once_one_passes_the_other_reports_the_nodes_busy_and_fails
         assert first["nodes"][name]["checks"]["preflight.lock"]["status"] == "pass"
         assert not [key for key, check in second["nodes"][name]["checks"].items() if check["status"] == "fail"]
     assert second["allreduce"]["launched"] is False
+    recorded = history.timeline(shared)
+    assert sorted({row["run_id"] for row in recorded}) == sorted([first["run_id"], second["run_id"]])
+    for name in names:
+        assert sorted(row["status"] for row in recorded if row["node"] == name) == ["pass", "unverified"]
     # The first run's leases went with it: the next run finds the nodes free.
     assert os.listdir(bed.lock_dir) == []
 
