@@ -122,14 +122,12 @@ def _with_majority(host, fields, peers, settings):
     checks = {}
     minimum = settings.get("profile_majority_min_nodes", 3)
     for field in profiles.BY_NAME:
-        if field in RUN_WIDE or fields.get(field) is None:
+        # Bandwidth needs a known-good value: without one the gate's floors and localisation judge it (a
+        # median of peers is no known-good value, and run-to-run noise would name healthy nodes).
+        if field in RUN_WIDE or field in TOLERATED or fields.get(field) is None:
             continue
         values = [peer.get(field) for peer in peers]
-        if profiles.BY_NAME[field].kind == "floor" and field in TOLERATED:
-            known = sorted(value for value in values if value is not None)
-            expected = known[len(known) // 2] if len(known) >= minimum else None
-        else:
-            expected = _majority(values, minimum)
+        expected = _majority(values, minimum)
         if expected is not None:
             checks[profiles.check_name(field)] = compare(
                 host, field, fields[field], expected, settings.get("profile_busbw_tolerance", 0.2),

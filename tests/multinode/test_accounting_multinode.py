@@ -228,7 +228,8 @@ def test_a_node_whose_own_all_reduce_is_slow_fails_alone_on_a_passing_all_node_r
     assert verdict["allreduce"]["status"] == "pass"
     single = verdict["nodes"][node.name]["checks"]["allreduce.single_node"]
     assert single["status"] == "fail" and node.name in single["found"], single
-    assert "below the floor" in single["found"] or "is slow" in single["found"], single
+    # Throttled hard enough, its correctness stage already times out: failed, slow or below the floor, alone.
+    assert any(words in single["found"] for words in ("below the floor", "is slow", "failed")), single
     for other in names(bed, node):
         assert verdict["nodes"][other]["checks"]["allreduce.single_node"]["status"] == "pass"
         assert verdict["nodes"][other]["status"] != "fail"

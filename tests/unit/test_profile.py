@@ -92,10 +92,11 @@ def test_without_a_profile_the_lone_outlier_is_named_and_its_peers_pass():
     checks = decide(nodes, {host: settings() for host in nodes})
     assert checks["n3"]["gpu_count"]["status"] == "fail" and "majority of the 4 nodes" in checks["n3"]["gpu_count"][
         "expected"]
-    assert checks["n4"]["allreduce_single_node_busbw_gbps"]["status"] == "fail"
     assert node_status(checks["n1"]) == node_status(checks["n2"]) == "pass"
-    # The run-wide fields are never an outlier: every node of a run shares them.
-    assert "allreduce_busbw_gbps" not in checks["n1"]
+    # The run-wide fields are never an outlier (every node of a run shares them), and bandwidth needs a known-good
+    # value: a median of peers is none (the gate's floors and localisation judge it).
+    assert "allreduce_busbw_gbps" not in checks["n1"] and "allreduce_single_node_busbw_gbps" not in checks["n4"]
+    assert node_status(checks["n4"]) == "pass"
 
 
 def test_without_a_profile_two_nodes_have_no_majority_to_compare_with():
