@@ -55,23 +55,38 @@ class _Path(str):
         return pathlib.Path(self) / other
 
 
+def _read_files(paths):
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                handle.read()
+        except OSError:
+            pass
+
+
 def bare(bin_dir, gpu_settings, fabric_settings):
-    """The commands the readers run and the sysfs files they read, nothing parsed."""
+    """The commands the readers run and the sysfs files they read, nothing parsed or judged."""
     if bin_dir:
-        for argv in (["nvidia-smi", "-q", "-x"], ["journalctl", "-k", "-b", "--no-pager"], ["dcgmi", "diag", "-r", "1",
-                                                                                           "-j"]):
+        for argv in (["nvidia-smi", "-q", "-x"], ["nvidia-smi", "nvlink", "-s"], ["journalctl", "-k", "-b"],
+                     ["dcgmi", "diag", "-r", "1", "-j"]):
             subprocess.run([os.path.join(bin_dir, argv[0])] + argv[1:], stdout=subprocess.PIPE, check=False)
-    for top in (os.path.join(gpu_settings["gpu_health_sysfs_root"], "bus", "pci", "devices"),
-                os.path.join(fabric_settings["fabric_sysfs_root"], "class", "infiniband")):
-        for base, _dirs, files in os.walk(top, followlinks=True):
-            for name in files:
-                try:
-                    with open(os.path.join(base, name), "rb") as handle:
-                        handle.read()
-                except OSError:
-                    pass
-            if base.count(os.sep) - top.count(os.sep) > 6:
-                break
+    pci = os.path.join(gpu_settings["gpu_health_sysfs_root"], "bus", "pci", "devices")
+    for device in sorted(os.listdir(pci)) if os.path.isdir(pci) else []:
+        _read_files(os.path.join(pci, device, name) for name in ("class", "vendor", "device"))
+    rdma = os.path.join(fabric_settings["fabric_sysfs_root"], "class", "infiniband")
+    for device in sorted(os.listdir(rdma)) if os.path.isdir(rdma) else []:
+        ports = os.path.join(rdma, device, "ports")
+        for port in sorted(os.listdir(ports)):
+            base = os.path.join(ports, port)
+            _read_files(os.path.join(base, name) for name in ("state", "phys_state", "rate", "link_layer"))
+            for sub in ("counters", "hw_counters"):
+                folder = os.path.join(base, sub)
+                _read_files(os.path.join(folder, name) for name in sorted(os.listdir(folder))
+                            if os.path.isdir(folder))
+        # The second read of the counters, after the all-reduce.
+        for port in sorted(os.listdir(ports)):
+            folder = os.path.join(ports, port, "counters")
+            _read_files(os.path.join(folder, name) for name in sorted(os.listdir(folder)) if os.path.isdir(folder))
 
 
 def readers(gpu_settings, fabric_settings):
@@ -109,7 +124,7 @@ def measure(name, bin_dir, gpu_settings, fabric_settings, runs):
     finally:
         os.environ["PATH"] = path
     ratios = sorted(f / b for f, b in zip(full, base))
-    print("%-22s bare %.3f s (min %.3f)  readers %.3f s (min %.3f)  ratio median %.2fx min %.2fx  "
+    print("%-22s bare %.4f s (min %.4f)  readers %.4f s (min %.4f)  ratio median %.2fx min %.2fx  "
           "decide %.4f CPU-s/node" % (name, statistics.median(base), min(base), statistics.median(full), min(full),
                                      statistics.median(ratios), ratios[0], statistics.median(cpu)))
 
