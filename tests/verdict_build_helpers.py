@@ -1,6 +1,11 @@
 """Shared helpers of the verdict unit tests (tests/unit/test_verdict.py,
-tests/unit/test_verdict_run_dir.py): a node's registered stage results, the gate decision,
-and verdicts built by cluster_preflight/accounting.py.  Test-side, not shipped."""
+tests/unit/test_verdict_run_dir.py, tests/unit/test_verdict_history.py): a node's registered stage results,
+the gate decision, verdicts built by cluster_preflight/accounting.py, and the verdict action run over
+hostvars.  Test-side, not shipped."""
+
+import importlib.util
+import os
+from unittest import mock
 
 from cluster_preflight import capabilities as registry
 from cluster_preflight import accounting as pv
@@ -37,3 +42,20 @@ def build(hosts, records_by_host, decisions, stages=STAGES, capabilities=registr
 def passing_verdict(run_dir):
     return build(["n1", "n2"], {"n1": records(), "n2": records()},
                  [{"checks_by_host": every_capability_passes(["n1", "n2"])}, gate()])
+
+
+ACTION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "action_plugins",
+                      "preflight_verdict.py")
+
+
+def run_action(args, hostvars):
+    """``action_plugins/preflight_verdict.py`` run with ``args`` over ``hostvars`` (every host targeted)."""
+    spec = importlib.util.spec_from_file_location("preflight_verdict_action", ACTION)
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    task = mock.MagicMock(args=args, async_val=0, check_mode=False, diff=False)
+    action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
+                                 mock.MagicMock())
+    hosts = sorted(hostvars)
+    return action.run(task_vars={"ansible_play_hosts_all": hosts, "groups": {"cluster": hosts},
+                                 "hostvars": hostvars})

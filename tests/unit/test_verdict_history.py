@@ -2,27 +2,11 @@
 recorded and gets its page; a database that cannot take it is a warning in the result and the message, and
 the verdict's status stays what the nodes made it."""
 
-import importlib.util
 import os
-from unittest import mock
 
 from cluster_preflight import capabilities as registry
 from cluster_preflight import history
-from verdict_build_helpers import records
-
-ACTION = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_verdict.py")
-
-
-def run_action(args, hostvars):
-    spec = importlib.util.spec_from_file_location("preflight_verdict_action_history", ACTION)
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    task = mock.MagicMock(args=args, async_val=0, check_mode=False, diff=False)
-    action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
-                                 mock.MagicMock())
-    hosts = sorted(hostvars)
-    return action.run(task_vars={"ansible_play_hosts_all": hosts, "groups": {"cluster": hosts},
-                                 "hostvars": hostvars})
+from verdict_build_helpers import records, run_action
 
 
 def _hostvars(history_db=None):

@@ -14,7 +14,7 @@ import pytest
 from cluster_preflight import capabilities as registry
 from cluster_preflight import accounting as pv
 from capability_helpers import saved_umask
-from verdict_build_helpers import UNREACHABLE, build, gate, passing_verdict, records
+from verdict_build_helpers import ACTION, UNREACHABLE, build, gate, passing_verdict, records, run_action
 
 # -- what the run directory may show, and to whom ------------------------------------------------------
 
@@ -161,23 +161,6 @@ def test_a_bringup_record_keeps_the_message_and_drops_a_dumped_result(record):
 
 
 # -- the action end to end: hostvars in, a private run directory without secrets out -------------------
-
-ACTION = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_verdict.py")
-
-
-def run_action(args, hostvars):
-    import importlib.util
-    from unittest import mock
-    spec = importlib.util.spec_from_file_location("preflight_verdict_action", ACTION)
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    task = mock.MagicMock(args=args, async_val=0, check_mode=False, diff=False)
-    action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
-                                 mock.MagicMock())
-    hosts = sorted(hostvars)
-    return action.run(task_vars={"ansible_play_hosts_all": hosts, "groups": {"cluster": hosts},
-                                 "hostvars": hostvars})
-
 
 def test_the_action_writes_a_private_bringup_report_without_secrets(tmp_path, umask):
     umask(0o000)
