@@ -131,6 +131,12 @@ def explain(result):
     return "\n".join(lines)
 
 
+def clear_throttles(bed, ifname="eth0"):
+    """Remove a test's ``tc`` qdisc from every node's ``ifname`` (none there is fine)."""
+    for node in bed.nodes:
+        bed.tc(node, ["qdisc", "del", "dev", ifname, "root"], check=False)
+
+
 def trusted_bed(request, tmp_path_factory, **options):
     """A module's bed (``testbed_fixture``) whose nodes answer DNS at once and trust each other over ssh (the
     real bringup.yml, ssh_trust only): what every gate test on the bed starts from."""

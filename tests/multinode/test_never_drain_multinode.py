@@ -26,7 +26,8 @@ import time
 import pytest
 
 from cluster_preflight import history
-from gate_helpers import assert_no_gate_processes, explain, rank_processes, send_signal, trusted_bed
+from gate_helpers import (assert_no_gate_processes, clear_throttles, explain, rank_processes, send_signal,
+                          trusted_bed)
 from playbook import run_playbook
 
 pytestmark = pytest.mark.timeout(900)
@@ -49,8 +50,7 @@ def bed(request, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def clean_bed(bed):
     yield
-    for node in bed.nodes:
-        bed.tc(node, ["qdisc", "del", "dev", "eth0", "root"], check=False)
+    clear_throttles(bed)
     assert_no_gate_processes(bed)
 
 

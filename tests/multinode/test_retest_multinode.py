@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gate_helpers import explain, trusted_bed
+from gate_helpers import clear_throttles, explain, trusted_bed
 from playbook import run_playbook
 
 pytestmark = pytest.mark.timeout(900)
@@ -33,8 +33,7 @@ def bed(request, tmp_path_factory):
 @pytest.fixture(autouse=True)
 def clean_bed(bed):
     yield
-    for node in bed.nodes:
-        bed.tc(node, ["qdisc", "del", "dev", "eth0", "root"], check=False)
+    clear_throttles(bed)
 
 
 def gate(bed, tmp_path, event_handler=None):
