@@ -33,8 +33,6 @@ from cluster_preflight import profile as profiles
 from cluster_preflight.capabilities import ssh_trust as preflight_ssh_trust
 
 STAGES = ("inputs", "plan", "launch", "final", "local")
-# The capabilities whose facts feed a known-good profile (each has ``profile_fields(facts)``).
-PROFILE_SOURCES = ("gpu_health", "fabric")
 
 
 def _guarded(checks_by_host, hosts, capability, function, *args, **kwargs):
@@ -361,8 +359,9 @@ def _profile_checks(view, hosts, summary, checks_by_host):
     fields_by_host = {}
     for host in hosts:
         facts = view.facts(host)[0] or {}
-        sources = {name: (registry.BY_NAME[name].profile_fields, facts.get(name))
-                   for name in PROFILE_SOURCES if name in registry.BY_NAME}
+        # Every capability whose facts feed a profile has ``profile_fields(facts)``.
+        sources = {name: (module.profile_fields, facts.get(name)) for name, module in registry.BY_NAME.items()
+                   if hasattr(module, "profile_fields")}
         signatures = ((checks_by_host.get(host) or {}).get("allreduce") or {}).get("signatures")
         fields = dict(run) if host in (summary.get("hosts") or []) else {}
         fields.update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),

@@ -34,6 +34,10 @@ Controller half (listed here, in verdict order):
     ``facts``, ``settings``, ``probes``: each mapping host -> this
     capability's data).
 
+``profile_fields(facts) -> {field: value}``  (optional, pure)
+    the fields of ``cluster_preflight/profile.py`` this capability's facts measure; the ``profile``
+    capability compares them with the known-good profile (``gpu_health``, ``fabric``).
+
 The cluster-wide steps of the gate (interface choice, port mesh, all-reduce)
 also expose ``plan``/``report`` functions used by ``action_plugins/preflight_decide.py``.
 """
