@@ -121,14 +121,17 @@ def _round(value):
     return None if value is None else round(float(value), 3)
 
 
-def run_fields(summary):
-    """The all-node run's fields (the same on every node that ran it): backend, largest size and its busbw."""
-    if not summary or summary.get("status") != "pass":
-        return {}
-    largest = _largest(summary.get("sizes"))
-    return {"allreduce.backend": summary.get("backend"),
-            "allreduce.largest_size": largest["size_bytes"] if largest else None,
-            "allreduce.busbw_gbps": _round(largest.get("busbw_gbps")) if largest else None}
+def run_fields(summary, host):
+    """The all-node fields of ``host`` (backend, largest size and its busbw): from the all-node run when it passed
+    with the node, else from the confirmation run over the nodes left after localisation when that passed with
+    it (a sick peer must not leave the proven nodes without a measurement); nothing otherwise."""
+    for run in (summary or {}, (summary or {}).get("confirm") or {}):
+        if run.get("status") == "pass" and host in (run.get("hosts") or []):
+            largest = _largest(run.get("sizes"))
+            return {"allreduce.backend": summary.get("backend"),
+                    "allreduce.largest_size": largest["size_bytes"] if largest else None,
+                    "allreduce.busbw_gbps": _round(largest.get("busbw_gbps")) if largest else None}
+    return {}
 
 
 def node_fields(host, sources, allreduce_facts, rows, signatures, single):

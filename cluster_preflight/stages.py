@@ -352,7 +352,6 @@ def _single_result(view, host):
 def _profile_checks(view, hosts, summary, checks_by_host):
     """Every node's ``profile`` checks: its fields (GPU and fabric facts, versions, the runs' busbw and transport)
     against its group's known-good profile or the majority (``cluster_preflight/capabilities/profile.py``)."""
-    run = profiles.run_fields(summary)
     rows = {}
     for row in summary.get("ranks") or []:
         rows.setdefault(row.get("host"), []).append(row)
@@ -363,7 +362,7 @@ def _profile_checks(view, hosts, summary, checks_by_host):
         sources = {name: (module.profile_fields, facts.get(name)) for name, module in registry.BY_NAME.items()
                    if hasattr(module, "profile_fields")}
         signatures = ((checks_by_host.get(host) or {}).get("allreduce") or {}).get("signatures")
-        fields = dict(run) if host in (summary.get("hosts") or []) else {}
+        fields = profiles.run_fields(summary, host)
         fields.update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),
                                            signatures, (summary.get("single_node") or {}).get(host)))
         fields_by_host[host] = fields

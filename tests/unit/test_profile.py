@@ -181,3 +181,16 @@ def test_inventory_groups_come_from_ansibles_inventory_loader(tmp_path):
     groups = baseline.inventory_groups(str(inventory))
     assert sorted(groups["gpu_h100"]) == ["n1", "n2"] and sorted(groups["cluster"]) == ["c1", "n1", "n2"]
     assert "all" not in groups and "ungrouped" not in groups
+
+
+def test_the_all_node_fields_come_from_the_confirmation_run_when_a_sick_peer_failed_the_first_one():
+    sizes = [{"size_bytes": 1 << 20, "busbw_gbps": 0.2}, {"size_bytes": 16 << 20, "busbw_gbps": 0.5}]
+    passed_run = {"status": "pass", "backend": "gloo", "hosts": ["n1", "n2"], "sizes": sizes}
+    assert profiles.run_fields(passed_run, "n2") == {"allreduce.backend": "gloo", "allreduce.largest_size": 16 << 20,
+                                                     "allreduce.busbw_gbps": 0.5}
+    failed_run = {"status": "fail", "backend": "gloo", "hosts": ["n1", "n2", "n3"], "sizes": [],
+                  "confirm": {"status": "pass", "hosts": ["n1", "n2"], "sizes": sizes}}
+    assert profiles.run_fields(failed_run, "n1")["allreduce.busbw_gbps"] == 0.5
+    # The node named bad was not in the confirmation run: nothing measured for it.
+    assert profiles.run_fields(failed_run, "n3") == {}
+    assert profiles.run_fields(dict(failed_run, confirm={"status": "fail", "hosts": ["n1", "n2"]}), "n1") == {}
