@@ -2,12 +2,13 @@
 ``dcgmi``, ``journalctl`` and ``amd-smi`` as small ``/bin/sh`` scripts that print fixture files copied next
 to them (``<bin_dir>/.fake_gpu/``), so a node with ``bin_dir`` first on its PATH looks like a GPU node.
 
-* ``nvidia-smi -q -x`` prints the XML; ``nvidia-smi nvlink -s`` 18 links per GPU (``nvlink_down``: inactive ones);
-  ``nvidia-smi --query-gpu=index,pci.bus_id,uuid,name
+* ``nvidia-smi -q -x`` prints the XML; ``nvidia-smi nvlink -s`` 18 links per GPU (``nvlink_down``: inactive ones),
+  or the file ``nvlink_file`` as it is; ``nvidia-smi --query-gpu=index,pci.bus_id,uuid,name
   --format=csv,noheader`` the CSV derived from the same XML; anything else exits 2 with a message.
 * ``dcgmi diag -r <level> -j`` prints the JSON (exit ``dcgm_rc``: real dcgmi exits non-zero when a test fails).
 * ``journalctl`` with ``-k`` prints the kernel log.
 * ``amd-smi static ...`` / ``amd-smi metric ...`` print the two JSON files of ``amd=(static, metric)``.
+* ``rocm-smi --showallinfo --json`` prints the JSON file ``rocm_smi``.
 """
 
 import os
@@ -57,7 +58,8 @@ def _copy(source, data_dir, name):
     return name
 
 
-def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None, dcgm_rc=0, nvlink_down=None):
+def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None, dcgm_rc=0, nvlink_down=None,
+            nvlink_file=None, rocm_smi=None):
     """Write the fakes of the tools given a fixture path for into ``bin_dir``; returns their paths."""
     bin_dir = str(bin_dir)
     data_dir = os.path.join(bin_dir, DATA_DIR)
@@ -69,8 +71,11 @@ def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None,
             csv = query_gpu_csv(handle.read())
         with open(os.path.join(data_dir, "query_gpu.csv"), "w") as handle:
             handle.write(csv)
-        with open(str(nvidia_xml)) as source, open(os.path.join(data_dir, "nvlink.txt"), "w") as handle:
-            handle.write(nvlink_text(source.read(), nvlink_down))
+        if nvlink_file is not None:
+            _copy(nvlink_file, data_dir, "nvlink.txt")
+        else:
+            with open(str(nvidia_xml)) as source, open(os.path.join(data_dir, "nvlink.txt"), "w") as handle:
+                handle.write(nvlink_text(source.read(), nvlink_down))
         written.append(_script(bin_dir, "nvidia-smi", (
             '  "-q -x") cat "$here/nvidia_smi.xml" ;;\n'
             '  "nvlink -s") cat "$here/nvlink.txt" ;;\n'
@@ -89,4 +94,7 @@ def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None,
         written.append(_script(bin_dir, "amd-smi", (
             '  "static "*) cat "$here/amd_smi_static.json" ;;\n'
             '  "metric "*) cat "$here/amd_smi_metric.json" ;;\n')))
+    if rocm_smi is not None:
+        _copy(rocm_smi, data_dir, "rocm_smi.json")
+        written.append(_script(bin_dir, "rocm-smi", '  "--showallinfo --json") cat "$here/rocm_smi.json" ;;\n'))
     return written
