@@ -121,7 +121,8 @@ def amd_node(place, sample, rocm):
     else:
         for item in document.get("gpu_data", document) if isinstance(document, dict) else document:
             bus, asic = item.get("bus") or {}, item.get("asic") or {}
-            devices.append((str(bus.get("bdf")).lower(), (AMD, asic.get("device_id") or "0x0000", DISPLAY_OTHER)))
+            if bus.get("bdf"):  # a capture without the address cannot place its GPU on the fake bus
+                devices.append((str(bus["bdf"]).lower(), (AMD, asic.get("device_id") or "0x0000", DISPLAY_OTHER)))
     bin_dir = os.path.join(place, "bin")
     if rocm:
         fake_gpu_tools.install(bin_dir, kernel_log=CLEAN_LOG, rocm_smi=sample)

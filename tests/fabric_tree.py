@@ -26,6 +26,9 @@ whose ``driver`` -> ``bus/pci/drivers/mlx5_core``.  A ConnectX-7 port directory 
     5: LinkUp
     400 Gb/sec (4X NDR)
     InfiniBand
+    $ cat /sys/class/infiniband/mlx5_0/hca_type /sys/class/infiniband/mlx5_0/board_id
+    MT4129
+    MT_0000000838
 
 ``make_tree`` builds mlx5_0..mlx5_<ports-1>, one port each, with those files; ``bump`` moves a counter.
 """
@@ -54,6 +57,8 @@ BASE_VALUES = {"port_xmit_data": 918273645546, "port_rcv_data": 918273600012, "p
                "port_rcv_packets": 3584299871, "unicast_xmit_packets": 3584290001, "unicast_rcv_packets": 3584288702,
                "port_xmit_wait": 120455, "symbol_error": 3, "lifespan": 10}
 DOWN = ("1: DOWN", "2: Polling")
+# ConnectX-7 (MT4129) with its board id; ``adapters`` gives a device another pair (a ConnectX-6 Dx: MT4125).
+CX7 = ("MT4129", "MT_0000000838")
 
 
 def _write(path, value):
@@ -76,14 +81,15 @@ def _key(device, index):
 
 
 def make_tree(root, ports=8, rate="400 Gb/sec (4X NDR)", down=(), slow=None, counters=None,
-              link_layer="InfiniBand", states=None, ndevs=False):
+              link_layer="InfiniBand", states=None, ndevs=False, adapters=None):
     """Build ``<root>/class/infiniband`` with ``ports`` HCAs (mlx5_0.., one port each); returns ``root``.
 
     ``down``: device names (or indices) whose port is ``1: DOWN`` / ``2: Polling``; ``states``: name ->
     ``(state, phys_state)`` text; ``slow``: name -> rate text; ``counters``: name -> value on every port
-    (over ``BASE_VALUES``); ``link_layer``: text, or name -> text; ``ndevs``: write ``gid_attrs/ndevs/0``."""
+    (over ``BASE_VALUES``); ``link_layer``: text, or name -> text; ``ndevs``: write ``gid_attrs/ndevs/0``;
+    ``adapters``: name -> ``(hca_type, board_id)`` (default :data:`CX7`)."""
     root = str(root)
-    slow, states = dict(slow or {}), dict(states or {})
+    slow, states, adapters = dict(slow or {}), dict(states or {}), dict(adapters or {})
     values = dict(BASE_VALUES, **(counters or {}))
     drivers = os.path.join(root, "bus", "pci", "drivers", "mlx5_core")
     os.makedirs(drivers, exist_ok=True)
@@ -98,6 +104,9 @@ def make_tree(root, ports=8, rate="400 Gb/sec (4X NDR)", down=(), slow=None, cou
         ddir = os.path.join(pci_dir, "infiniband", name)
         os.makedirs(ddir)
         os.symlink(os.path.join("..", "..", "..", pci), os.path.join(ddir, "device"))
+        hca_type, board_id = adapters.get(name, adapters.get(index, CX7))
+        _write(os.path.join(ddir, "hca_type"), hca_type)
+        _write(os.path.join(ddir, "board_id"), board_id)
         os.symlink(os.path.join("..", "..", "devices", "pci0000:00", pci, "infiniband", name),
                    os.path.join(root, "class", "infiniband", name))
         state = states.get(name) or (DOWN if name in down or index in down else ("4: ACTIVE", "5: LinkUp"))

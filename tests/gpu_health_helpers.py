@@ -52,10 +52,10 @@ def nvidia_node(count=8):
 
 DEFAULT_TOOLS = {"xml": "nvidia_smi_h100_healthy.xml", "kernel_log": "kernel_log_clean.txt",
                  "dcgm": "dcgmi_diag_r1_pass.json", "amd": None, "dmesg": None,
-                 "nvlink": "nvidia_smi_nvlink_h100.txt"}
+                 "nvlink": "nvidia_smi_nvlink_h100.txt", "rocm": None}
 
 
-def commands(xml=None, kernel_log=None, dcgm=None, amd=None, dmesg=None, nvlink=None):
+def commands(xml=None, kernel_log=None, dcgm=None, amd=None, dmesg=None, nvlink=None, rocm=None):
     """FakeOps answers: each tool given prints its fixture (or the ``(rc, out, err)`` given instead)."""
     def answer(value):
         return value if isinstance(value, tuple) else (0, fixture(value), "")
@@ -70,6 +70,8 @@ def commands(xml=None, kernel_log=None, dcgm=None, amd=None, dmesg=None, nvlink=
         found[(PROGRAMS["dcgmi"], "diag")] = answer(dcgm)
     if dmesg is not None:
         found[(PROGRAMS["dmesg"],)] = answer(dmesg)
+    if rocm is not None:
+        found[(PROGRAMS["rocm-smi"], "--showallinfo")] = answer(rocm)
     if amd is not None:
         static, metric = amd
         found[(PROGRAMS["amd-smi"], "static")] = answer(static)
@@ -85,7 +87,8 @@ def read_node(tmp_path, devices=None, programs=None, overrides=None, **tools):
     answers = commands(**tools)
     if programs is None:
         programs = ["dmesg"] + [name for name, key in (("nvidia-smi", "xml"), ("journalctl", "kernel_log"),
-                                                       ("dcgmi", "dcgm"), ("amd-smi", "amd"))
+                                                       ("dcgmi", "dcgm"), ("amd-smi", "amd"),
+                                                       ("rocm-smi", "rocm"))
                                 if tools[key] is not None]
     sysfs = make_sysfs(tmp_path, nvidia_node() if devices is None else devices)
     wanted = settings(gpu_health_sysfs_root=str(sysfs), **(overrides or {}))

@@ -5,27 +5,41 @@ counters that move while the gate's all-reduce runs.
 A node with one InfiniBand port down, a port trained at 200 instead of 400 Gb/s, or a link whose symbol-error
 or link-downed counters climb under load would still run a job, slowly or until the link drops.
 
+What real machines show shaped these rules: an ACTIVE port whose physical state the kernel does not know (``0:
+<unknown>`` in some VMs) carries traffic; nodes mix adapters (an iWARP port at 10 Gb/s next to a QDR one at 40, NDR
+InfiniBand next to 100 Gb/s Ethernet), so a port's rate is compared with ports of the same adapter type
+(``hca_type``, else ``board_id``) and link layer, never with the most common rate of all; some adapters provide no
+counters (``N/A (no PMA)``), which is said, not judged; and a counter at the maximum of its width (an 8-bit
+``link_downed`` at 255) can no longer count, so it warns.
+
 * reader (node half, ``module_utils/preflight_node/fabric.py``): every port of ``/sys/class/infiniband`` (state,
   physical state, rate, link layer) and the configured counters, before the all-reduce;
 * probe (``module_utils/preflight_node/fabric_probe.py``): the same counters after the all-reduce;
-* here: ``validate``, ``read_args``, ``probe_args``, the decider (``ports``, ``rate``, ``counters``) and
-  ``profile_fields`` for the known-good profile.  The rate reference of the whole cluster is computed once per
-  cluster view (memoised on the facts mapping), so deciding every node stays linear in the nodes.
+* here: ``validate``, ``read_args``, ``probe_args``, the decider (``ports``, ``rate``; ``counters`` in
+  ``fabric_counters.py``) and ``profile_fields`` for the known-good profile.  The rate reference of the whole
+  cluster is computed once per cluster view (memoised on the facts mapping), so deciding every node stays linear in
+  the nodes.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 
 from preflight_node import fabric as node_half
 from preflight_node.checks import failed, not_applicable, passed, skipped, warned
 
 from .common import off_or_unread, switched_on
+from .fabric_counters import counters_check
 
 CAPABILITY = node_half.CAPABILITY
 
 ACTIVE, LINK_UP = "ACTIVE", "LinkUp"
+# The physical states (IB spec, sysfs phys_state) of a link that is not up; any other word on an ACTIVE port is a
+# state the kernel does not know (``0: <unknown>``), not a failure.
+PHYS_NOT_UP = ("Sleep", "Polling", "Disabled", "PortConfigurationTraining", "LinkErrorRecovery", "PhyTest",
+               "Phy Test")
 COUNTER_LISTS = ("fabric_error_counters", "fabric_warn_counters")
 WHOLE_NUMBERS = ("fabric_expected_rate_gbps", "fabric_expected_ports", "fabric_counter_threshold")
 _MEMO = {}
@@ -148,10 +162,14 @@ def _nothing_to_check(host, facts, settings):
 
 
 def ports_check(host, ports, settings):
-    """``ports``: every port ACTIVE and LinkUp, and at least ``fabric_expected_ports`` of them active."""
-    bad, no_sm, named = [], False, []
+    """``ports``: every port ACTIVE and LinkUp (or ACTIVE in a physical state the kernel does not name), and at least
+    ``fabric_expected_ports`` of them active."""
+    bad, no_sm, named, unknown = [], False, [], []
     for label, name, _device, port in ports:
         if _active(port) and port.get("phys_state") == LINK_UP:
+            continue
+        if _active(port) and port.get("phys_state") not in PHYS_NOT_UP:
+            unknown.append("%s: %r" % (label, port.get("phys_state")))
             continue
         text = "%s: state %s, phys_state %s" % (label, port.get("state"), port.get("phys_state"))
         named.append("ibstat %s %s" % (name, port.get("port")))
@@ -167,7 +185,11 @@ def ports_check(host, ports, settings):
     if wanted > active:
         bad.append("%d active RDMA ports on %s, fabric_expected_ports is %d" % (active, host, wanted))
     if not bad:
-        return passed("%d RDMA ports ACTIVE / LinkUp on %s" % (len(ports), host), expected, **details)
+        found = "%d RDMA ports ACTIVE / LinkUp on %s" % (len(ports) - len(unknown), host)
+        if unknown:
+            found += "; %d ACTIVE whose physical state the kernel does not name (%s): the logical state is what " \
+                     "carries traffic" % (len(unknown), "; ".join(unknown))
+        return passed(found, expected, **details)
     fix = ("on %s: %s; phys_state Polling or Disabled: check the cable, "
            "transceiver and the switch port (ibportstate <lid> <port> query)" % (
                host, ", ".join(named) or "ibstat"))
@@ -188,9 +210,22 @@ def _layer(port):
     return port.get("link_layer") or "unknown link layer"
 
 
+def adapter_type(name, device):
+    """The kind of adapter a device is: its ``hca_type`` (MT4129), else its ``board_id``, else its driver, else its
+    name without the number (``hfi1``)."""
+    return (device.get("hca_type") or device.get("board_id") or device.get("driver")
+            or re.sub(r"_?[0-9]+$", "", name) or name)
+
+
+def _group(name, device, port):
+    """The ports whose rates are compared: same link layer, same adapter type."""
+    return "%s %s" % (_layer(port), adapter_type(name, device))
+
+
 def cluster_rates(host, facts, settings, cluster):
-    """``{link layer: (reference rate or None, [rates seen])}`` over the active ports of every node read (this
-    node's alone without a cluster), each node's ports as its own settings select them.  Memoised per view."""
+    """``{group: (reference rate or None, [rates seen])}`` over the active ports of every node read (this node's
+    alone without a cluster), each node's ports as its own settings select them; a group is a link layer and an
+    adapter type (:func:`_group`).  Memoised per view."""
     every = dict((cluster or {}).get("facts") or {})
     every[host] = facts
     all_settings = (cluster or {}).get("settings") or {}
@@ -204,9 +239,9 @@ def cluster_rates(host, facts, settings, cluster):
         return hit[2]
     seen = collections.defaultdict(list)
     for name in sorted(every):
-        for _label, _dev, _device, port in checked_ports(every[name], all_settings.get(name) or settings):
+        for _label, device_name, device, port in checked_ports(every[name], all_settings.get(name) or settings):
             if _active(port) and port.get("rate_gbps") is not None:
-                seen[_layer(port)].append(port["rate_gbps"])
+                seen[_group(device_name, device, port)].append(port["rate_gbps"])
     result = {layer: (_majority(rates), sorted(set(rates))) for layer, rates in seen.items()}
     if memo:
         _MEMO["rates"] = (key, (cluster.get("facts"), all_settings), result)
@@ -218,7 +253,8 @@ def _rate_text(gbps):
 
 
 def rate_check(host, ports, settings, facts, cluster):
-    """``rate``: no active port below ``fabric_expected_rate_gbps``, or (0) the cluster's most common rate."""
+    """``rate``: no active port below ``fabric_expected_rate_gbps``, or (0) the most common rate of the cluster's ports
+    of its adapter type and link layer."""
     active = [entry for entry in ports if _active(entry[3])]
     if not active:
         return skipped("no ACTIVE RDMA port on %s to compare (see fabric.ports)" % host,
@@ -226,21 +262,23 @@ def rate_check(host, ports, settings, facts, cluster):
     floor = settings.get("fabric_expected_rate_gbps") or 0
     references = {} if floor else cluster_rates(host, facts, settings, cluster)
     slow, unknown, open_layers, named = [], [], set(), []
-    for label, name, _device, port in active:
+    for label, name, device, port in active:
         if port.get("rate_gbps") is None:
             unknown.append("%s: rate %r" % (label, port.get("rate")))
             continue
-        reference = floor or references.get(_layer(port), (None, []))[0]
+        group = _group(name, device, port)
+        reference = floor or references.get(group, (None, []))[0]
         if reference is None:
-            open_layers.add(_layer(port))
+            open_layers.add(group)
         elif port["rate_gbps"] < reference:
             named.append("mlxlink -d %s -p %s" % (name, port.get("port")))
             slow.append("%s: %s expected, %s found (%s)" % (
                 label, _rate_text(reference), port.get("rate"), "the floor fabric_expected_rate_gbps" if floor
-                else "the most common rate of the cluster's %s ports" % _layer(port)))
-    rates = sorted(set("%s %s" % (_layer(p), p.get("rate")) for _l, _n, _d, p in active))
+                else "the most common rate of the cluster's %s ports" % group))
+    rates = sorted(set("%s %s" % (_group(n, d, p), p.get("rate")) for _l, n, d, p in active))
     expected = ("every active port at %s or more" % _rate_text(floor) if floor
-                else "every active port at its link layer's most common rate in the cluster")
+                else "every active port at the most common rate of the cluster's ports of its adapter type and link "
+                     "layer")
     details = {"rates": rates, "no_majority": sorted(open_layers)}
     if slow:
         return failed("%s on %s" % ("; ".join(slow), host), expected,
@@ -252,97 +290,9 @@ def rate_check(host, ports, settings, facts, cluster):
                       "on %s: cat the port's rate file and ibstat <device>; re-run once it reads" % host, **details)
     found = "%d active ports on %s at %s" % (len(active), host, ", ".join(rates))
     if open_layers:
-        found += " (no most common rate among the cluster's %s ports: nothing to compare)" % ", ".join(
-            sorted(open_layers))
+        found += " (no most common rate among the cluster's %s ports: nothing to compare; a profile's " \
+                 "rdma.rate_gbps or fabric_expected_rate_gbps sets one)" % ", ".join(sorted(open_layers))
     return passed(found, expected, **details)
-
-
-def _after_ports(probe):
-    """``{(device, port): port}`` of the probe's result."""
-    return {(name, port.get("port")): port
-            for name, device in ((probe or {}).get("devices") or {}).items() for port in device.get("ports") or []}
-
-
-def _compare(label, before, after, names, threshold, seconds):
-    """``(moved, reset, unread)`` texts for ``names`` of one port, before vs after."""
-    moved, reset, unread = [], [], []
-    for counter in names:
-        old, new = (before.get("counters") or {}).get(counter), (after.get("counters") or {}).get(counter)
-        if old is None or new is None:
-            why = (after.get("counter_errors") or {}).get(counter) or (before.get("counter_errors") or {}).get(
-                counter) or "not read"
-            unread.append("%s %s: %s" % (label, counter, why))
-        elif new < old:
-            reset.append("%s: %s %d -> %d" % (label, counter, old, new))
-        elif new - old > threshold:
-            moved.append("%s: %s %d -> %d (+%d in %.1f s)" % (label, counter, old, new, new - old, seconds))
-    return moved, reset, unread
-
-
-def counters_check(host, ports, settings, facts, probe):
-    """``counters``: no configured counter grew by more than the threshold between the read before the all-reduce
-    and the probe after it (error counters fail, warn counters warn); ``skipped`` without the probe's read."""
-    errors, warns = list(settings.get("fabric_error_counters") or []), list(settings.get("fabric_warn_counters") or [])
-    threshold = settings.get("fabric_counter_threshold") or 0
-    expected = "no error counter (%s) and no warn counter (%s) grew by more than %d during the gate" % (
-        ", ".join(errors) or "none", ", ".join(warns) or "none", threshold)
-    if probe is None:
-        return skipped("the counters were read once on %s: the after-gate read did not run on this node" % host,
-                       expected)
-    if probe.get("error") and not probe.get("devices"):
-        return warned("the after-gate counter read failed on %s: %s" % (host, probe["error"]), expected,
-                      "on %s: check that %s/class/infiniband is readable, then re-run"
-                      % (host, settings["fabric_sysfs_root"]))
-    seconds = max(0.0, float(probe.get("read_at") or 0) - float(facts.get("read_at") or 0))
-    after, found = _after_ports(probe), collections.defaultdict(list)
-    baseline = {}
-    for label, name, _device, port in ports:
-        baseline[label] = {counter: (port.get("counters") or {}).get(counter) for counter in errors}
-        later = after.get((name, port.get("port")))
-        if later is None:
-            found["missing"].append("%s was not read after the run" % label)
-            continue
-        for kind, names in (("fail", errors), ("warn", warns)):
-            moved, reset, unread = _compare(label, port, later, names, threshold, seconds)
-            found[kind] += moved
-            if moved and kind == "fail":
-                found["devices"].append("mlxlink -d %s -p %s" % (name, port.get("port")))
-            found["reset"] += reset
-            found["unread"] += unread
-    details = {"seconds": round(seconds, 1), "error_counters_before": baseline, "unread": found["unread"]}
-    compared = len(ports) * len(errors + warns) - len(found["unread"]) - len(found["missing"]) * len(errors + warns)
-    if found["fail"]:
-        return failed("link errors during the gate on %s: %s%s" % (host, "; ".join(found["fail"]), _also(found)),
-                      expected, _FIX_ERRORS % (host, ", ".join(found["devices"])), **details)
-    if found["warn"] or found["reset"] or found["missing"]:
-        return warned("on %s: %s" % (host, "; ".join(_warn_texts(found))), expected, _FIX_WARN % host, **details)
-    if not compared and errors + warns:
-        return warned("no configured counter could be read on %s before and after the gate: cannot tell (%s)"
-                      % (host, "; ".join(found["unread"][:4])), expected,
-                      "on %s: check which counters the driver offers (ls <port>/counters <port>/hw_counters) and "
-                      "list those in fabric_error_counters / fabric_warn_counters" % host, **details)
-    return passed("%d counters of %d ports compared over %.1f s on %s: none grew by more than %d" % (
-        compared, len(ports), seconds, host, threshold), expected, **details)
-
-
-_FIX_ERRORS = ("on %s: the named links took errors under load: check each (%s: BER, FEC, symbol errors) and "
-               "the switch side (perfquery), reseat or replace the cable / transceiver, then re-run")
-_FIX_WARN = ("on %s: discards and receive-buffer or retry counters point at congestion or a slow peer: check the "
-             "switch ports and the peers' counters; counters reset or ports not read again cannot be judged, "
-             "re-run the gate")
-
-
-def _warn_texts(found):
-    texts = list(found["warn"])
-    if found["reset"]:
-        texts.append("counters were reset during the run, cannot tell (%s)" % "; ".join(found["reset"]))
-    texts.extend(found["missing"])
-    return texts
-
-
-def _also(found):
-    rest = _warn_texts(found)
-    return " (also: %s)" % "; ".join(rest) if rest else ""
 
 
 def decide(host, facts, settings, probe=None, cluster=None):

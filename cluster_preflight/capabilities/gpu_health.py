@@ -4,8 +4,9 @@
 * reader (node half, ``module_utils/preflight_node/gpu_health.py``): ``nvidia-smi -q -x``, amd-smi, the
   kernel log's Xid/SXid lines, ``dcgmi diag`` and the GPUs on the PCI bus;
 * here: ``validate``, ``read_args``, the decider (checks ``count``, ``ecc``, ``memory``, ``throttle``,
-  ``pcie``, ``persistence``, ``xid``, ``dcgm``; the per-GPU ones are in ``gpu_health_checks.py``, the Xid
-  codes in ``cluster_preflight/xid.py``) and ``profile_fields`` for the known-good profile comparison;
+  ``pcie``, ``nvlink``, ``persistence``, ``xid``, ``dcgm``; the per-GPU ones are in ``gpu_health_checks.py``
+  and ``gpu_health_links.py``, the Xid codes in ``cluster_preflight/xid.py``) and ``profile_fields`` for the
+  known-good profile comparison;
 * no writer: the role only holds settings.
 """
 
@@ -20,6 +21,7 @@ from preflight_node.privilege import needs_root
 from cluster_preflight import xid as xid_table
 
 from . import gpu_health_checks as per_check
+from . import gpu_health_links as links
 from .common import off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
@@ -51,6 +53,14 @@ def validate(settings):
     if not _whole(settings.get("gpu_health_dcgm_level"), 0, 3):
         problems.append(_problem("gpu_health_dcgm_level", settings.get("gpu_health_dcgm_level"), "0, 1, 2 or 3",
                                  "set gpu_health_dcgm_level to 0 (off), 1 (seconds), 2 (about 2 minutes) or 3"))
+    for name in ("gpu_health_ecc_required", "gpu_health_persistence_required"):
+        if not isinstance(settings.get(name, False), (bool, str)):
+            problems.append(_problem(name, settings.get(name), "true or false",
+                                     "set %s to true (a GPU without it warns) or false" % name))
+    if not _whole(settings.get("gpu_health_pcie_replay_max", 0), 0):
+        problems.append(_problem("gpu_health_pcie_replay_max", settings.get("gpu_health_pcie_replay_max"),
+                                 "a whole number, 0 or more",
+                                 "set gpu_health_pcie_replay_max to the PCIe replays since boot a GPU may have (0)"))
     for name in ("gpu_health_dcgm_timeout", "gpu_health_tool_timeout"):
         if not _whole(settings.get(name), 1):
             problems.append(_problem(name, settings.get(name), "a whole number of seconds above 0",
@@ -151,19 +161,27 @@ def dcgm(host, facts, settings):
         return failed("dcgmi diag could not run to the end on %s: %s" % (host, section["error"]), expected,
                       "check nv-hostengine (systemctl status nvidia-dcgm) and run dcgmi diag -r %s -j by hand on %s; "
                       "raise gpu_health_dcgm_timeout if it only needs longer" % (level, host))
-    items = []
+    items, skipped = [], []
     # DCGM numbers GPUs as nvidia-smi does (PCI order): name them with their bus id.
     names = {gpu.get("index"): per_check.label(gpu) for gpu in (facts.get("nvidia") or {}).get("gpus") or []}
-    for result in section.get("results") or []:
+    results = section.get("results") or []
+    for result in results:
+        gpu = result.get("gpu")
+        where = "all GPUs" if gpu is None else names.get(gpu, "GPU %s" % gpu)
         if result["status"] in ("fail", "warn"):
-            gpu = result.get("gpu")
-            where = "all GPUs" if gpu is None else names.get(gpu, "GPU %s" % gpu)
             items.append((result["status"], "test %r %s on %s: %s" % (
                 result["test"], "failed" if result["status"] == "fail" else "warned", where, result.get("info") or "-"),
                 "follow DCGM's message for each test named; confirm with dcgmi diag -r 3 on %s before draining it"
                 % host))
+        elif result["status"] == "skip":
+            skipped.append("%r on %s" % (result["test"], where))
+    ran = len(results) - len(skipped)
+    if results and not ran:
+        return not_applicable("dcgmi diag -r %s on %s skipped every test: %s" % (level, host, ", ".join(skipped)),
+                              expected)
+    notes = [("skipped by DCGM", ", ".join(skipped))] if skipped else []
     return per_check.combine(host, items, expected, "%d DCGM results at level %s, none failed or warned" % (
-        len(section.get("results") or []), level), 1)
+        ran, level), 1, notes)
 
 
 def _no_gpu(facts):
@@ -197,12 +215,12 @@ def decide(host, facts, settings, probe=None, cluster=None):
         return checks
     return {
         "count": per_check.count(host, facts, settings),
-        "ecc": per_check.ecc(host, facts),
+        "ecc": per_check.ecc(host, facts, settings),
         "memory": per_check.memory(host, facts),
         "throttle": per_check.throttle(host, facts),
-        "pcie": per_check.pcie(host, facts, settings),
-        "nvlink": per_check.nvlink(host, facts),
-        "persistence": per_check.persistence(host, facts),
+        "pcie": links.pcie(host, facts, settings),
+        "nvlink": links.nvlink(host, facts),
+        "persistence": per_check.persistence(host, facts, settings),
         "xid": xid(host, facts, settings),
         "dcgm": dcgm(host, facts, settings),
     }
@@ -225,7 +243,7 @@ def profile_fields(facts):
     gpus = section.get("gpus") or []
     gens = [gpu.get("pcie_gen_max") for gpu in gpus if gpu.get("pcie_gen_max") is not None]
     widths = [gpu.get("pcie_width_current") for gpu in gpus if gpu.get("pcie_width_current") is not None]
-    links = [per_check.active_links(gpu) for gpu in gpus if per_check.active_links(gpu) is not None]
+    nvlinks = [links.active_links(gpu) for gpu in gpus if links.active_links(gpu) is not None]
     return {
         "gpu.vendor": vendor,
         "gpu.count": len(gpus) if vendor else None,
@@ -234,5 +252,5 @@ def profile_fields(facts):
         "gpu.cuda_version": section.get("cuda_version"),
         "gpu.pcie_gen_max": min(gens) if gens else None,
         "gpu.pcie_width_min": min(widths) if widths else None,
-        "gpu.nvlinks_active_min": min(links) if links else None,
+        "gpu.nvlinks_active_min": min(nvlinks) if nvlinks else None,
     }

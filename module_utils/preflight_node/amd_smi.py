@@ -3,7 +3,9 @@
 (and, where only rocm-smi is installed, ``rocm-smi --showallinfo --json``), parsed with json.
 
 Parsing only (``gpu_health.read`` runs the tools).  amd-smi gives values either bare (``16``) or, in
-later releases, as ``{"value": 16, "unit": ...}``; both are read.  ``N/A`` becomes None.
+later releases, as ``{"value": 16, "unit": ...}``; both are read.  ``N/A`` becomes None.  rocm-smi keeps the
+driver version once, under its ``system`` key, not per card; its ``pcie clock level`` (``1 (16.0GT/s x16)``) is
+the link's current state, and neither tool's static answer says whether the GPU is loaded.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from .gpus import normalize_bus_id
 # PCIe transfer rate per lane (GT/s) -> generation.
 _GEN_OF_RATE = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 _NUMBER_RE = re.compile(r"(\d+(?:\.\d+)?)")
+_LEVEL_RE = re.compile(r"\(\s*([0-9.]+)\s*GT/s\s*x(\d+)\s*\)")
+# The amdgpu driver that ships with the kernel reports the kernel's banner as its version ("Linux version 6.8...").
+_KERNEL_BANNER_RE = re.compile(r"^Linux\s*version\s*(\S+?)(?:\(|\s|$)")
 
 
 def _load(text, what):
@@ -56,6 +61,14 @@ def _gen_of_speed(raw):
     return _GEN_OF_RATE.get(float(rate)) if rate is not None else None
 
 
+def _driver_version(raw):
+    raw = _value(raw)
+    if raw is None:
+        return None
+    banner = _KERNEL_BANNER_RE.match(str(raw).strip())
+    return banner.group(1) if banner else str(raw).strip()
+
+
 def _bus_id(raw):
     raw = _value(raw)
     try:
@@ -85,27 +98,42 @@ def parse(static_text, metric_text=None):
             "pcie_width_max": _int(bus.get("max_pcie_width")), "pcie_width_current": _int(pcie.get("width")),
             "ecc_uncorrectable": _int(ecc.get("total_uncorrectable_count")),
             "ecc_correctable": _int(ecc.get("total_correctable_count")),
-            "driver_version": _value((item.get("driver") or {}).get("version")),
+            "pcie_replays": _int(pcie.get("replay_count")),
+            "driver_version": _driver_version((item.get("driver") or {}).get("version")),
         })
     return sorted(gpus, key=lambda gpu: gpu["index"])
 
 
+def _pcie_level(card):
+    """``(gen, width)`` of rocm-smi's ``pcie clock level`` (``"1 (16.0GT/s x16)"``), the link's current state."""
+    for key, value in card.items():
+        if key.lower().rstrip(":").strip() == "pcie clock level":
+            match = _LEVEL_RE.search(str(value))
+            if match:
+                return _GEN_OF_RATE.get(float(match.group(1))), int(match.group(2))
+    return None, None
+
+
 def parse_rocm_smi(text):
-    """The GPUs of ``rocm-smi --showallinfo --json`` (``{"card0": {...}}``), best effort: index, bus id
-    and model; the health fields amd-smi gives are None."""
+    """The GPUs of ``rocm-smi --showallinfo --json`` (``{"card0": {...}, "system": {...}}``), best effort: index,
+    bus id, model, the link's current state, the PCIe replay count and the driver version (``system``); what
+    amd-smi adds (the maximum link, ECC) is None."""
     try:
         document = json.loads(text)
     except ValueError as exc:
         raise ValueError("rocm-smi: not a JSON document (%s)" % exc) from None
     if not isinstance(document, dict):
         raise ValueError("rocm-smi: expected an object of cards, got a %s" % type(document).__name__)
+    system = document.get("system") if isinstance(document.get("system"), dict) else {}
     gpus = []
     for name, card in sorted(document.items()):
         if not (name.startswith("card") and name[4:].isdigit() and isinstance(card, dict)):
             continue
-        model = card.get("Card Series") or card.get("Card series") or card.get("Card SKU")
+        model = card.get("Card Series") or card.get("Card series") or card.get("Device Name") or card.get("Card SKU")
+        gen, width = _pcie_level(card)
         gpus.append({"index": int(name[4:]), "bus_id": _bus_id(card.get("PCI Bus")), "model": _value(model),
-                     "pcie_gen_max": None, "pcie_gen_current": None, "pcie_width_max": None,
-                     "pcie_width_current": None, "ecc_uncorrectable": None, "ecc_correctable": None,
-                     "driver_version": _value(card.get("Driver version"))})
+                     "pcie_gen_max": None, "pcie_gen_current": gen, "pcie_width_max": None,
+                     "pcie_width_current": width, "ecc_uncorrectable": None, "ecc_correctable": None,
+                     "pcie_replays": _int(card.get("PCIe Replay Count")),
+                     "driver_version": _driver_version(card.get("Driver version") or system.get("Driver version"))})
     return sorted(gpus, key=lambda gpu: gpu["index"])

@@ -8,8 +8,11 @@ InfiniBand port counters) and ``.../hw_counters/`` (driver counters, mlx5: ``out
 ``read_counters`` is shared with the probe (``module_utils/preflight_node/fabric_probe.py``), which reads the
 same counters again after the all-reduce, so the controller can tell which ones moved during the gate.
 
-A counter file that cannot be read (missing, EINVAL on some devices and link layers) is a fact in
-``counter_errors``, never an exception.  What the controller decides from these facts is in
+A counter file that cannot be read (missing, EINVAL on some devices and link layers, ``N/A (no PMA)`` on an
+adapter without a performance management agent such as Intel's iWARP ``i40iw``) is a fact in ``counter_errors``,
+never an exception; ``counters_present`` says whether the port has counter folders at all.  Each device's
+``hca_type`` and ``board_id`` name its adapter type, so the controller compares a port's rate with ports of the
+same kind.  What the controller decides from these facts is in
 ``cluster_preflight/capabilities/fabric.py``.
 """
 
@@ -39,13 +42,28 @@ def rdma_base(sysfs_root):
     return os.path.join(sysfs_root, "class", "infiniband")
 
 
+UNAVAILABLE = "N/A"
+
+
+def _read_line(path):
+    """The stripped text of a small sysfs file, None when it cannot be read."""
+    try:
+        with open(path, "r", encoding="ascii", errors="replace") as handle:
+            return handle.read(256).strip() or None
+    except OSError:
+        return None
+
+
 def _counter_value(path):
-    """``(value, None)`` or ``(None, error text)`` for one counter file."""
+    """``(value, None)`` or ``(None, error text)`` for one counter file; a device that does not provide the counter
+    writes ``N/A`` (``N/A (no PMA)``), and the error text then starts with :data:`UNAVAILABLE`."""
     try:
         with open(path, "r", encoding="ascii", errors="replace") as handle:
             text = handle.read().strip()
     except OSError as exc:
         return None, "%s: %s" % (path, exc.strerror or exc)
+    if text.upper().startswith(UNAVAILABLE):
+        return None, "%s: the device does not provide it (%s)" % (UNAVAILABLE, text[:40])
     try:
         return int(text), None
     except ValueError:
@@ -104,13 +122,17 @@ def read(args, ops):
     for name, device in gather_rdma(sysfs_root).items():
         ports = []
         for port in device["ports"]:
-            values, errors = read_counters(port_dir(sysfs_root, name, port["port"]), counters, hw_counters)
+            folder = port_dir(sysfs_root, name, port["port"])
+            values, errors = read_counters(folder, counters, hw_counters)
             ports.append({
                 "port": port["port"], "state": port["state"], "phys_state": port["phys_state"],
                 "rate": port["rate"], "rate_gbps": port["rate_gbps"], "link_layer": port["link_layer"],
                 "counters": values, "counter_errors": errors,
+                "counters_present": any(os.path.isdir(os.path.join(folder, sub)) for sub in COUNTER_DIRS),
             })
-        devices[name] = {"kind": device["kind"], "driver": device["driver"], "pci": device["pci"], "ports": ports}
+        devices[name] = {"kind": device["kind"], "driver": device["driver"], "pci": device["pci"], "ports": ports,
+                         "hca_type": _read_line(os.path.join(base, name, "hca_type")),
+                         "board_id": _read_line(os.path.join(base, name, "board_id"))}
     return {
         "present": bool(devices),
         "root": base,

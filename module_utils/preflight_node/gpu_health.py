@@ -70,18 +70,21 @@ def read_nvidia(args, ops):
 
 
 def read_nvlink(program, gpus, ops, timeout):
-    """Each GPU's ``nvlink`` (``{active, inactive, gbps}``, by UUID) from ``nvidia-smi nvlink -s``; returns an
-    error text, or None."""
+    """Each GPU's ``nvlink`` (``{active, inactive, gbps, note}``, None when not listed) from ``nvidia-smi nvlink -s``;
+    returns an error text, or None."""
     argv = [program] + nvlink.ARGV
-    _rc, out, _err, error = run_tool(ops, argv, timeout)
-    if error:
-        return error
+    rc, out, _err, error = run_tool(ops, argv, timeout)
     try:
-        links = nvlink.parse(out)
+        listed = nvlink.parse(out)
     except ValueError as exc:
-        return "%s: %s" % (" ".join(argv), exc)
+        return error or "%s: %s" % (" ".join(argv), exc)
+    # Some drivers exit non-zero where they answer a GPU with a sentence (MIG, no NVLink): the answer counts.
+    if error and (rc == 124 or not listed):
+        return error
+    found = nvlink.match(gpus, listed)
     for gpu in gpus:
-        gpu["nvlink"] = links.get(gpu.get("uuid"))
+        entry = found.get(gpu.get("index"))
+        gpu["nvlink"] = None if entry is None else {key: entry[key] for key in ("active", "inactive", "gbps", "note")}
     return None
 
 

@@ -1,9 +1,12 @@
 # -*- coding: utf-8 -*-
-"""Node layer: the health fields of ``nvidia-smi -q -x`` (nvsmi_device_v12.dtd and older), parsed with ElementTree.
+"""Node layer: the health fields of ``nvidia-smi -q -x`` (nvsmi_device_v13.dtd and older), parsed with ElementTree.
 
 Parsing only, no command runs here; ``gpu_health.read`` runs nvidia-smi once.  Every field nvidia-smi
-reports as ``N/A`` (or leaves out, as older drivers do) becomes None, never an exception; a document that
-is not XML raises ValueError for the reader to turn into an ``error`` fact.
+reports as unavailable (``N/A``, ``[N/A]``, ``Not Supported``, ``Not Found``, ...) or leaves out, as older
+schemas do, becomes None, never an exception: the checks then say what they could not observe.  Consumer and
+Windows (WDDM) cards report ECC and persistence as ``N/A``, a vGPU guest most of the PCIe and memory fields, a
+GPU in MIG mode its row remapping.  A document that is not XML raises ValueError for the reader to turn into an
+``error`` fact.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from .gpus import normalize_bus_id
 # The clock event reasons that mean the GPU is slowed down by something other than its workload.
 # r535+ names them clocks_event_reason_*, older drivers clocks_throttle_reason_* (same suffixes).
 THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
-_UNAVAILABLE = ("n/a", "[n/a]", "not supported", "[not supported]", "unknown error", "")
+_UNAVAILABLE = ("n/a", "[n/a]", "not supported", "[not supported]", "not found", "[not found]", "not available",
+                "[not available]", "unknown error", "[unknown error]", "insufficient permissions",
+                "[insufficient permissions]", "")
 
 
 def _text(element, path):
@@ -28,11 +33,12 @@ def _text(element, path):
 
 
 def _int(element, path):
-    """A count or a width (``16x``) at ``path`` as an int; None when missing, N/A or not a number."""
+    """A count, a width (``16x``) or a percentage (``91 %``) at ``path`` as an int; None when missing, N/A or not a
+    number."""
     text = _text(element, path)
     if text is None:
         return None
-    text = text.rstrip("xX").strip()
+    text = text.rstrip("xX%").strip()
     return int(text) if text.isdigit() else None
 
 
@@ -75,13 +81,17 @@ def _pending_pages(gpu):
 
 
 def _throttle(gpu):
-    """The names in :data:`THROTTLE_REASONS` nvidia-smi reports Active."""
+    """The names in :data:`THROTTLE_REASONS` nvidia-smi reports Active; None when it reports none of them (the block
+    missing, or every reason N/A)."""
     for block, prefix in (("clocks_event_reasons", "clocks_event_reason_"),
                           ("clocks_throttle_reasons", "clocks_throttle_reason_")):
         reasons = gpu.find(block)
         if reasons is not None:
-            return [name for name in THROTTLE_REASONS if _text(reasons, prefix + name) == "Active"]
-    return []
+            states = [(name, _text(reasons, prefix + name)) for name in THROTTLE_REASONS]
+            if all(state is None for _name, state in states):
+                return None
+            return [name for name, state in states if state == "Active"]
+    return None
 
 
 def _bus_id(gpu):
@@ -102,8 +112,14 @@ def parse_gpu(gpu, position):
         "bus_id": _bus_id(gpu),
         "uuid": _text(gpu, "uuid"),
         "model": _text(gpu, "product_name"),
+        "mig_mode": _text(gpu, "mig_mode/current_mig"),
+        "virtualization_mode": _text(gpu, "gpu_virtualization_mode/virtualization_mode"),
+        "driver_model": _text(gpu, "driver_model/current_dm"),
+        "performance_state": _text(gpu, "performance_state"),
+        "gpu_util": _int(gpu, "utilization/gpu_util"),
         "persistence_mode": _text(gpu, "persistence_mode"),
         "ecc_mode_current": _text(gpu, "ecc_mode/current_ecc"),
+        "ecc_mode_pending": _text(gpu, "ecc_mode/pending_ecc"),
         "ecc_uncorrectable_volatile": uncorrectable(gpu.find("ecc_errors/volatile")),
         "ecc_uncorrectable_aggregate": uncorrectable(gpu.find("ecc_errors/aggregate")),
         "retired_pages_pending": _pending_pages(gpu),
@@ -114,6 +130,7 @@ def parse_gpu(gpu, position):
         "pcie_gen_max": _int(link, "pcie_gen/max_link_gen"),
         "pcie_width_current": _int(link, "link_widths/current_link_width"),
         "pcie_width_max": _int(link, "link_widths/max_link_width"),
+        "pcie_replays": _int(gpu, "pci/replay_counter"),
     }
 
 

@@ -125,7 +125,7 @@ def test_healthy_eight_ports_pass(tmp_path):
     assert {name: check["status"] for name, check in checks.items()} == {
         "ports": "pass", "rate": "pass", "counters": "pass"}
     assert "8 RDMA ports ACTIVE / LinkUp on gpu-node-03" in checks["ports"]["found"]
-    assert "InfiniBand 400 Gb/sec (4X NDR)" in checks["rate"]["found"]
+    assert "InfiniBand MT4129 400 Gb/sec (4X NDR)" in checks["rate"]["found"]
     assert checks["counters"]["details"]["error_counters_before"]["mlx5_0 port 1 (0000:18:00.0)"]["symbol_error"] == 3
 
 
@@ -184,7 +184,7 @@ def test_no_majority_passes_listing_the_rates(tmp_path):
     make_tree(tmp_path, ports=2, slow={"mlx5_1": HDR})
     check = audit(tmp_path)["rate"]
     assert check["status"] == "pass" and "no most common rate" in check["found"]
-    assert check["details"]["rates"] == ["InfiniBand " + HDR, "InfiniBand " + NDR]
+    assert check["details"]["rates"] == ["InfiniBand MT4129 " + HDR, "InfiniBand MT4129 " + NDR]
 
 
 def test_roce_ports_have_their_own_majority_and_can_be_left_out(tmp_path):
@@ -317,3 +317,92 @@ def test_the_cluster_rate_reference_is_computed_once_per_view(tmp_path):
     statuses = {fabric.decide(host, facts, wanted, cluster=cluster)["rate"]["status"] for host in hosts}
     assert statuses == {"pass"}
     assert time.perf_counter() - started < 2.0
+
+
+# --- what real machines show: odd physical states, mixed adapters, saturated or missing counters ------------
+
+
+def test_an_active_port_whose_physical_state_the_kernel_does_not_name_passes_saying_so(tmp_path):
+    make_tree(tmp_path, ports=2, states={"mlx5_0": ("4: ACTIVE", "0: <unknown>")})
+    check = audit(tmp_path)["ports"]
+    assert check["status"] == "pass"
+    assert "1 RDMA ports ACTIVE / LinkUp" in check["found"]
+    assert "1 ACTIVE whose physical state the kernel does not name (mlx5_0 port 1 (0000:18:00.0): '<unknown>')" in \
+        check["found"]
+    make_tree(tmp_path / "polling", ports=2, states={"mlx5_0": ("4: ACTIVE", "2: Polling")})
+    assert audit(tmp_path / "polling")["ports"]["status"] == "fail"
+
+
+CX6DX = ("MT4125", "MT_0000000528")
+IWARP = ("I40IW", "I40IW Board ID")
+
+
+def test_mixed_adapters_are_each_compared_with_their_own_kind(tmp_path):
+    # Eight NDR ports, two 100 Gb/s Ethernet ports of another adapter and a 10 Gb/s iWARP port, all as built.
+    make_tree(tmp_path, ports=8, slow={"mlx5_6": "100 Gb/sec (2X HDR)", "mlx5_7": "100 Gb/sec (2X HDR)",
+                                       "mlx5_5": "10 Gb/sec (4X)"},
+              link_layer={"mlx5_6": "Ethernet", "mlx5_7": "Ethernet"},
+              adapters={"mlx5_6": CX6DX, "mlx5_7": CX6DX, "mlx5_5": IWARP})
+    check = audit(tmp_path)["rate"]
+    assert check["status"] == "pass", check
+    assert "Ethernet MT4125 100 Gb/sec (2X HDR)" in check["found"] and "InfiniBand I40IW 10 Gb/sec (4X)" in \
+        check["found"]
+    # One NDR port trained down still fails against the other ports of its kind.
+    make_tree(tmp_path / "slow", ports=8, slow={"mlx5_6": "100 Gb/sec (2X HDR)", "mlx5_7": "100 Gb/sec (2X HDR)",
+                                                "mlx5_2": HDR},
+              link_layer={"mlx5_6": "Ethernet", "mlx5_7": "Ethernet"}, adapters={"mlx5_6": CX6DX, "mlx5_7": CX6DX})
+    check = audit(tmp_path / "slow")["rate"]
+    assert check["status"] == "fail" and "mlx5_2 port 1" in check["found"]
+    assert "the most common rate of the cluster's InfiniBand MT4129 ports" in check["found"]
+    assert "mlx5_6" not in check["found"]
+
+
+def test_a_mixed_adapter_node_among_uniform_ones_passes(tmp_path):
+    make_tree(tmp_path / "uniform")
+    uniform, wanted = read_node(tmp_path / "uniform")
+    make_tree(tmp_path / "mixed", slow={"mlx5_7": "100 Gb/sec (2X HDR)"}, link_layer={"mlx5_7": "InfiniBand"},
+              adapters={"mlx5_7": CX6DX})
+    mixed, _ = read_node(tmp_path / "mixed")
+    cluster = {"facts": {"gpu-node-01": uniform, "gpu-node-02": uniform, HOST: mixed},
+               "settings": {"gpu-node-01": wanted, "gpu-node-02": wanted, HOST: wanted}}
+    assert fabric.decide(HOST, mixed, wanted, cluster=cluster)["rate"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("counter, value, bits", [("link_downed", 255, 8), ("symbol_error", 65535, 16),
+                                                  ("local_link_integrity_errors", 15, 4),
+                                                  ("out_of_buffer", 4294967295, 32)])
+def test_a_counter_at_the_maximum_of_its_width_warns(tmp_path, counter, value, bits):
+    make_tree(tmp_path, ports=2)
+    bump(tmp_path, "mlx5_1", 1, counter, value - (3 if counter == "symbol_error" else 0))  # symbol_error starts at 3
+    check = audit(tmp_path)["counters"]
+    assert check["status"] == "warn", check
+    assert "mlx5_1 port 1 (0000:40:00.0): %s is %d, the maximum of its %d bits" % (counter, value, bits) in \
+        check["found"]
+    assert "perfquery -R" in check["fix"]
+
+
+def test_counters_an_adapter_does_not_provide_are_named_never_judged(tmp_path):
+    import shutil  # pylint: disable=import-outside-toplevel
+    make_tree(tmp_path, ports=2)
+    for directory in ("counters", "hw_counters"):
+        for name in (PORT_COUNTERS if directory == "counters" else HW_COUNTERS):
+            path = tmp_path / "class" / "infiniband" / "mlx5_1" / "ports" / "1" / directory / name
+            path.write_text("N/A (no PMA)\n")
+    check = audit(tmp_path)["counters"]
+    assert check["status"] == "pass"
+    assert "of 1 ports compared" in check["found"] and "no counters, not judged: mlx5_1 port 1" in check["found"]
+    assert "N/A (no PMA)" in check["found"]
+    for name in ("mlx5_0", "mlx5_1"):
+        for directory in ("counters", "hw_counters"):
+            shutil.rmtree(str(tmp_path / "class" / "infiniband" / name / "ports" / "1" / directory))
+    check = audit(tmp_path)["counters"]
+    assert check["status"] == "not_applicable" and "no RDMA port of %s provides counters" % HOST in check["found"]
+    assert "no counters in sysfs" in check["found"]
+
+
+def test_the_adapter_type_is_read_with_the_ports(tmp_path):
+    make_tree(tmp_path, ports=2, adapters={"mlx5_1": CX6DX})
+    facts, _ = read_node(tmp_path)
+    assert (facts["devices"]["mlx5_0"]["hca_type"], facts["devices"]["mlx5_1"]["hca_type"]) == ("MT4129", "MT4125")
+    assert facts["devices"]["mlx5_1"]["board_id"] == "MT_0000000528"
+    assert facts["devices"]["mlx5_0"]["ports"][0]["counters_present"] is True

@@ -57,7 +57,8 @@ FAULTS = [
     ("hw-slowdown", {"xml": "nvidia_smi_h100_hw_slowdown.xml"}, {}, "throttle",
      ("fail", "GPU 6 (00000000:BA:00.0) clocks_event_reasons/clocks_event_reason_hw_slowdown is Active", "cooling")),
     ("pcie-x8", {"xml": "nvidia_smi_h100_pcie_x8.xml"}, {}, "pcie",
-     ("fail", "GPU 2 (00000000:3A:00.0) PCIe link trained at x8, expected x16", "reseat GPU 2")),
+     ("fail", "GPU 2 (00000000:3A:00.0) PCIe link trained at x8 of its x16 while another NVIDIA H100 80GB HBM3 of "
+              "the node runs at x16", "reseat GPU 2")),
     ("pcie-below-min-width", {"xml": "nvidia_smi_h100_pcie_x8.xml"}, {"gpu_health_pcie_min_width": 16}, "pcie",
      ("fail", "x8, expected x16 (gpu_health_pcie_min_width)", "riser")),
     ("7-of-8", {"xml": "nvidia_smi_h100_7gpus.xml"}, {}, "count",
@@ -114,35 +115,43 @@ def test_sxid_non_fatal_warns_and_unknown_xid_names_the_catalog(tmp_path):
     assert "docs.nvidia.com/deploy/xid-errors" in checks["xid"]["fix"]
 
 
-def test_pcie_gen_below_max_warns_and_says_idle_gpus_downclock(tmp_path):
+def test_pcie_gen_below_max_under_load_warns(tmp_path):
     xml = fixture("nvidia_smi_h100_healthy.xml").replace(
         "<current_link_gen>5</current_link_gen>", "<current_link_gen>1</current_link_gen>", 1)
-    checks = audit(tmp_path, xml=(0, xml, ""))
+    checks = audit(tmp_path, xml=(0, xml, ""))  # the fixture's GPUs are in P0: under load
     assert statuses(checks) == dict(ALL_PASS, pcie="warn")
-    assert "GPU 0 (00000000:18:00.0) PCIe link at gen 1, max gen 5" in checks["pcie"]["found"]
-    assert "idle GPU" in checks["pcie"]["found"]
+    assert "GPU 0 (00000000:18:00.0) PCIe link at gen 1 of its max gen 5 under load (P0, 0 %)" in \
+        checks["pcie"]["found"]
 
 
-def test_ecc_disabled_warns_and_aggregate_errors_warn(tmp_path):
+def test_ecc_disabled_on_one_gpu_of_eight_warns_and_aggregate_errors_warn(tmp_path):
     xml = fixture("nvidia_smi_h100_healthy.xml").replace(
         "<current_ecc>Enabled</current_ecc>", "<current_ecc>Disabled</current_ecc>", 1)
     aggregate = "<dram_uncorrectable>0</dram_uncorrectable>\n\t\t\t</aggregate>"
     xml = xml.replace(aggregate, aggregate.replace(">0<", ">4<"), 2)
     checks = audit(tmp_path, xml=(0, xml, ""))
     assert statuses(checks) == dict(ALL_PASS, ecc="warn")
-    assert "GPU 0 (00000000:18:00.0) ecc_mode/current_ecc is Disabled" in checks["ecc"]["found"]
-    assert "GPU 1 (00000000:2A:00.0) ecc_errors/aggregate has 4" in checks["ecc"]["found"]
+    found = checks["ecc"]["found"]
+    assert "ecc_mode/current_ecc is Enabled on GPU 1 (00000000:2A:00.0)" in found
+    assert "but Disabled on GPU 0 (00000000:18:00.0)" in found
+    assert "GPU 1 (00000000:2A:00.0) ecc_errors/aggregate has 4" in found
+    assert "GPU 0 (00000000:18:00.0): ECC is Disabled, so memory errors are neither corrected nor counted" in found
 
 
-def test_remap_failure_and_persistence_off(tmp_path):
+def test_remap_failure_and_persistence_off_where_it_is_required(tmp_path):
     xml = fixture("nvidia_smi_h100_healthy.xml").replace(
         "<remapped_row_failure>No</remapped_row_failure>", "<remapped_row_failure>Yes</remapped_row_failure>", 1)
     xml = xml.replace("<persistence_mode>Enabled</persistence_mode>", "<persistence_mode>Disabled</persistence_mode>")
-    checks = audit(tmp_path, xml=(0, xml, ""))
+    checks = audit(tmp_path, xml=(0, xml, ""), overrides={"gpu_health_persistence_required": True})
     assert statuses(checks) == dict(ALL_PASS, memory="fail", persistence="warn")
     assert "GPU 0 (00000000:18:00.0) remapped_rows/remapped_row_failure is Yes" in checks["memory"]["found"]
     assert "RMA" in checks["memory"]["fix"]
     assert "GPU 7 (00000000:DB:00.0) persistence_mode is Disabled" in checks["persistence"]["found"]
+    # Not required (the default): said, not warned.
+    checks = audit(tmp_path / "default", xml=(0, xml, ""))
+    assert checks["persistence"]["status"] == "pass"
+    assert "persistence mode Enabled on 0 of 8 GPUs" in checks["persistence"]["found"]
+    assert "persistence mode Disabled, not required" in checks["persistence"]["found"]
 
 
 def test_sw_thermal_slowdown_warns(tmp_path):
@@ -241,7 +250,8 @@ def test_amd_node_reads_amd_smi(tmp_path):
                                 "throttle": "not_applicable", "pcie": "fail", "persistence": "not_applicable",
                                 "xid": "not_applicable", "dcgm": "not_applicable"}
     assert "GPU 2 (00000000:38:00.0) ecc.total_uncorrectable_count is 1" in checks["ecc"]["found"]
-    assert "GPU 5 (00000000:AF:00.0) PCIe link trained at x8, expected x16" in checks["pcie"]["found"]
+    assert "GPU 5 (00000000:AF:00.0) PCIe link trained at x8 of its x16 while another AMD Instinct MI300X" in \
+        checks["pcie"]["found"]
 
 
 def test_amd_smi_truncated_json_is_a_fact_then_a_failure(tmp_path):
@@ -328,7 +338,8 @@ def test_reader_parses_what_the_fake_tools_print(tmp_path, monkeypatch):
     args = gpu_health.read_args(settings(gpu_health_sysfs_root=str(sysfs)), NODE)
     facts = node_half.read(args, ops)
     assert facts["nvidia"]["error"] is None
-    nvlinks = nvlink.parse(fixture("nvidia_smi_nvlink_h100.txt"))
+    nvlinks = {entry["uuid"]: {key: entry[key] for key in ("active", "inactive", "gbps", "note")}
+               for entry in nvlink.parse(fixture("nvidia_smi_nvlink_h100.txt"))}
     assert facts["nvidia"]["gpus"] == [dict(gpu, nvlink=nvlinks[gpu["uuid"]]) for gpu in nvidia_smi_xml.parse(
         fixture("nvidia_smi_h100_ecc.xml"))["gpus"]]
     assert facts["nvidia"]["nvlink_error"] is None
@@ -432,11 +443,12 @@ def test_profile_fields(tmp_path):
 
 def test_nvlink_parser_reads_every_link_of_every_gpu():
     links = nvlink.parse(fixture("nvidia_smi_nvlink_h100_link_down.txt"))
-    assert len(links) == 8 and all(len(gpu["active"]) + len(gpu["inactive"]) == 18 for gpu in links.values())
-    down = [gpu for gpu in links.values() if gpu["inactive"]]
+    assert len(links) == 8 and all(len(gpu["active"]) + len(gpu["inactive"]) == 18 for gpu in links)
+    down = [gpu for gpu in links if gpu["inactive"]]
     assert [(gpu["index"], gpu["inactive"]) for gpu in down] == [(5, [3, 11])]
-    assert nvlink.parse("GPU 0: NVIDIA L40S (UUID: GPU-0a1b2c3d-0000-1111-2222-333344445555)\n") == {
-        "GPU-0a1b2c3d-0000-1111-2222-333344445555": {"index": 0, "active": [], "inactive": [], "gbps": {}}}
+    assert nvlink.parse("GPU 0: NVIDIA L40S (UUID: GPU-0a1b2c3d-0000-1111-2222-333344445555)\n") == [
+        {"index": 0, "uuid": "GPU-0a1b2c3d-0000-1111-2222-333344445555", "name": "NVIDIA L40S", "active": [],
+         "inactive": [], "gbps": {}, "note": None}]
     with pytest.raises(ValueError, match="line 1"):
         nvlink.parse("NVML: Unable to determine the device handle\n")
 

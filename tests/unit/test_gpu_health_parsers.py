@@ -65,7 +65,7 @@ def test_unavailable_and_missing_fields_are_none():
     assert gpu["persistence_mode"] is None and gpu["ecc_mode_current"] is None
     assert gpu["ecc_uncorrectable_volatile"] is None and gpu["ecc_uncorrectable_aggregate"] is None
     assert gpu["pcie_width_current"] is None and gpu["pcie_gen_max"] is None
-    assert gpu["remap_pending"] is None and gpu["throttle_active"] == []
+    assert gpu["remap_pending"] is None and gpu["throttle_active"] is None
     assert nvidia_smi_xml.parse(_one_gpu(""))["cuda_version"] is None
 
 
@@ -183,7 +183,7 @@ def test_amd_smi_static_and_metric():
     assert [gpu["index"] for gpu in gpus] == list(range(8))
     assert gpus[0] == {"index": 0, "bus_id": "00000000:0C:00.0", "model": "AMD Instinct MI300X", "pcie_gen_max": 5,
                        "pcie_gen_current": 5, "pcie_width_max": 16, "pcie_width_current": 16, "ecc_uncorrectable": 0,
-                       "ecc_correctable": 0, "driver_version": "6.7.0"}
+                       "ecc_correctable": 0, "pcie_replays": 0, "driver_version": "6.7.0"}
     assert gpus[2]["ecc_uncorrectable"] == 1 and gpus[2]["ecc_correctable"] == 3
     assert gpus[5]["pcie_width_current"] == 8
 
