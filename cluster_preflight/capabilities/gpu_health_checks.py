@@ -164,6 +164,10 @@ def count(host, facts, settings):
     found_ok = ", ".join("%d %s GPUs on the PCI bus, %d in %s" % (pci.get("%s_gpus" % vendor) or 0,
                                                                   VENDOR_NAMES[vendor], seen[vendor], TOOLS[vendor])
                          for vendor in TOOLS if seen[vendor] or pci.get("%s_gpus" % vendor))
+    if pci.get("present") is False:
+        # A VM or sandbox without a visible PCI bus: the tools' own lists are all there is to compare.
+        found_ok += " (%s: the tools' lists are not compared with the bus)" % "; ".join(
+            pci.get("notes") or ["no PCI bus visible"])
     return combine(host, items, expected, found_ok, 1)
 
 
