@@ -1,12 +1,14 @@
-"""GPU health, RDMA fabric and the known-good profile end to end on the namespace test bed: four nodes that
+"""GPU health, RDMA fabric and the known-good profile end to end on the namespace test bed: six nodes that
 look like 8-GPU InfiniBand nodes, each with its own fake ``nvidia-smi``, ``dcgmi`` and ``journalctl`` (in its
 own overlay of ``/usr/local/bin``, first on its PATH), its own fake PCI bus and ``/sys/class/infiniband`` tree,
 all over real SSH; the all-reduce itself stays real (gloo).
 
-Two playbook runs: a healthy bed passes and ``baseline`` records its profile; then, gated against that profile,
-one node drifts (another driver), one lost a GPU and an IB port, and one logged Xid 79, lost an NVLink and takes link errors
-while the all-reduce runs (a counter bumped mid-run): each fails with exactly its findings, the healthy node
-passes."""
+Two playbook runs: the first four nodes, healthy, pass and ``baseline`` records their profile; then, the four gated
+against that profile, one node drifts (another driver), one lost a GPU and an IB port, and one logged Xid 79, lost an
+NVLink and takes link errors while the all-reduce runs (a counter bumped mid-run): each fails with exactly its
+findings, the healthy node passes.  In the same run two healthy nodes of other kinds, without a profile, pass: one
+with its eight GPUs in MIG mode (nvidia-smi answers NVLink queries with a sentence, row remapping is N/A), one with
+two HDR adapters of another type next to its six NDR ones (their rate is compared with their own kind)."""
 
 import os
 import threading
@@ -25,8 +27,12 @@ from testbed import testbed_fixture
 
 pytestmark = pytest.mark.timeout(900)
 
-NODES = 4
+NODES = 6
 HEALTHY_XML = os.path.join(FIXTURES, "nvidia_smi_h100_healthy.xml")
+MIG_XML = os.path.join(FIXTURES, "nvidia_smi_h100_mig.xml")
+# Two ConnectX-6 (MT4123) HDR ports next to the node's six ConnectX-7 NDR ones, all InfiniBand.
+MIXED = {"slow": {"mlx5_6": "200 Gb/sec (4X HDR)", "mlx5_7": "200 Gb/sec (4X HDR)"},
+         "adapters": {"mlx5_6": ("MT4123", "MT_0000000223"), "mlx5_7": ("MT4123", "MT_0000000223")}}
 EXTRA = {"ssh_trust_mesh": False}
 
 
@@ -44,17 +50,19 @@ def drifted_xml(directory):
 
 
 def make_gpu_node(bed, node, root, xml=HEALTHY_XML, kernel_log="kernel_log_clean.txt", gpus_on_bus=8, down=(),
-                  nvlink_down=None):
-    """Fake GPU tools in ``node``'s /usr/local/bin, a fake PCI bus and IB tree; returns the node's host vars."""
+                  nvlink_down=None, nvlink_file=None, fabric=None):
+    """Fake GPU tools in ``node``'s /usr/local/bin, a fake PCI bus and IB tree (``fabric``: more of
+    ``fabric_tree.make_tree``'s arguments); returns the node's host vars."""
     staging = root / "bin"
     fake_gpu_tools.install(staging, nvidia_xml=xml, kernel_log=os.path.join(FIXTURES, kernel_log),
-                           dcgm_json=os.path.join(FIXTURES, "dcgmi_diag_r1_pass.json"), nvlink_down=nvlink_down)
+                           dcgm_json=os.path.join(FIXTURES, "dcgmi_diag_r1_pass.json"), nvlink_down=nvlink_down,
+                           nvlink_file=nvlink_file)
     # Written from inside the node (its own mount namespace), replacing what an earlier test put there.
     bed.run(node, ["sh", "-c", "rm -rf /usr/local/bin/.fake_gpu /usr/local/bin/nvidia-smi /usr/local/bin/dcgmi "
                    "/usr/local/bin/journalctl && cp -a %s/. /usr/local/bin/" % staging], check=True)
     assert "NVIDIA H100" in bed.run(node, ["nvidia-smi", "-q", "-x"], check=True).stdout
     sysfs = make_sysfs(root, nvidia_node(gpus_on_bus))
-    fabric_tree.make_tree(str(root / "fab"), down=down)
+    fabric_tree.make_tree(str(root / "fab"), down=down, **(fabric or {}))
     return {"gpu_health_sysfs_root": str(sysfs), "fabric_sysfs_root": str(root / "fab")}
 
 
@@ -67,13 +75,19 @@ def failed(verdict, host):
     return sorted(name for name, check in verdict["nodes"][host]["checks"].items() if check["status"] == "fail")
 
 
+def h100_nodes(bed):
+    """The four nodes of the profiled group (the other two are nodes of other kinds)."""
+    return bed.nodes[:4]
+
+
 @pytest.fixture(scope="module")
 def recorded(bed, tmp_path_factory):
-    """The healthy run, and the profile ``baseline`` recorded from it."""
+    """The healthy run of the profiled group, and the profile ``baseline`` recorded from it."""
     tmp_path = tmp_path_factory.mktemp("healthy")
-    host_vars = {node.name: make_gpu_node(bed, node, tmp_path / node.name) for node in bed.nodes}
+    host_vars = {node.name: make_gpu_node(bed, node, tmp_path / node.name) for node in h100_nodes(bed)}
     inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"), host_vars=host_vars)
-    result = run_playbook(tmp_path, inventory=inventory, timeout=600, extravars=EXTRA)
+    limit = ",".join(node.name for node in h100_nodes(bed))
+    result = run_playbook(tmp_path, inventory=inventory, timeout=600, extravars=EXTRA, limit=limit)
     assert result.verdict is not None, explain(result)
     out = tmp_path / "profiles"
     code = cli.main(["baseline", "-i", inventory, "--from", os.path.join(result.results_dir, "latest"),
@@ -85,7 +99,8 @@ def test_a_healthy_gpu_bed_passes_every_gpu_and_fabric_check_and_baseline_record
     result, code, profile = recorded
     verdict = result.verdict
     assert verdict["status"] == "pass", explain(result)
-    for node in bed.nodes:
+    assert sorted(verdict["hosts"]) == sorted(node.name for node in h100_nodes(bed))
+    for node in h100_nodes(bed):
         checks = hardware_checks(verdict, node.name)
         for name in ("gpu_health.count", "gpu_health.ecc", "gpu_health.memory", "gpu_health.throttle",
                      "gpu_health.pcie", "gpu_health.nvlink", "gpu_health.xid", "gpu_health.dcgm", "fabric.ports",
@@ -115,14 +130,19 @@ def bump_when_ranks_run(bed, node, tree, done):
 
 def test_each_hardware_fault_and_a_drift_from_the_profile_fail_exactly_their_node(bed, recorded, tmp_path):
     _result, _code, profile = recorded
-    healthy, drifted, short, xid = (node.name for node in bed.nodes)
+    healthy, drifted, short, xid, mig, mixed = (node.name for node in bed.nodes)
     host_vars = {
         healthy: make_gpu_node(bed, bed.nodes[0], tmp_path / healthy),
         drifted: make_gpu_node(bed, bed.nodes[1], tmp_path / drifted, xml=drifted_xml(tmp_path)),
         short: make_gpu_node(bed, bed.nodes[2], tmp_path / short,
                              xml=os.path.join(FIXTURES, "nvidia_smi_h100_7gpus.xml"), down=("mlx5_3",)),
         xid: make_gpu_node(bed, bed.nodes[3], tmp_path / xid, kernel_log="kernel_log_xid79.txt", nvlink_down={2: [4]}),
+        mig: make_gpu_node(bed, bed.nodes[4], tmp_path / mig, xml=MIG_XML,
+                           nvlink_file=os.path.join(FIXTURES, "nvidia_smi_nvlink_mig.txt")),
+        mixed: make_gpu_node(bed, bed.nodes[5], tmp_path / mixed, fabric=MIXED),
     }
+    for node in h100_nodes(bed):
+        host_vars[node.name]["profile_file"] = profile
     inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"), host_vars=host_vars)
     done = threading.Event()
     striker = threading.Thread(target=bump_when_ranks_run, args=(bed, bed.nodes[3], host_vars[xid]["fabric_sysfs_root"],
@@ -131,7 +151,7 @@ def test_each_hardware_fault_and_a_drift_from_the_profile_fail_exactly_their_nod
     try:
         # gloo busbw on a shared 2-core machine varies run to run: the test is about the hardware fields.
         result = run_playbook(tmp_path, inventory=inventory, timeout=600,
-                              extravars=dict(EXTRA, profile_file=profile, profile_busbw_tolerance=0.95))
+                              extravars=dict(EXTRA, profile_busbw_tolerance=0.95))
     finally:
         done.set()
         striker.join()
@@ -157,6 +177,17 @@ def test_each_hardware_fault_and_a_drift_from_the_profile_fail_exactly_their_nod
     assert "symbol_error" in checks["fabric.counters"]["found"] and "mlx5_5" in checks["fabric.counters"]["found"]
     assert "GPU 2 (00000000:3A:00.0) has 17 active NVLinks, its peers 18 (inactive: link 4)" in checks[
         "gpu_health.nvlink"]["found"]
+    # The nodes of other kinds: nothing failed, what MIG mode hides said so, the HDR adapters judged among their kind.
+    for host in (mig, mixed):
+        assert failed(verdict, host) == [] and verdict["nodes"][host]["status"] == "warn", explain(result)
+    checks = verdict["nodes"][mig]["checks"]
+    assert checks["gpu_health.nvlink"]["status"] == "not_applicable"
+    assert "Nvlink queries are not supported for Devices in MIG mode" in checks["gpu_health.nvlink"]["found"]
+    assert checks["gpu_health.memory"]["status"] == "not_applicable" and "MIG mode" in checks["gpu_health.memory"]["found"]
+    assert all(checks[name]["status"] == "pass" for name in ("gpu_health.count", "gpu_health.ecc", "gpu_health.pcie",
+                                                               "gpu_health.xid", "fabric.rate", "fabric.ports"))
+    rate = verdict["nodes"][mixed]["checks"]["fabric.rate"]
+    assert rate["status"] == "pass" and "InfiniBand MT4123 200 Gb/sec (4X HDR)" in rate["found"], rate
     for host in (drifted, short, xid):
         for name in failed(verdict, host):
             check = verdict["nodes"][host]["checks"][name]

@@ -12,12 +12,11 @@ import pytest
 from preflight_node import nvidia_smi_xml, nvlink
 from cluster_preflight.capabilities import gpu_health
 from capability_helpers import assert_contract as check_contract, assert_one_problem, statuses
-from gpu_health_helpers import H100, H100_BUS, HOST, fixture, read_node, settings
+from gpu_health_helpers import H100, H100_BUS, HOST, fixture, nvidia_node, read_node, settings
 
 assert_contract = functools.partial(check_contract, "gpu_health", host=HOST)
 RTX4090 = ("0x10de", "0x2684", "0x030000")
 PAIR_BUS = [(H100_BUS[0], RTX4090), (H100_BUS[1], RTX4090)]
-TWO_H100 = [(H100_BUS[0], H100), (H100_BUS[1], H100)]
 
 
 def audit(tmp_path, **kwargs):
@@ -36,7 +35,8 @@ def pair(tmp_path, xml=None, **kwargs):
 
 
 def test_a_mig_node_passes_and_says_what_mig_mode_hides(tmp_path):
-    checks, facts = audit(tmp_path, devices=TWO_H100, xml="nvidia_smi_h100_mig.xml", nvlink="nvidia_smi_nvlink_mig.txt")
+    checks, facts = audit(tmp_path, devices=nvidia_node(), xml="nvidia_smi_h100_mig.xml",
+                          nvlink="nvidia_smi_nvlink_mig.txt")
     assert facts["nvidia"]["nvlink_error"] is None
     assert facts["nvidia"]["gpus"][0]["mig_mode"] == "Enabled"
     assert statuses(checks) == {"count": "pass", "ecc": "pass", "memory": "not_applicable", "throttle": "pass",
