@@ -139,8 +139,8 @@ def torch_step(steps, args):
     try:
         found = json.loads(proc.stdout.decode(errors="replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
-        steps.record("torch", "failed", "%s cannot import torch: %s" % (
-            args.training_python, proc.stderr.decode(errors="replace").strip()[-300:]), started)
+        error = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        steps.record("torch", "failed", "%s cannot import torch: %s" % (args.training_python, error[-300:]), started)
         return None
     if not found["count"]:
         steps.record("torch", "failed", "torch %s in %s sees no CUDA device (CUDA %s): NCCL has nothing to run on" % (

@@ -55,8 +55,8 @@ def _width(vendor, gpu, floor, siblings):
         return [("width", "", None)]
     sibling = siblings.get((vendor, gpu.get("model")), width)
     if width * 4 <= top:
-        return [("fail", "%s PCIe link trained at x%d of its x%d (a quarter of its lanes or fewer)" % (name, width, top),
-                 reseat)]
+        return [("fail", "%s PCIe link trained at x%d of its x%d (a quarter of its lanes or fewer)" % (
+            name, width, top), reseat)]
     if sibling > width:
         return [("fail", "%s PCIe link trained at x%d of its x%d while another %s of the node runs at x%d" % (
             name, width, top, gpu.get("model"), sibling), reseat)]

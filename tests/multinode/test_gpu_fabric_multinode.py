@@ -183,7 +183,8 @@ def test_each_hardware_fault_and_a_drift_from_the_profile_fail_exactly_their_nod
     checks = verdict["nodes"][mig]["checks"]
     assert checks["gpu_health.nvlink"]["status"] == "not_applicable"
     assert "Nvlink queries are not supported for Devices in MIG mode" in checks["gpu_health.nvlink"]["found"]
-    assert checks["gpu_health.memory"]["status"] == "not_applicable" and "MIG mode" in checks["gpu_health.memory"]["found"]
+    memory = checks["gpu_health.memory"]
+    assert memory["status"] == "not_applicable" and "MIG mode" in memory["found"]
     assert all(checks[name]["status"] == "pass" for name in ("gpu_health.count", "gpu_health.ecc", "gpu_health.pcie",
                                                                "gpu_health.xid", "fabric.rate", "fabric.ports"))
     rate = verdict["nodes"][mixed]["checks"]["fabric.rate"]

@@ -26,6 +26,18 @@ def audit(tmp_path, **kwargs):
     return checks, facts
 
 
+def expect(check, status, *words):
+    """``check`` has ``status`` and every one of ``words`` in its found text."""
+    assert check["status"] == status and all(word in check["found"] for word in words), check
+
+
+def edited(name, old, new, count=1):
+    """A tool answer: fixture ``name`` with ``old`` replaced by ``new`` (``count`` times)."""
+    text = fixture(name)
+    assert old in text, old
+    return (0, text.replace(old, new, count), "")
+
+
 def pair(tmp_path, xml=None, **kwargs):
     return audit(tmp_path, devices=PAIR_BUS, xml=xml or "nvidia_smi_rtx4090_pair.xml",
                  nvlink="nvidia_smi_nvlink_none.txt", **kwargs)
@@ -90,7 +102,8 @@ def _loaded(xml_name, index, state="P0"):
 def test_an_idle_gpu_at_a_lower_generation_passes_and_a_loaded_one_warns(tmp_path):
     checks, _facts = pair(tmp_path, xml=_loaded("nvidia_smi_rtx4090_pair.xml", 1))
     assert checks["pcie"]["status"] == "warn"
-    assert "GPU 1 (00000000:2A:00.0) PCIe link at gen 1 of its max gen 4 under load (P0, 0 %)" in checks["pcie"]["found"]
+    assert "GPU 1 (00000000:2A:00.0) PCIe link at gen 1 of its max gen 4 under load (P0, 0 %)" in \
+        checks["pcie"]["found"]
     assert "GPU 0 (00000000:18:00.0): gen 1 of 4 while idle" in checks["pcie"]["found"]
     busy = fixture("nvidia_smi_rtx4090_pair.xml").replace("<gpu_util>0 %</gpu_util>", "<gpu_util>97 %</gpu_util>")
     checks, _facts = pair(tmp_path / "busy", xml=(0, busy.replace("P8", "P2"), ""))
@@ -117,17 +130,14 @@ def test_a_link_narrower_than_its_siblings_or_a_quarter_of_its_width_fails(tmp_p
 
 def test_half_width_fails_where_the_operator_requires_the_full_width(tmp_path):
     checks, _facts = pair(tmp_path, overrides={"gpu_health_pcie_min_width": 16})
-    assert checks["pcie"]["status"] == "fail" and "x8, expected x16 (gpu_health_pcie_min_width)" in \
-        checks["pcie"]["found"]
+    expect(checks["pcie"], "fail", "x8, expected x16 (gpu_health_pcie_min_width)")
 
 
 def test_pcie_replays_above_the_limit_warn(tmp_path):
-    xml = fixture("nvidia_smi_h100_healthy.xml").replace("<replay_counter>0</replay_counter>",
-                                                         "<replay_counter>147</replay_counter>", 1)
-    checks, _facts = audit(tmp_path, xml=(0, xml, ""))
-    assert checks["pcie"]["status"] == "warn"
-    assert "GPU 0 (00000000:18:00.0) PCIe replay count is 147 since boot" in checks["pcie"]["found"]
-    checks, _facts = audit(tmp_path / "allowed", xml=(0, xml, ""), overrides={"gpu_health_pcie_replay_max": 200})
+    xml = edited("nvidia_smi_h100_healthy.xml", "<replay_counter>0</", "<replay_counter>147</")
+    checks, _facts = audit(tmp_path, xml=xml)
+    expect(checks["pcie"], "warn", "GPU 0 (00000000:18:00.0) PCIe replay count is 147 since boot")
+    checks, _facts = audit(tmp_path / "allowed", xml=xml, overrides={"gpu_health_pcie_replay_max": 200})
     assert checks["pcie"]["status"] == "pass" and "replays within gpu_health_pcie_replay_max on 8" in \
         checks["pcie"]["found"]
 
@@ -155,27 +165,22 @@ def test_a_gpu_the_driver_counts_but_does_not_list_fails_the_count(tmp_path):
 
 
 def test_ecc_disabled_is_not_observed_unless_required_and_a_pending_change_warns(tmp_path):
-    disabled = fixture("nvidia_smi_rtx4090_pair.xml").replace("<current_ecc>N/A</current_ecc>",
-                                                              "<current_ecc>Disabled</current_ecc>")
-    checks, _facts = pair(tmp_path, xml=(0, disabled, ""))
+    disabled = edited("nvidia_smi_rtx4090_pair.xml", "<current_ecc>N/A</", "<current_ecc>Disabled</", 2)
+    checks, _facts = pair(tmp_path, xml=disabled)
     assert checks["ecc"]["status"] == "not_applicable"
     assert "ECC is Disabled, so memory errors are neither corrected nor counted" in checks["ecc"]["found"]
-    checks, _facts = pair(tmp_path / "required", xml=(0, disabled, ""), overrides={"gpu_health_ecc_required": True})
-    assert checks["ecc"]["status"] == "warn" and "is Disabled (gpu_health_ecc_required)" in checks["ecc"]["found"]
-    pending = fixture("nvidia_smi_h100_healthy.xml").replace("<pending_ecc>Enabled</pending_ecc>",
-                                                             "<pending_ecc>Disabled</pending_ecc>", 1)
-    checks, _facts = audit(tmp_path / "pending", xml=(0, pending, ""))
-    assert checks["ecc"]["status"] == "warn" and "pending_ecc Disabled: the change waits for a GPU reset" in \
-        checks["ecc"]["found"]
+    checks, _facts = pair(tmp_path / "required", xml=disabled, overrides={"gpu_health_ecc_required": True})
+    expect(checks["ecc"], "warn", "is Disabled (gpu_health_ecc_required)")
+    pending = edited("nvidia_smi_h100_healthy.xml", "<pending_ecc>Enabled</", "<pending_ecc>Disabled</")
+    checks, _facts = audit(tmp_path / "pending", xml=pending)
+    expect(checks["ecc"], "warn", "pending_ecc Disabled: the change waits for a GPU reset")
 
 
 def test_persistence_modes_that_differ_on_one_node_warn(tmp_path):
-    xml = fixture("nvidia_smi_rtx4090_pair.xml").replace("<persistence_mode>Enabled</persistence_mode>",
-                                                         "<persistence_mode>Disabled</persistence_mode>", 1)
-    checks, _facts = pair(tmp_path, xml=(0, xml, ""))
-    assert checks["persistence"]["status"] == "warn"
-    assert "persistence_mode is Enabled on GPU 1 (00000000:2A:00.0) but Disabled on GPU 0" in \
-        checks["persistence"]["found"]
+    xml = edited("nvidia_smi_rtx4090_pair.xml", "<persistence_mode>Enabled</", "<persistence_mode>Disabled</")
+    checks, _facts = pair(tmp_path, xml=xml)
+    expect(checks["persistence"], "warn",
+           "persistence_mode is Enabled on GPU 1 (00000000:2A:00.0) but Disabled on GPU 0")
 
 
 def test_the_new_settings_are_validated():
@@ -200,7 +205,8 @@ def test_nvlink_sentences_are_notes_and_masked_uuids_match_by_index():
 
 def test_a_gpu_in_mig_mode_among_nvlink_gpus_is_named_and_a_non_zero_exit_with_answers_counts(tmp_path):
     lines = fixture("nvidia_smi_nvlink_h100.txt").split("GPU 7:")
-    text = lines[0] + "GPU 7:" + lines[1].splitlines()[0] + "\nNvlink queries are not supported for Devices in MIG mode\n"
+    text = "%sGPU 7:%s\nNvlink queries are not supported for Devices in MIG mode\n" % (
+        lines[0], lines[1].splitlines()[0])
     checks, facts = audit(tmp_path, nvlink=(3, text, ""))
     assert facts["nvidia"]["nvlink_error"] is None
     assert checks["nvlink"]["status"] == "pass"
@@ -215,7 +221,8 @@ MI250 = ("0x1002", "0x740c", "0x038000")
 
 
 def _rocm(replays):
-    cards = {"card%d" % index: {"Card series": "AMD Instinct MI250X/MI250", "PCI Bus": "0000:%02X:00.0" % (0xc1 + index),
+    cards = {"card%d" % index: {"Card series": "AMD Instinct MI250X/MI250",
+                                "PCI Bus": "0000:%02X:00.0" % (0xc1 + index),
                                 "PCIe Replay Count": str(replay), "pcie clock level": "1 (16.0GT/s x16)"}
              for index, replay in enumerate(replays)}
     return json.dumps(dict(cards, system={"Driver version": "6.8.5"}))
