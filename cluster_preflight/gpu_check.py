@@ -292,12 +292,31 @@ def parse_args(argv):
     return args
 
 
+def own_folder(path):
+    """Create ``path`` (0700) or accept it only when it is a real folder of ours no one else can write: the run
+    writes and runs files there, often as root, so a folder another account controls is refused.  Returns why not,
+    or None."""
+    import stat  # pylint: disable=import-outside-toplevel
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        found = os.lstat(path)
+    except OSError as exc:
+        return "cannot create %s: %s" % (path, exc.strerror or exc)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o022:
+        return ("%s is not a folder of this user that only it can write (owner uid %d, mode %o): choose another "
+                "--out" % (path, found.st_uid, stat.S_IMODE(found.st_mode)))
+    return None
+
+
 def main(argv=None):
     try:
         args = parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code else EXIT_PASS
-    os.makedirs(args.out, mode=0o700, exist_ok=True)
+    refused = own_folder(args.out)
+    if refused:
+        sys.stderr.write("gpu-check: %s\n" % refused)
+        return EXIT_USAGE
     steps = Steps(args.out, args.budget)
     started = time.monotonic()
     gpus, why = capture.find_gpus(args.nvidia_smi)

@@ -126,6 +126,18 @@ def test_bad_arguments_exit_4():
     assert gpu_check.main(["--budget", "5"]) == 4
 
 
+def test_an_output_folder_others_can_write_or_a_link_is_refused(tmp_path, capsys):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert gpu_check.main(["--out", str(shared)]) == 4
+    assert "only it can write" in capsys.readouterr().err and os.listdir(shared) == []
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    assert gpu_check.main(["--out", str(tmp_path / "link")]) == 4
+    assert os.listdir(tmp_path / "elsewhere") == []
+
+
 def test_the_wheels_are_the_versions_the_project_pins():
     with open(os.path.join(ROOT, "requirements.txt")) as handle:
         pinned = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", handle.read(), re.M))
