@@ -111,6 +111,12 @@ def test_the_nccl_transport_line_is_read_from_the_ranks_logs(tmp_path):
     assert steps.rows[-1]["status"] == "ok"
     assert steps.rows[-1]["found"] == "gpu0:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:198.18.0.5<0>"
     assert len((tmp_path / "nccl.txt").read_text().splitlines()) == 6  # every NCCL line, not the worker's own
+    # No transport line: a failure with peers to connect to, nothing to say of the machine with one rank.
+    (run_dir / "localhost.rank0.stdout.log").write_text("gpu0:1:1 [0] NCCL INFO NCCL version 2.27.7+cuda13.0\n")
+    for world, status in ((2, "failed"), (1, "skipped")):
+        verdict.raw = {"allreduce": {"world_size": world}}
+        gpu_check.nccl_step(steps, args, verdict)
+        assert steps.rows[-1]["status"] == status and "no NCCL transport line" in steps.rows[-1]["found"]
 
 
 def test_a_shim_runs_ansible_playbook_with_this_python_when_it_is_not_on_path(tmp_path, monkeypatch):
