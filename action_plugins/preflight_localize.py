@@ -27,6 +27,7 @@ from cluster_preflight import capabilities as registry
 from cluster_preflight import localize
 from cluster_preflight import registers
 from cluster_preflight import retest
+from cluster_preflight.run_lock import round_lock
 from cluster_preflight.allreduce_outcome import own_faults
 from preflight_node.checks import error
 from cluster_preflight.cluster import ClusterView, outcome as localize_outcome, without_gc
@@ -279,6 +280,10 @@ class ActionModule(ControllerAction):
                     previous = view.result(view.hosts[0], REGISTER) or {}
                     outcome = previous if previous.get("done") or "state" not in previous else advance(
                         view, previous)
+                if view.hosts and outcome.get("needed") and not outcome.get("done"):
+                    # Every node the run holds renews its lease for the round, those sitting it out too.
+                    outcome["lock"] = round_lock((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock"),
+                                                 outcome)
         except Exception as exc:  # pylint: disable=broad-except
             # A defect here must not cost the verdict: every node gets the error, the run goes on to it.
             found = "the localisation raised %s: %s" % (type(exc).__name__, exc)
