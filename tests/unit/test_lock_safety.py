@@ -268,3 +268,32 @@ def test_a_node_lost_to_another_run_mid_run_is_unverified_never_failed():
     node = verdict["nodes"]["n1"]
     assert node["status"] == "unverified" and verdict["failed_hosts"] == [], node
     assert "far:7:1" in node["checks"]["preflight.probes"]["found"]
+
+
+def test_every_node_the_run_holds_renews_for_each_localisation_round():
+    import importlib.util  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from localize_helpers import SLOW_BW, base_args, ranks  # pylint: disable=import-outside-toplevel
+
+    spec = importlib.util.spec_from_file_location("preflight_localize_lock", os.path.join(
+        os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_localize.py"))
+    action = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(action)
+    names = ["n0", "n1", "n2", "n3"]
+    held = {"dir": "/run/cluster-preflight", "run_id": "ctl:1:1", "lease_seconds": 205, "slack": 120}
+    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": 29500, "args_by_host": base_args(names)}
+    hostvars = {host: {"preflight_settings": {"settings": {"allreduce": {
+        "allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7, "allreduce_localize": True}},
+        "node": {"name": host, "node_addr": "198.18.200.%d" % index}}, "preflight_inputs": {"lock": held},
+        "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},
+        "preflight_probes": {"job": {"ranks": ranks(busbw=SLOW_BW)}}} for index, host in enumerate(names)}
+    view = ClusterView({"ansible_play_hosts_all": names, "hostvars": hostvars})
+    planned = action.with_round_lock(view, action.start(view))
+    assert planned["needed"] and not planned["done"]
+    # Round 1: one step of pairs (wait 200 s each), then the confirmation run; plus an SSH connection each, and
+    # the grace.
+    assert planned["lock"] == dict(held, lease_seconds=2 * 225 + 120, renewal=True)
+    assert "lock" not in action.with_round_lock(view, dict(planned, done=True))
+    hostvars["n0"]["preflight_inputs"] = {"lock": {}}
+    view = ClusterView({"ansible_play_hosts_all": names, "hostvars": hostvars})
+    assert "lock" not in action.with_round_lock(view, action.start(view)), "no run lock, nothing to renew"
