@@ -39,6 +39,20 @@ def _writable_by_others(mode):
     return bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
+def _entry_problem(path, info, regular, owners, sticky_ok=False, where=""):
+    """Why the entry ``path`` (its ``lstat``/``stat`` result ``info``) may be changed by an account outside
+    ``owners`` (uids), or is not the kind expected (``regular`` file, else directory), or ""."""
+    if not (stat.S_ISREG(info.st_mode) if regular else stat.S_ISDIR(info.st_mode)):
+        return "%s is not a %s" % (path, "regular file" if regular else "directory")
+    if info.st_uid not in owners:
+        return "%s%s is owned by %s, not by %s" % (path, where, _owner(info.st_uid),
+                                                   " or ".join(_owner(uid) for uid in owners))
+    if _writable_by_others(info.st_mode) and not (sticky_ok and info.st_mode & stat.S_ISVTX):
+        return "%s%s is writable by other accounts (mode %04o%s)" % (
+            path, where, stat.S_IMODE(info.st_mode), ", not sticky" if sticky_ok else "")
+    return ""
+
+
 def _parent_problem(path, euid):
     """Why a directory above the state path lets another account swap what lies below it, or ""."""
     try:
@@ -53,13 +67,9 @@ def _parent_problem(path, euid):
             info = os.lstat(current)
         except OSError as exc:
             return "%s cannot be checked: %s" % (current, exc.strerror or exc)
-        if not stat.S_ISDIR(info.st_mode):
-            return "%s is not a directory" % current
-        if info.st_uid not in (0, euid):
-            return "%s, above it, is owned by %s" % (current, _owner(info.st_uid))
-        if _writable_by_others(info.st_mode) and not info.st_mode & stat.S_ISVTX:
-            return "%s, above it, is writable by other accounts (mode %04o, not sticky)" % (
-                current, stat.S_IMODE(info.st_mode))
+        problem = _entry_problem(current, info, False, sorted({0, euid}), sticky_ok=True, where=", above it,")
+        if problem:
+            return problem
     return ""
 
 
@@ -72,13 +82,8 @@ def dir_problem(path, euid=None):
         return "%s cannot be checked: %s" % (path, exc.strerror or exc)
     if stat.S_ISLNK(info.st_mode):
         return "%s is a symbolic link (to %s)" % (path, os.readlink(path))
-    if not stat.S_ISDIR(info.st_mode):
-        return "%s is not a directory" % path
-    if info.st_uid != euid:
-        return "%s is owned by %s, not by %s" % (path, _owner(info.st_uid), _owner(euid))
-    if _writable_by_others(info.st_mode):
-        return "%s is writable by other accounts (mode %04o)" % (path, stat.S_IMODE(info.st_mode))
-    return _parent_problem(os.path.dirname(os.path.abspath(path)), euid)
+    return _entry_problem(path, info, False, [euid]) or _parent_problem(os.path.dirname(os.path.abspath(path)),
+                                                                         euid)
 
 
 def private_dir(path, fix, euid=None):
@@ -111,10 +116,4 @@ def trusted_file(path, euid=None):
         return ""
     except OSError as exc:
         return "%s cannot be checked: %s" % (path, exc.strerror or exc)
-    if not stat.S_ISREG(info.st_mode):
-        return "%s is not a regular file" % path
-    if info.st_uid not in (0, euid):
-        return "%s is owned by %s" % (path, _owner(info.st_uid))
-    if _writable_by_others(info.st_mode):
-        return "%s is writable by other accounts (mode %04o)" % (path, stat.S_IMODE(info.st_mode))
-    return _parent_problem(os.path.dirname(real), euid)
+    return _entry_problem(path, info, True, sorted({0, euid})) or _parent_problem(os.path.dirname(real), euid)

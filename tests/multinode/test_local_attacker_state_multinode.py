@@ -239,6 +239,7 @@ def test_a_gate_from_a_lost_controller_frees_the_nodes_within_the_bound_of_its_l
         until = max(item["expires"] for item in leases.values())
         # The lease reaches the stage in flight (the all-reduce its probes call waits for), not the whole run.
         assert until - killed <= LOST_HORIZON, leases
+        TIMES.append(("lost controller: its leases held the nodes after the kill", until - killed))
 
         # The next gate, at once: busy, until when, and the command that frees the nodes now.
         result = _gate(bed, tmp_path / "next")
