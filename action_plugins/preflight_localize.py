@@ -27,6 +27,7 @@ from cluster_preflight import capabilities as registry
 from cluster_preflight import localize
 from cluster_preflight import registers
 from cluster_preflight import retest
+from cluster_preflight.run_lock import round_lock
 from cluster_preflight.allreduce_outcome import own_faults
 from preflight_node.checks import error
 from cluster_preflight.cluster import ClusterView, outcome as localize_outcome, without_gc
@@ -259,6 +260,16 @@ def advance(view, previous):
     return plan_next(state, planned["round"] + 1)
 
 
+def with_round_lock(view, outcome):
+    """``outcome`` with the lock every node the run holds renews for the round it plans (those sitting it out
+    too); unchanged once done, or without a run lock."""
+    outcome = {key: value for key, value in outcome.items() if key != "lock"}
+    if not view.hosts or not outcome.get("needed") or outcome.get("done"):
+        return outcome
+    lock = round_lock((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock"), outcome)
+    return dict(outcome, lock=lock) if lock else outcome
+
+
 class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("start", "confirm"))
 
@@ -279,6 +290,7 @@ class ActionModule(ControllerAction):
                     previous = view.result(view.hosts[0], REGISTER) or {}
                     outcome = previous if previous.get("done") or "state" not in previous else advance(
                         view, previous)
+                outcome = with_round_lock(view, outcome)
         except Exception as exc:  # pylint: disable=broad-except
             # A defect here must not cost the verdict: every node gets the error, the run goes on to it.
             found = "the localisation raised %s: %s" % (type(exc).__name__, exc)

@@ -29,8 +29,9 @@ import tempfile
 
 from cluster_preflight import capabilities as registry
 from preflight_node.checks import (CheckError, RUN, add, blocked, capability_of, failed, node_status,
-                                                   passed, warned)
+                                                   passed)
 from cluster_preflight.cluster import outcome
+from cluster_preflight.run_lock import lock_checks, lost_checks
 from cluster_preflight.task_start import node_said, start_fix
 from cluster_preflight.verdict_file import RUN_OUTCOME_CHECKS
 
@@ -197,7 +198,8 @@ def _node_verdict(host, records, decisions, capabilities, stages, stopped, budge
             "fix what the message names (a package mirror, a read-only /etc, a missing file), then re-run "
             "bringup.yml; the other capabilities were applied"))
     stage_checks, lost = _stage_checks(host, records, stages)
-    busy = lock_checks(host, records.get(registry.STAGE_REGISTERS["facts"]), stage_checks)
+    busy = lock_checks(host, records.get(registry.STAGE_REGISTERS["facts"]), stage_checks) \
+        or lost_checks(host, records, stages, stage_checks)
     if not stopped:
         for (capability, name), result in stage_checks.items():
             _add(capability, name, result)
@@ -284,34 +286,6 @@ def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_i
     if stopped:
         verdict["stopped"] = "invalid settings on %s" % ", ".join(stopped["invalid_hosts"])
     return verdict
-
-
-def lock_checks(host, facts_result, checks):
-    """``preflight.lock`` (and ``preflight.busy``) from the facts call's run lock into ``checks`` (keyed
-    ``(capability, name)``); returns why the node is busy ("" when it is not): another run holds it, so
-    nothing was checked there and nothing there is blamed (``module_utils/preflight_node/lock.py``)."""
-    taken = (facts_result or {}).get("lock") if isinstance(facts_result, dict) else None
-    if not taken:
-        return ""
-    expected = "this run holds %s alone for the whole gate (its lease in %s)" % (host, os.path.dirname(
-        taken.get("path") or "/run/lock/x"))
-    if taken.get("state") == "busy":
-        why = "another preflight run holds it: %s" % taken.get("why")
-        checks[(RUN, "busy")] = blocked("%s is busy: %s; nothing was run on it by this run" % (host, why), expected,
-                                        "wait for that run to end (its verdict), then re-run the gate; if that run is "
-                                        "dead on another controller its lease expires by itself")
-        return why
-    if taken.get("state") == "error":
-        checks[(RUN, "lock")] = warned("the run lock could not be taken on %s: %s; a second run on this node "
-                                       "would not be detected" % (host, taken.get("why")), expected,
-                                       "make preflight_lock_dir a directory every account can write (a tmpfs such "
-                                       "as /run/lock) on %s" % host)
-        return ""
-    stale = taken.get("took_over")
-    took = ("; it took over the lease of run %s (%s) and ended %d process(es) that run left" % (
-        stale.get("run_id"), stale.get("why"), len(taken.get("ended") or []))) if stale else ""
-    checks[(RUN, "lock")] = passed("%s held by this run%s" % (host, took), expected)
-    return ""
 
 
 def hold_contradictions(nodes, localize):

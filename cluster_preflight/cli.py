@@ -157,7 +157,7 @@ def cmd_verdict(args):
         verdict = load_verdict(args.path)
         stale = age_problem(verdict.raw, max_age)
         if stale:
-            raise VerdictError("the verdict at %s is too old: %s" % (verdict.path, stale))
+            raise VerdictError("the verdict at %s is not fresh: %s" % (verdict.path, stale))
     except VerdictError as exc:
         _out("UNKNOWN: %s" % exc, sys.stderr)
         return EXIT_UNKNOWN

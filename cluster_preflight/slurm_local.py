@@ -8,6 +8,12 @@ over the local connection within a budget (:func:`run_bounded` kills the whole s
 The drain and resume rules, the parsers and the runners are ``cluster_preflight/slurm.py``.
 :func:`fresh_pass` is the ``--max-age`` fast path (a recent pass of this node: no checks run), and each
 run is recorded in the node's run history (:func:`history_db`), which dates the drain reason.
+
+Everything these scripts keep as root (the run's inventory, Ansible's local temp, the run directory, ``last.json``,
+the history) lives in the results directory, which must be root's alone: :func:`local_main` checks it at every
+start (``preflight_node.state_dir``) and refuses (exit 2, one line, nothing read or written there) a directory
+another account owns or may write, and a variables file another account may write.  An invalid variables file
+(unreadable, or settings the run refuses) means the script could not run: one line, nothing drained.
 Standard library plus PyYAML (the node's variables file), no Ansible import.
 """
 
@@ -23,6 +29,7 @@ from cluster_preflight.history import db_path
 from cluster_preflight.slurm import (BAD_CONF_FIX, PREFIX, SLURM_CONF_HELP, conf_words, failure_line, find_slurm_conf,
                                      history_since, one_line, reconcile, slurm_runner)
 from cluster_preflight.verdict_file import VerdictError, load, parse_age
+from preflight_node.state_dir import UnsafeState, private_dir, trusted_file
 
 def local_node_name(environ=None):
     """This node's Slurm name: ``SLURMD_NODENAME`` (set by slurmd for a prolog and a health check),
@@ -75,7 +82,11 @@ SCRIPT_MARGIN = 3.0
 # ansible-playbook is killed this long before the budget ends, whatever it is doing.
 KILL_MARGIN = 1.5
 VARS_FILE = "/etc/preflight/node.yml"
-RESULTS_BASE = "/var/tmp/preflight-slurm"
+RESULTS_BASE = "/var/lib/preflight-slurm"
+STATE_FIX = ("remove it (after reading what is in it: another account may have forged a verdict there) and let the "
+             "script create it (root's, mode 0700), or point --results-dir at a directory of root's alone")
+# Exit codes of the node-local scripts (README.md, docs/slurm.md).
+PASS, FAIL, NOT_RUN = 0, 1, 2
 
 
 def load_node_vars(path):
@@ -115,7 +126,8 @@ def local_check(node, root, python, results_base, budget=BUDGET, host_vars=None,
     import time  # pylint: disable=import-outside-toplevel
 
     started = time.monotonic()
-    os.makedirs(results_base, mode=0o750, exist_ok=True)
+    # Root's alone (refused with UnsafeState otherwise): the inventory and Ansible's local temp live below it.
+    results_base = private_dir(results_base, STATE_FIX)
     work = tempfile.mkdtemp(prefix="run-", dir=results_base)
     try:
         inventory = os.path.join(work, "inventory.json")  # JSON is YAML: the yaml inventory plugin reads it
@@ -181,9 +193,10 @@ def fresh_pass(results_base, node, max_age, now=None):
     """The verdict file that lets this node skip its checks, or None (run them).
 
     The node's latest verdict among :data:`LATEST_FILES` (by ``finished``) must name ``node`` as pass or warn
-    and be younger than ``max_age`` seconds (``verdict_file.load``'s ``max_age``).  A file there that cannot be
-    trusted (truncated, invalid, a report of a run that gave none), or a verdict naming the node without a
-    finished time, means the last outcome is unknown: None."""
+    (its own checks agreeing, among the verdict's healthy hosts, the run not stopped) and be younger than
+    ``max_age`` seconds and not dated in the future (``verdict_file.load``'s ``max_age``).  A file there that
+    cannot be trusted (truncated, invalid, of a shape no run writes, a report of a run that gave none), or a
+    verdict naming the node without a finished time, means the last outcome is unknown: None."""
     latest = []
     for name in LATEST_FILES:
         path = os.path.join(results_base, name)
@@ -191,22 +204,47 @@ def fresh_pass(results_base, node, max_age, now=None):
             continue
         try:
             verdict = load(path)
-        except VerdictError:
+            if node not in verdict["hosts"]:
+                continue
+            latest.append((finished_epoch(verdict), path, verdict))
+        except (VerdictError, ValueError, TypeError, KeyError, AttributeError):
+            # Whatever its shape, a file that cannot be judged is no pass: run the checks.
             return None
-        if node in verdict["hosts"]:
-            if not verdict.get("finished"):
-                return None
-            latest.append((str(verdict["finished"]), path, verdict))
-    if not latest:
+    if not latest or any(finished is None for finished, _path, _verdict in latest):
         return None
     _finished, path, verdict = max(latest, key=lambda item: item[0])
-    if verdict["nodes"][node]["status"] not in NODE_PASSES:
+    if not node_passed(verdict, node):
         return None
     try:
         load(path, max_age=max_age, now=now)
-    except VerdictError:
+    except (VerdictError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return path
+
+
+def finished_epoch(verdict):
+    """A verdict's ``finished`` time in seconds since the epoch, or None when it has none in the verdict's format."""
+    import calendar  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+
+    try:
+        return calendar.timegm(time.strptime(verdict.get("finished"), "%Y-%m-%dT%H:%M:%SZ"))
+    except (TypeError, ValueError):
+        return None
+
+
+def node_passed(verdict, node):
+    """Whether ``verdict`` says ``node`` passed, every way it can say so: its status, its own checks (a pass
+    with a failing or blocked check contradicts itself), the healthy hosts, and a run that was not stopped."""
+    from preflight_node.checks import node_status  # pylint: disable=import-outside-toplevel
+
+    result = verdict["nodes"][node]
+    if verdict.get("stopped") or result.get("status") not in NODE_PASSES:
+        return False
+    if node not in verdict["healthy_hosts"] or node in verdict["failed_hosts"] \
+            or node in verdict["unreachable_hosts"] or node in (verdict.get("busy_hosts") or []):
+        return False
+    return node_status(result["checks"]) in NODE_PASSES
 
 
 def history_db(option, host_vars, results_base):
@@ -259,6 +297,30 @@ def _parser(mode):
     return parser
 
 
+def _not_run(mode, line, stderr):
+    """The node could not be checked (its own variables are invalid): one line, nothing drained.  The health check
+    exits 2; the prolog exits 0, since Slurm drains a node on any other exit of its prolog, and one typo in a file
+    deployed to every node must not drain the cluster (the line is in slurmd's log)."""
+    print(line, file=stderr)
+    return PASS if mode == "prolog" else NOT_RUN
+
+
+def _node_settings(args, node, mode, stderr):
+    """``(host_vars, None)``, or ``(None, exit code)`` when the variables file is refused or invalid."""
+    unsafe = trusted_file(args.vars) if args.vars else ""
+    if unsafe:
+        # Another account could choose what root runs (the training Python): refused, never read.
+        print("%s %s: preflight.node_vars: %s: refused, not read -- fix: make it root's and writable by root "
+              "alone (chown root:root, chmod 0644, in directories only root may write)" % (PREFIX, node, unsafe),
+              file=stderr)
+        return None, NOT_RUN
+    try:
+        return load_node_vars(args.vars), None
+    except ValueError as exc:
+        return None, _not_run(mode, "%s %s: preflight.node_vars: %s -- fix: correct or remove %s; could not run: "
+                                    "nothing was checked or drained" % (PREFIX, node, exc, args.vars), stderr)
+
+
 def local_main(argv, mode, root, stderr=None):
     """The command line of ``scripts/slurm-healthcheck`` (mode ``healthcheck``) and
     ``scripts/slurm-prolog`` (mode ``prolog``).  Prints nothing when the node passes."""
@@ -267,37 +329,48 @@ def local_main(argv, mode, root, stderr=None):
     stderr = stderr or sys.stderr
     args = _parser(mode).parse_args(argv)
     node = args.node or local_node_name()
-    if args.max_age is not None and fresh_pass(args.results_dir, node, args.max_age):
-        return 0  # a recent pass stands: no checks, no scontrol, nothing written
+    try:
+        # Checked at every start, before anything is read from it: root's alone, or never used.
+        results_dir = private_dir(args.results_dir, STATE_FIX)
+    except UnsafeState as exc:
+        print("%s %s: preflight.state_dir: the results directory %s" % (PREFIX, node, exc), file=stderr)
+        return NOT_RUN
+    if args.max_age is not None and fresh_pass(results_dir, node, args.max_age):
+        return PASS  # a recent pass stands: no checks, no scontrol, nothing written
     python = sys.executable
     found = find_slurm_conf(args.slurm_conf)
     if found["error"] and mode == "healthcheck":  # a prolog never calls scontrol: nothing to stop for
         print("%s %s: slurm: %s -- fix: %s" % (PREFIX, node, found["error"], BAD_CONF_FIX), file=stderr)
-        return 2
-    try:
-        host_vars = load_node_vars(args.vars)
-    except ValueError as exc:
-        print("%s %s: preflight.node_vars: %s -- fix: correct or remove %s" % (PREFIX, node, exc, args.vars),
-              file=stderr)
-        return 2
+        return NOT_RUN
+    host_vars, code = _node_settings(args, node, mode, stderr)
+    if host_vars is None:
+        return code
     host_vars.setdefault("preflight_training_python", os.environ.get("PREFLIGHT_TRAINING_PYTHON") or python)
     environ = dict(os.environ)
     if found["path"]:  # the playbook's own Slurm clients, if any, read the same file
         environ["SLURM_CONF"] = found["path"]
-    history = history_db(args.history_db, host_vars, args.results_dir)
-    report, log = local_check(node, root, python, args.results_dir, args.budget, host_vars, environ, history)
-    _keep_last(args.results_dir, report, log)
+    history = history_db(args.history_db, host_vars, results_dir)
+    report, log = local_check(node, root, python, results_dir, args.budget, host_vars, environ, history)
+    _keep_last(results_dir, report, log)
     result = (report.get("nodes") or {}).get(node) or {}
+    if report.get("stopped"):
+        line = failure_line(node, result) or "%s %s: preflight.inputs: %s" % (PREFIX, node, report["stopped"])
+        return _not_run(mode, "%s; could not run: the node's settings (%s) are invalid, nothing was checked or "
+                              "drained" % (line, args.vars), stderr)
     line = failure_line(node, result) if report.get("status") != "pass" else None
     if report.get("status") != "pass" and line is None:
         line = "%s %s: preflight.status: the report says %s -- fix: read %s" % (
-            PREFIX, node, report.get("status"), os.path.join(args.results_dir, "last.json"))
+            PREFIX, node, report.get("status"), os.path.join(results_dir, "last.json"))
     if mode == "prolog":
         if line:
             print(line, file=stderr)
-            return 1
-        return 0
-    # HealthCheckProgram: Slurm ignores its exit code; the drain is what takes the node out.
+            return FAIL
+        return PASS
+    return _health_check_outcome(args, node, report, line, found, history, stderr)
+
+
+def _health_check_outcome(args, node, report, line, found, history, stderr):
+    """HealthCheckProgram: Slurm ignores its exit code; the drain is what takes the node out."""
     if line:
         print(line, file=stderr)
     try:
@@ -305,7 +378,7 @@ def local_main(argv, mode, root, stderr=None):
                                      since=history_since(history))
     except RuntimeError as exc:
         print("%s %s: slurm: %s; %s" % (PREFIX, node, exc, conf_words(found)), file=stderr)
-        return 2
+        return NOT_RUN
     failed = False
     for item, cmd, rc, err in results:
         if args.dry_run:
@@ -314,5 +387,5 @@ def local_main(argv, mode, root, stderr=None):
             failed = True
             print("%s %s: could not %s: %s (rc %d)" % (PREFIX, node, item["action"], err, rc), file=stderr)
     if failed:
-        return 2
-    return 1 if line else 0
+        return NOT_RUN
+    return FAIL if line else PASS

@@ -10,7 +10,6 @@ that node.
 
 from __future__ import annotations
 
-import getpass
 import math
 import traceback
 
@@ -21,10 +20,10 @@ from cluster_preflight.allreduce_outcome import summarize
 from cluster_preflight.allreduce_versions import version_checks
 from preflight_node.checks import CheckError, decision, error, put
 from preflight_node.port_probe import retry_slack
-from cluster_preflight.cluster import ClusterView, live_runs, run_identity, without_gc
+from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
 from cluster_preflight import localize
-from cluster_preflight import retest
+from cluster_preflight.run_lock import lock_args, renewal
 from cluster_preflight import single_node
 from cluster_preflight.capabilities import nic_discovery as preflight_nic_discovery
 from cluster_preflight.capabilities import port_mesh as preflight_port_mesh
@@ -65,31 +64,6 @@ def stage_inputs(view):
     return decision(blockers=blockers, invalid_hosts=invalid, lock={} if invalid else lock_args(view))
 
 
-# Seconds to open (or find dead) one SSH connection: ansible.cfg timeout plus ServerAlive 5 s x 3.
-CONNECT_BOUND = 25
-
-
-def lock_args(view):
-    """The run lock every node of the gate is taken with: this run's identity, the controller's live runs (so
-    a node can tell a dead run of this controller), and the lease, the run's own bound (facts, mesh, probes,
-    the all-node run, every localisation launch and the confirmation run)."""
-    first = view.hosts[0] if view.hosts else None
-    run = (view.settings.get(first) or {}).get(registry.RUN_ROLE) or {} if first else {}
-    if not first or not run.get("preflight_lock", True):
-        return {}
-    gate = (view.settings.get(first) or {}).get("allreduce") or {}
-    launch = float(gate.get("allreduce_hard_timeout") or 120) + float(gate.get("allreduce_stack_budget") or 20) \
-        + 60 + CONNECT_BOUND
-    # The retest of a node named for a slow or failed run adds its steps (cluster_preflight/retest.py).
-    retests = retest.STEPS if run.get("preflight_retest_allreduce", True) else 0
-    lease = float(run.get("preflight_facts_timeout") or 60) + float(run.get("preflight_probes_timeout") or 120) \
-        + 120 + (2 * localize.MAX_ROUNDS + 2 + retests) * launch + 300
-    run_id, pid, start = run_identity()
-    return {"dir": run.get("preflight_lock_dir") or "/run/lock", "run_id": run_id, "controller": run_id.split(":")[0],
-            "controller_pid": pid, "controller_start": start, "user": getpass.getuser(), "lease_seconds": int(lease),
-            "live_runs": live_runs()}
-
-
 def stage_plan(view, probes=True):
     checks_by_host = {}
     hosts = view.read_hosts()
@@ -127,7 +101,8 @@ def stage_plan(view, probes=True):
                      view.capability_settings("allreduce", torch_hosts)) or {"checks_by_host": {}, "ready": []}
     for host, checks in ready["checks_by_host"].items():
         _put(checks_by_host, host, "allreduce", checks)
-    run_id = ((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock") or {}).get("run_id") or ""
+    lock = (view.result(view.hosts[0], registers.INPUTS) or {}).get("lock") or {}
+    run_id = lock.get("run_id") or ""
     single = _guarded(checks_by_host, ready["ready"], "allreduce", single_node.plan, ready["ready"],
                       view.capability_facts("allreduce", ready["ready"]),
                       view.capability_settings("allreduce", ready["ready"]), run_id) or {"args_by_host": {},
@@ -140,6 +115,11 @@ def stage_plan(view, probes=True):
         _put(checks_by_host, host, "port_mesh", checks)
     if mesh.get("run") and run.get("preflight_retest_port_mesh", True):
         mesh = mesh_with_retry(mesh)
+    # Each node call renews the run lock for its own bound (module_utils/preflight_node/lock.py).
+    for args in (mesh.get("args_by_host") or {}).values():
+        args["lock"] = renewal(lock, mesh.get("wait_timeout") or 60)
+    for args in (single.get("args_by_host") or {}).values():
+        args["lock"] = renewal(lock, args.get("wait_timeout") or 300)
     blockers = list(nic.get("blockers") or [])
     return decision(blockers=blockers, checks_by_host=checks_by_host, nic=nic, port_mesh=mesh,
                     ready=ready["ready"], single=single, **result)
@@ -226,13 +206,17 @@ def stage_launch(view):
                                                          "skip_reason": "the launch plan failed", "checks_by_host": {}}
     for host, checks in gate.pop("checks_by_host").items():
         _put(checks_by_host, host, "allreduce", checks)
-    run_id = ((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock") or {}).get("run_id") or ""
+    lock = (view.result(view.hosts[0], registers.INPUTS) or {}).get("lock") or {}
     for args in (gate.get("args_by_host") or {}).values():
-        args["run_id"] = run_id
+        # The launch and every localisation launch copied from it renew the lock for the run's bound.
+        args.update(run_id=lock.get("run_id") or "", lock=renewal(lock, args.get("wait_timeout") or 300))
     reachable = [host for host in plan["hosts"] if host not in lost]
+    run = (view.settings.get(view.hosts[0]) or {}).get(registry.RUN_ROLE) or {} if view.hosts else {}
+    waits = [args.get("wait_timeout") or 0 for args in (gate.get("args_by_host") or {}).values()]
+    probes_lock = renewal(lock, float(run.get("preflight_probes_timeout") or 120) + max(waits or [0]))
     return decision(ok=gate.get("launch", False), blockers=gate.get("blockers") or [],
                     checks_by_host=checks_by_host, gate=gate, port_mesh=report, reachable=reachable, lost=lost,
-                    single=singles,
+                    single=singles, probes_lock=probes_lock,
                     release_with_probes=not _may_localise(view, gate))
 
 

@@ -111,7 +111,8 @@ def describe_age(seconds):
 
 
 def age_problem(verdict, max_age, now=None):
-    """Why ``verdict`` is too old to trust under ``max_age`` seconds (by its ``finished`` time), or None."""
+    """Why ``verdict`` is too old to trust under ``max_age`` seconds (by its ``finished`` time), or dated in the
+    future, or None."""
     if max_age is None:
         return None
     finished = verdict.get("finished")
@@ -121,6 +122,9 @@ def age_problem(verdict, max_age, now=None):
         return "it has no finished time (found %r), so its age is unknown and max age %s cannot be met" % (
             finished, describe_age(max_age))
     age = (time.time() if now is None else now) - when
+    if age < 0:
+        return "it finished at %s, %s in the future: a clock set wrong or a forged verdict, never fresh (run the " \
+               "preflight again)" % (finished, describe_age(-age))
     if age > max_age:
         return "it finished at %s, %s ago, older than the max age of %s: treated as no verdict (run the " \
                "preflight again)" % (finished, describe_age(age), describe_age(max_age))
@@ -151,5 +155,5 @@ def load(path, max_age=None, now=None):
         raise VerdictError("%s is not a valid verdict: %s" % (path, "; ".join(found[:5])))
     stale = age_problem(verdict, max_age, now)
     if stale:
-        raise VerdictError("the verdict at %s is too old: %s" % (path, stale))
+        raise VerdictError("the verdict at %s is not fresh: %s" % (path, stale))
     return verdict

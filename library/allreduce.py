@@ -104,6 +104,13 @@ options:
         C(PREFLIGHT_RUN_ID), so a later run that takes over the lock of a dead run ends what it left on the node.
     type: str
     default: ""
+  lock:
+    description:
+      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/run_lock.py)), renewed before the
+        launch (C(module_utils/preflight_node/lock.py)) to cover it; the task fails, starting nothing, when another run
+        took the node over. Empty (the default) touches no lock.
+    type: dict
+    default: {}
   bandwidth_deadline:
     description:
       - Seconds the bandwidth stage may take, counted from its start on each rank (the controller derives it from
@@ -301,14 +308,18 @@ import uuid
 from ansible.module_utils.basic import AnsibleModule
 # The run itself is in module_utils/preflight_node/gate_run.py.
 from ansible.module_utils.preflight_node.gate_run import ARGUMENT_SPEC, bounded_run, check_params, start_in_background
+from ansible.module_utils.preflight_node.lock import hold_for_call
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=dict(ARGUMENT_SPEC, lock=dict(type="dict", default={})),
+                           supports_check_mode=True)
     params = module.params
     problems = check_params(params)
     if problems:
         module.fail_json(msg="; ".join(problems))
+    # The run lock covers the launch (its hard bound) before anything starts.
+    hold_for_call(module, params["lock"])
 
     # Findings name the node as the inventory does (the role prefix), its hostname otherwise.
     host = params["role"] or socket.gethostname().split(".")[0]

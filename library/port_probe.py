@@ -29,7 +29,7 @@ description:
   - When the port cannot be bound because it is in use, the holder is found from
     C(/proc/net/tcp), C(/proc/net/tcp6) and C(/proc/<pid>/fd) and reported by pid and name.
   - Findings are returned as check results in RV(checks); the task never fails for a finding, only
-    for bad arguments.
+    for bad arguments or a run lock another run took over (O(lock)).
   - The module always returns within O(window) + 2 seconds and closes its listening socket
     before it returns.
 version_added: "1.0.0"
@@ -84,6 +84,13 @@ options:
         again has C(retried) (the first outcome) and says so in C(detail).
     type: bool
     default: false
+  lock:
+    description:
+      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/run_lock.py)), renewed before anything
+        else (C(module_utils/preflight_node/lock.py)); the task fails, probing nothing, when another run took the node
+        over. Empty (the default) touches no lock.
+    type: dict
+    default: {}
   listen:
     description:
       - Listen on O(port). Set to V(false) on a node that should only connect.
@@ -240,6 +247,7 @@ elapsed:
 import ipaddress
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.preflight_node.lock import hold_for_call
 from ansible.module_utils.preflight_node.port_probe import probe
 
 
@@ -291,11 +299,13 @@ def main():
             proc_root=dict(type="path", default="/proc"),
             inbound=dict(type="list", elements="str"),
             retry=dict(type="bool", default=False),
+            lock=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )
     _validate(module)
     params = module.params
+    hold_for_call(module, params["lock"])
     result = probe(params["listen_addr"], params["port"], params["node_name"], params["peers"],
                    window=params["window"], connect_timeout=params["connect_timeout"], listen=params["listen"],
                    check_in_use_only=params["check_in_use_only"], proc_root=params["proc_root"],

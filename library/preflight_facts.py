@@ -29,11 +29,14 @@ options:
   lock:
     description:
       - The gate's run lock, C({dir, run_id, controller, controller_pid, controller_start, user, lease_seconds,
-        live_runs}) from the C(inputs) decision (C(module_utils/preflight_node/lock.py)). Taken before anything is read
-        - a lease file in C(dir) named after the node's hostname, written under C(flock).
+        live_runs, take_over}) from the C(inputs) decision (C(module_utils/preflight_node/lock.py)). Taken before
+        anything is read - a lease file (0600, never through a link) in C(dir), a directory of root's alone, named
+        after the node's hostname, written under C(flock); it reaches C(lease_seconds) ahead (this call's bound plus
+        the controller's slack) and each later node call of the run renews it.
       - A node another live run holds is reported in RV(busy) and nothing else runs on it; a lease whose run
-        expired, or whose C(ansible-playbook) no longer runs on this run's controller, is taken over and what that
-        run left on the node (its torchrun and ranks) is ended.
+        expired, whose C(ansible-playbook) no longer runs on this run's controller, that C(take_over) names, or that
+        cannot be read as a lease, is taken over and what that run left on the node (its torchrun and ranks) is
+        ended.
       - Empty (the default; C(bringup.yml), C(healthcheck.yml)) takes no lock.
     type: dict
     default: {}
@@ -84,7 +87,7 @@ hangs:
 lock:
   description:
     - With O(lock), C({state, path, lease, took_over, ended, why}) - C(state) is C(held), C(busy) or C(error) (the
-      lock directory could not be used; the run goes on unprotected).
+      lock directory or file could not be used; the run goes on unprotected).
   returned: when lock is given
   type: dict
 busy:

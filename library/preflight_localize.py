@@ -93,6 +93,13 @@ gpu_slots_by_host:
       GPUs or more on backend nccl (C(cluster_preflight/gpu_pairs.py)); empty otherwise.
   returned: when needed
   type: dict
+lock:
+  description:
+    - The run lock every node the run holds renews at the start of the round (C(preflight_lock) with C(renew)), so a
+      node sitting the round out keeps it for the round's launches one after another and the confirmation run, plus
+      the controller's slack (C(cluster_preflight/run_lock.py)).
+  returned: while rounds remain and the run holds a lock
+  type: dict
 checks_by_host:
   description:
     - "Node to C({allreduce: {localize: check}}) once done, and C(gpu_pairs) on a node whose GPUs were localised."

@@ -44,6 +44,14 @@ options:
         RV(job); C(results_file) (required), C(timeout) seconds (required), C(poll) seconds (0.1), C(what) (a name
         for messages). The all-reduce started with C(background) is collected this way, in the same call.
     type: dict
+  lock:
+    description:
+      - This run's lock arguments with C(lease_seconds) (C(cluster_preflight/run_lock.py)); renewed before anything
+        runs, to at least now plus C(lease_seconds) (this call's bound plus the controller's slack). When another run
+        took the node over (this run's lease had expired), nothing runs and RV(lock) says which run.
+      - Empty (the default) touches no lock.
+    type: dict
+    default: {}
   release_lock:
     description:
       - C({dir, run_id}) - once everything else is done, remove this run's lease on the node (taken by the facts
@@ -72,6 +80,14 @@ job_user:
     - Who job-side commands ran as, C({name, uid, run_as, how, note}); C(how) is C(named), C(connecting), C(auto),
       C(auto_root), C(missing) or C(cannot_switch).
   returned: always
+  type: dict
+lock:
+  description: With O(lock), C({state, path, lease, took_over, ended, why}) - C(state) is C(held), C(lost) or C(error).
+  returned: when lock is given
+  type: dict
+busy:
+  description: The same as RV(lock) when another run took the node over; nothing ran.
+  returned: when the lock is lost
   type: dict
 lock_released:
   description: With O(release_lock), C({released, path, why}).

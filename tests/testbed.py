@@ -337,10 +337,10 @@ class Testbed(TestbedOps, UpDown):
                 shutil.rmtree(os.path.join(self.workdir, sub), ignore_errors=True)
         # The nodes share the host's /run: the bed's own lock directory keeps the gate's run locks (leases
         # named after each node's hostname) apart from another bed's nodes of the same names, as every real
-        # node has its own /run/lock.  Writable by every account, like /run/lock.
+        # node has its own /run/cluster-preflight.  Root's alone, as the gate requires of it.
         self.lock_dir = os.path.join(self.workdir, "run-lock")
         os.makedirs(self.lock_dir, exist_ok=True)
-        os.chmod(self.lock_dir, 0o1777)
+        os.chmod(self.lock_dir, 0o700)
         controller = os.path.join(self.workdir, "controller")
         os.makedirs(controller, mode=0o700, exist_ok=True)
         self.ssh_key = os.path.join(controller, "id_ed25519")

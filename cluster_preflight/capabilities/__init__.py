@@ -132,6 +132,12 @@ def validate_run(settings):
         if settings.get(name, 1) < 1:
             problems.append({"name": name, "found": settings.get(name), "expected": "1 second or more",
                              "fix": "leave %s at its default or raise it" % name})
+    if not 0 <= settings.get("preflight_lock_grace", 120) <= 3600:
+        problems.append({"name": "preflight_lock_grace", "found": settings.get("preflight_lock_grace"),
+                         "expected": "0 to 3600 seconds", "fix": "leave preflight_lock_grace at 120"})
+    if not str(settings.get("preflight_lock_dir") or "/").startswith("/"):
+        problems.append({"name": "preflight_lock_dir", "found": settings.get("preflight_lock_dir"),
+                         "expected": "an absolute path", "fix": "leave preflight_lock_dir at /run/cluster-preflight"})
     selftest = settings.get("preflight_selftest_error") or ""
     if selftest and selftest not in NAMES:
         problems.append({"name": "preflight_selftest_error", "found": selftest,

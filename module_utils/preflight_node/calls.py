@@ -26,10 +26,11 @@ SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, s
 # (readers, then the probes that need no peer).
 NODE_CALL_SPEC = dict(capabilities=dict(type="dict", required=True), selftest_error=dict(type="str", default=""),
                       job=dict(type="dict", default={}))
-# preflight_facts first takes the run lock.
+# preflight_facts first takes the run lock; preflight_probes renews it first.
 FACTS_CALL_SPEC = dict(NODE_CALL_SPEC, lock=dict(type="dict", default={}))
 # preflight_probes also collects the background all-reduce once its probes are done.
-PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"), release_lock=dict(type="dict", default={}))
+PROBES_CALL_SPEC = dict(NODE_CALL_SPEC, wait_for=dict(type="dict"), release_lock=dict(type="dict", default={}),
+                        lock=dict(type="dict", default={}))
 # preflight_local runs the node-local probes it names after the readers.
 LOCAL_CALL_SPEC = dict(NODE_CALL_SPEC, probes=dict(type="dict", default={}))
 
@@ -46,9 +47,10 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
     :func:`.ops.resolve_job_user`), returned as ``job_user``."""
     taken = {}
     if module.params.get("lock"):
-        # The gate's run lock first: a node another run holds is reported busy and nothing else runs on it.
+        # The gate's run lock first (taken by the facts call, renewed by the later ones): a node another run
+        # holds is reported busy (or lost, to a renewal) and nothing else runs on it.
         taken = lock.acquire(module.params["lock"])
-        if taken["state"] == "busy":
+        if taken["state"] in ("busy", "lost"):
             module.exit_json(changed=False, busy=taken, lock=taken, errors={}, elapsed={}, job_user={},
                              **{result_key: {}})
     ops = NodeOps(module)

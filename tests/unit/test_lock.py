@@ -85,7 +85,7 @@ def test_release_removes_only_this_runs_lease(tmp_path):
 
 
 def test_a_lock_directory_that_cannot_be_used_is_an_error_not_a_crash(tmp_path):
-    taken = lock.acquire(args(tmp_path / "missing"))
+    taken = lock.acquire(args(tmp_path / "missing" / "locks"))
     assert taken["state"] == "error" and "No such file" in taken["why"]
 
 
