@@ -277,6 +277,12 @@ def local_main(argv, mode, root, stderr=None):
     history = history_db(args.history_db, host_vars, args.results_dir)
     report, log = local_check(node, root, python, args.results_dir, args.budget, host_vars, environ, history)
     _keep_last(args.results_dir, report, log)
+    if report.get("stopped"):
+        # Invalid settings: the node was not judged, so it is neither failed (a prolog's exit 1 drains it) nor
+        # drained nor resumed here; exit 2 as for an invalid variables file.
+        print("%s %s: preflight.inputs: the run stopped on %s -- fix: correct the node's variables (%s) and "
+              "re-run" % (PREFIX, node, one_line(report["stopped"]), args.vars), file=stderr)
+        return 2
     result = (report.get("nodes") or {}).get(node) or {}
     line = failure_line(node, result) if report.get("status") != "pass" else None
     if report.get("status") != "pass" and line is None:
