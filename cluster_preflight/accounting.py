@@ -113,6 +113,14 @@ def _input_checks(host, settings_result):
                 "%s is %s" % (item["name"], item["found"]) for item in items)),
             "; ".join("%s: %s" % (item["name"], item["expected"]) for item in items),
             "; ".join(item["fix"] for item in items))
+    unknown = (settings_result or {}).get("input_warnings") or []
+    if unknown:
+        checks[(RUN, "unknown_variables")] = warned(
+            "variables set on %s that no part of the preflight reads: %s" % (host, "; ".join(
+                "%s (did you mean %s?)" % (item["name"], item["suggestion"]) if item.get("suggestion")
+                else item["name"] for item in unknown)),
+            "only variables the roles define (docs/variables.md)",
+            "correct or remove them in the inventory or the -e options (preflight_unknown_variables: warn is on)")
     return checks
 
 
