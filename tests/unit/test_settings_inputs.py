@@ -13,7 +13,6 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
-from cluster_preflight import accounting, settings_check
 from verdict_build_helpers import build, records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -109,6 +108,8 @@ def test_usual_host_names_and_addresses_are_file_names(host):
 
 
 def test_every_numeric_setting_has_a_range_and_every_range_a_setting():
+    from cluster_preflight import settings_check
+
     numeric = set()
     for path in glob.glob(os.path.join(ROOT, "roles", "*", "meta", "argument_specs.yml")):
         with open(path, encoding="utf-8") as handle:
@@ -118,6 +119,8 @@ def test_every_numeric_setting_has_a_range_and_every_range_a_setting():
 
 
 def test_every_default_is_within_its_range():
+    from cluster_preflight import settings_check
+
     for path in glob.glob(os.path.join(ROOT, "roles", "*", "defaults", "main.yml")):
         with open(path, encoding="utf-8") as handle:
             defaults = yaml.safe_load(handle) or {}
@@ -135,7 +138,6 @@ def test_invalid_settings_stop_the_run_and_the_verdict_says_stopped():
                     [{"invalid_hosts": ["n1"], "checks_by_host": {}}])
     assert verdict["stopped"] == "invalid settings on n1"
     assert verdict["nodes"]["n1"]["checks"]["allreduce.inputs"]["status"] == "fail"
-    assert accounting.node_name_problem("n1") is None
 
 
 @pytest.mark.parametrize("params", [{"stack_budget": float("nan")}, {"stack_budget": float("inf")},
