@@ -460,16 +460,8 @@ def unique_run_dir(results_dir, run_id):
     for index in range(1, UNIQUE_TRIES + 1):
         candidate = run_id if index == 1 else "%s-%d" % (run_id, index)
         run_dir = os.path.join(results_dir, candidate)
-        try:
-            os.mkdir(run_dir, RUN_DIR_MODE)
-        except FileExistsError:
-            continue
-        try:
-            os.chmod(run_dir, RUN_DIR_MODE)  # mkdir's mode passes through the umask
-        except BaseException:
-            os.rmdir(run_dir)
-            raise
-        return candidate, run_dir
+        if _new_run_dir(run_dir):
+            return candidate, run_dir
     raise OSError(errno.EEXIST, "%d run directories named %s... exist already" % (UNIQUE_TRIES, run_id),
                   os.path.join(results_dir, run_id))
 
@@ -481,13 +473,20 @@ def prepare_run_dir(run_dir):
     if os.path.islink(run_dir):
         raise OSError(errno.EEXIST, "%s is a symlink (to %s), not a run directory; remove it or choose "
                       "another run_id" % (run_dir, os.readlink(run_dir)))
+    if _new_run_dir(run_dir):
+        return True
+    os.chmod(run_dir, RUN_DIR_MODE)
+    return False
+
+
+def _new_run_dir(run_dir):
+    """Create ``run_dir`` 0750 whatever the umask; False when it exists already (nothing changed then)."""
     try:
         os.mkdir(run_dir, RUN_DIR_MODE)
     except FileExistsError:
-        os.chmod(run_dir, RUN_DIR_MODE)
         return False
     try:
-        os.chmod(run_dir, RUN_DIR_MODE)
+        os.chmod(run_dir, RUN_DIR_MODE)  # mkdir's mode passes through the umask
     except BaseException:
         os.rmdir(run_dir)
         raise

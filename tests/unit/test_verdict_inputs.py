@@ -120,7 +120,7 @@ def _mutated(verdict, path, replacement):
 
 
 _DELETE = object()
-REPLACEMENTS = (_DELETE, None, 7, "x", [], {}, [{"a": 1}], True, ["n1", {"b": 2}])
+REPLACEMENTS = (_DELETE, None, 7, "x", {}, ["n1", {"b": 2}])
 
 
 def test_no_mutation_of_a_verdict_makes_a_consumer_raise(tmp_path, capsys):
@@ -139,18 +139,19 @@ def test_no_mutation_of_a_verdict_makes_a_consumer_raise(tmp_path, capsys):
                 loaded = load(where)
             except VerdictError:
                 loaded = None
-            for args in ([], ["--drain-list"], ["--nhc"]):
-                code, _out, err = _cli(capsys, where, *args)
-                assert "Traceback" not in err and (code == 3) == (loaded is None), (path, replacement, err)
-                assert script.guarded([where] + args) in (0, 1, 2, 3)
-                capsys.readouterr()
+            code, _out, err = _cli(capsys, where, "--nhc")
+            assert "Traceback" not in err and (code == 3) == (loaded is None), (path, replacement, err)
+            for args in ([], ["--drain-list"]):
+                # main, not its guard: an exception here is a defect the guard would only hide.
+                assert (script.main([where] + args) == 3) == (loaded is None)
+            assert "Traceback" not in capsys.readouterr().err
             if loaded is not None:
                 summary.summary_lines(loaded, where)
                 slurm.plan(loaded, {host: {"state": "idle", "reason": ""} for host in loaded["hosts"]})
                 for host in loaded["hosts"]:
                     slurm.failure_line(host, loaded["nodes"][host])
                 slurm_local.fresh_pass(str(tmp_path), "n1", 3600)
-    assert tried > 300
+    assert tried > 400
 
 
 def _load(name, path):
