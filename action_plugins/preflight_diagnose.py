@@ -17,6 +17,7 @@ from cluster_preflight.action import ControllerAction
 from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView
 from cluster_preflight.diagnosis import diagnose, label
+from cluster_preflight.printable import printable, printable_tree
 from cluster_preflight.accounting import atomic_write, prepare_results_dir, prepare_run_dir, run_place
 
 REPORT_FILE = "diagnose.json"
@@ -77,7 +78,8 @@ class ActionModule(ControllerAction):
         args = self._task.args
         view = ClusterView(task_vars or {})
         nodes = node_results(view, str(args.get("register") or registers.DIAGNOSE_STACKS))
-        report = diagnose(nodes)
+        # Frames and texts of the job's own processes never carry control codes to the terminal or the files.
+        report = printable_tree(diagnose(nodes))
         results_dir, run_id = run_place(args)
         if run_id == "latest" or "/" in run_id or run_id.startswith("."):
             result.update(failed=True, msg="Found run_id %r. Expected: one directory name inside %s (not latest, not "
@@ -93,8 +95,8 @@ class ActionModule(ControllerAction):
             for host, node in sorted(nodes.items()):
                 if node.get("ok") and (node.get("processes") or node.get("core")):
                     stacks_files[host] = os.path.join(run_dir, "%s.stacks.txt" % host)
-                    atomic_write(stacks_files[host], stacks_text(host, node))
-            data = report_data(report, nodes, run_id)
+                    atomic_write(stacks_files[host], printable(stacks_text(host, node), lines=True))
+            data = printable_tree(report_data(report, nodes, run_id))
             data["stacks_files"] = stacks_files
             # Last, so a report that is there is complete.
             atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

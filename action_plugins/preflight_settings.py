@@ -21,6 +21,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 from cluster_preflight.action import ControllerAction
 from cluster_preflight import capabilities as registry
 from cluster_preflight.cluster import run_started
+from cluster_preflight.settings_check import SWITCH, host_problems, number_problems, unknown_variables
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +42,22 @@ class ActionModule(ControllerAction):
         specs = self._loader.load_from_file(os.path.join(base, "meta", "argument_specs.yml")) or {}
         options = ((specs.get("argument_specs") or {}).get("main") or {}).get("options") or {}
         return defaults, options
+
+    def _unknown(self, task_vars, settings, errors):
+        """Variables with a role's prefix that nothing reads: added to ``errors``, or returned as warnings under
+        ``preflight_unknown_variables: warn``."""
+        inputs = set()
+        for role in os.listdir(ROLES):
+            try:
+                inputs.update(self._role_files(role)[1])
+            except (AnsibleError, OSError):
+                continue
+        found = [dict(item, capability=registry.RUN_ROLE, found=str(item["found"]))
+                 for item in unknown_variables(task_vars, inputs, PROJECT)]
+        if (settings.get(registry.RUN_ROLE) or {}).get(SWITCH) == "warn":
+            return found
+        errors.extend(found)
+        return []
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -78,6 +95,11 @@ class ActionModule(ControllerAction):
                                        "the type and choices of roles/%s/meta/argument_specs.yml" % role,
                                        "correct the value in the inventory or the -e option"))
             settings[role] = checked.validated_parameters
+            errors.extend(_problem(role, item["name"], item["found"], item["expected"], item["fix"])
+                          for item in number_problems(options, settings[role]))
+        errors.extend(_problem(registry.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
+                      for item in host_problems(task_vars.get("inventory_hostname")))
+        warnings = self._unknown(task_vars, settings, errors)
         if not errors:
             errors.extend(_problem(registry.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
                           for item in registry.validate_run(settings[registry.RUN_ROLE]))
@@ -107,7 +129,7 @@ class ActionModule(ControllerAction):
         run = settings.get(registry.RUN_ROLE) or {}
         python = (settings.get("allreduce") or {}).get("allreduce_python")
         result.update(job=registry.job_user_wanted(run, node, python), changed=False,
-                      ok=not errors, errors=errors, settings=settings, node=node, read_args=read_args,
+                      ok=not errors, errors=errors, input_warnings=warnings, settings=settings, node=node, read_args=read_args,
                       local_probes=local_probes, capabilities=wanted, started=run_started(),
                       healthcheck_budget=run.get("preflight_healthcheck_budget") or 30,
                       selftest_error=run.get("preflight_selftest_error") or "",

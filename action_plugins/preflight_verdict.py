@@ -21,6 +21,7 @@ from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.localize import MAX_ROUNDS
 from cluster_preflight.retest import STEPS as RETEST_STEPS
 from cluster_preflight.outputs import write_outputs
+from cluster_preflight.printable import printable_tree
 from cluster_preflight.report import after_verdict
 from cluster_preflight.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
 
@@ -167,17 +168,19 @@ class ActionModule(ControllerAction):
             loaded_settings = view.result(first, registers.SETTINGS) or {}
             budget = {"elapsed": time.time() - float(loaded_settings.get("started") or time.time()),
                       "limit": int(loaded_settings.get("healthcheck_budget") or 30)}
-        verdict = build_verdict(view.hosts, records, decisions, capabilities, stages, run_id, run_dir,
-                                bound_seconds=bound_seconds(view, by_name.get(registers.PLAN),
-                                                            by_name.get(registers.LAUNCH),
-                                                            by_name.get("allreduce_localize")),
-                                gate=kind == "preflight", budget=budget)
+        # Texts of the nodes and the job (rank errors, log lines) never carry control codes into the outputs.
+        verdict = printable_tree(build_verdict(view.hosts, records, decisions, capabilities, stages, run_id, run_dir,
+                                               bound_seconds=bound_seconds(view, by_name.get(registers.PLAN),
+                                                                           by_name.get(registers.LAUNCH),
+                                                                           by_name.get("allreduce_localize")),
+                                               gate=kind == "preflight", budget=budget))
         logs = (by_name.get(registers.FINAL) or {}).get("logs") or {}
-        path = os.path.join(run_dir, filename)
         outputs = {}
         try:
+            # A run id of its own (not given): two runs ending in the same second get two directories.
             notes = write_run_dir(verdict, logs, results_dir, run_dir, filename,
-                                  reports=lambda data, where: outputs.update(write_outputs(data, where, kind=kind)))
+                                  reports=lambda data, where: outputs.update(write_outputs(data, where, kind=kind)),
+                                  unique=not args.get("run_id"))
         except OSError as exc:
             problem = write_problem(exc, results_dir, run_dir)
             result.update(failed=True, verdict_status=verdict["status"], **problem)
@@ -185,6 +188,8 @@ class ActionModule(ControllerAction):
                 problem["found"], problem["expected"], problem["fix"],
                 summary_line(verdict, "not written", kind.upper()))
             return result
+        run_dir = verdict["run_dir"]
+        path = os.path.join(run_dir, filename)
         # The run history and report.html: their problems are warnings, never the verdict's status.
         run = ((view.settings.get(first) or {}).get(registry.RUN_ROLE) or {}) if first else {}
         extra, later = after_verdict(verdict, kind, run_dir, path, results_dir, run.get("preflight_history_db", ""))

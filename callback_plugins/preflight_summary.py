@@ -29,6 +29,7 @@ import os
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
+from cluster_preflight.printable import printable
 from cluster_preflight.verdict_file import VerdictError, load
 
 VERDICT_ACTION = "preflight_verdict"
@@ -96,7 +97,7 @@ def allreduce_line(verdict):
             largest["busbw_gbps"], largest["algbw_gbps"], largest["size_bytes"])
     suspects = gate.get("suspects") or []
     if suspects:
-        line += "; suspects: %s" % ", ".join("rank %s on %s" % (item["rank"], item["host"]) for item in suspects)
+        line += "; suspects: %s" % ", ".join("rank %s on %s" % (item.get("rank"), item.get("host")) for item in suspects)
     return line
 
 
@@ -110,7 +111,8 @@ def summary_lines(verdict, path):
     lines.append((allreduce_line(verdict), None))
     lines.append(("run directory: %s" % (verdict.get("run_dir") or os.path.dirname(path)), None))
     lines.append(("verdict: %s" % path, None))
-    return lines
+    # Node names and texts come from the verdict file: no control codes reach the terminal from it.
+    return [(printable(text), color) for text, color in lines]
 
 
 class CallbackModule(CallbackBase):
@@ -155,7 +157,7 @@ class CallbackModule(CallbackBase):
             try:
                 verdict = load(path)
             except VerdictError as exc:
-                self._display.display("PREFLIGHT SUMMARY: %s" % exc, color=C.COLOR_ERROR)
+                self._display.display("PREFLIGHT SUMMARY: %s" % printable(exc), color=C.COLOR_ERROR)
                 continue
             for text, color in summary_lines(verdict, path):
                 self._display.display(text, color=color)

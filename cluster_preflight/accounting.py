@@ -29,9 +29,10 @@ import tempfile
 
 from cluster_preflight import capabilities as registry
 from preflight_node.checks import (CheckError, RUN, add, blocked, capability_of, failed, node_status,
-                                                   passed)
+                                                   passed, warned)
 from cluster_preflight.cluster import outcome
 from cluster_preflight.run_lock import lock_checks, lost_checks
+from cluster_preflight.printable import printable
 from cluster_preflight.task_start import node_said, start_fix
 from cluster_preflight.verdict_file import RUN_OUTCOME_CHECKS
 
@@ -113,6 +114,14 @@ def _input_checks(host, settings_result):
                 "%s is %s" % (item["name"], item["found"]) for item in items)),
             "; ".join("%s: %s" % (item["name"], item["expected"]) for item in items),
             "; ".join(item["fix"] for item in items))
+    unknown = (settings_result or {}).get("input_warnings") or []
+    if unknown:
+        checks[(RUN, "unknown_variables")] = warned(
+            "variables set on %s that no part of the preflight reads: %s" % (host, "; ".join(
+                "%s (did you mean %s?)" % (item["name"], item["suggestion"]) if item.get("suggestion")
+                else item["name"] for item in unknown)),
+            "only variables the roles define (docs/variables.md)",
+            "correct or remove them in the inventory or the -e options (preflight_unknown_variables: warn is on)")
     return checks
 
 
@@ -395,6 +404,42 @@ def prepare_results_dir(results_dir):
             % (results_dir, stat.S_IMODE(info.st_mode), info.st_uid, results_dir)]
 
 
+# A node's name as a file name in the run directory (``<node>.log``): no directory part, no leading dot, no
+# space or control character; what an inventory host name, an IPv4/IPv6 address or a DNS name needs.
+NODE_FILE_NAME = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:-]{0,252}")
+# Suffixes tried after a run id whose directory exists already (two runs ending in the same second).
+UNIQUE_TRIES = 100
+
+
+def node_name_problem(name):
+    """Why ``name`` cannot name a node's files in the run directory, or None."""
+    if isinstance(name, str) and NODE_FILE_NAME.fullmatch(name):
+        return None
+    return ("%r is not usable as a file name in the run directory (letters, digits, '.', '_', ':', '-'; no '/', "
+            "no leading '.', at most 253 characters)" % (name,))
+
+
+def node_file(run_dir, host, suffix):
+    """``<run_dir>/<host><suffix>``; OSError (EINVAL) for a host name that would leave the run directory."""
+    problem = node_name_problem(host)
+    if problem:
+        raise OSError(errno.EINVAL, "node %s" % problem, os.path.join(run_dir, "?" + suffix))
+    return os.path.join(run_dir, host + suffix)
+
+
+def unique_run_dir(results_dir, run_id):
+    """Create this run's directory (0750) under a name no other run has: ``run_id``, else ``run_id-2``,
+    ``run_id-3``, ... (two runs ending in the same second).  ``mkdir`` is the claim, so two runs never
+    share one.  Returns ``(run_id, run_dir)``."""
+    for index in range(1, UNIQUE_TRIES + 1):
+        candidate = run_id if index == 1 else "%s-%d" % (run_id, index)
+        run_dir = os.path.join(results_dir, candidate)
+        if _new_run_dir(run_dir):
+            return candidate, run_dir
+    raise OSError(errno.EEXIST, "%d run directories named %s... exist already" % (UNIQUE_TRIES, run_id),
+                  os.path.join(results_dir, run_id))
+
+
 def prepare_run_dir(run_dir):
     """The run directory, 0750 whatever the umask; an existing one (the same run id again) is
     tightened too, but a symlink in its place is refused rather than written through.  Returns
@@ -402,67 +447,61 @@ def prepare_run_dir(run_dir):
     if os.path.islink(run_dir):
         raise OSError(errno.EEXIST, "%s is a symlink (to %s), not a run directory; remove it or choose "
                       "another run_id" % (run_dir, os.readlink(run_dir)))
+    if _new_run_dir(run_dir):
+        return True
+    os.chmod(run_dir, RUN_DIR_MODE)
+    return False
+
+
+def _new_run_dir(run_dir):
+    """Create ``run_dir`` 0750 whatever the umask; False when it exists already (nothing changed then)."""
     try:
         os.mkdir(run_dir, RUN_DIR_MODE)
     except FileExistsError:
-        os.chmod(run_dir, RUN_DIR_MODE)
         return False
     try:
-        os.chmod(run_dir, RUN_DIR_MODE)
+        os.chmod(run_dir, RUN_DIR_MODE)  # mkdir's mode passes through the umask
     except BaseException:
         os.rmdir(run_dir)
         raise
     return True
 
 
-def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_FILE, reports=None):
+def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_FILE, reports=None, unique=False):
     """Node logs and stacks first, then ``reports(verdict, run_dir)`` (the files other tools read:
     JUnit, Prometheus, host lists), the verdict file last, then ``latest`` moves to this run (only
     for the gate's verdict: ``latest`` is what a scheduler reads), so whoever follows ``latest``
     finds every file.
 
+    ``unique``: the run directory is this run's alone (:func:`unique_run_dir`): when ``run_dir`` exists, the
+    run takes the next free name, and the verdict's ``run_id`` and ``run_dir`` say so.
+
     All or nothing: when a write fails (a full disk, a read-only or foreign directory) the run
     directory is removed if this call created it (the same run id again keeps its directory), a
     results directory it created is removed when empty, ``latest`` stays where it was, and the
-    OSError goes up naming the file it was writing.
+    OSError goes up naming the file it was writing.  Once the verdict is written the run stays: a
+    ``latest`` that cannot be moved to it is a note, never a reason to remove it.
 
+    Logs and stacks are written :func:`printable` (a job's output may carry terminal escape sequences).
     The run directory is 0750 and every file in it 0640 (the results directory 0750 when created
     here; see :func:`prepare_results_dir`).  Returns notes for the operator (a results directory
-    other users can read)."""
+    other users can read, a ``latest`` left where it was)."""
     new_results = not os.path.lexists(results_dir)
     created = False
     tmp_link = os.path.join(results_dir, ".latest-%d" % os.getpid())
     try:
         notes = prepare_results_dir(results_dir)
-        created = prepare_run_dir(run_dir)
-        for host, logs in sorted((logs_by_host or {}).items()):
-            if logs.get("log") is not None:
-                atomic_write(os.path.join(run_dir, "%s.log" % host), logs.get("log") or "")
-            for entry in logs.get("rank_logs") or []:
-                # torchrun's own per-rank files (rank1.stderr.log); the name is the module's, never a path.
-                name = os.path.basename(str(entry.get("name") or ""))
-                if name:
-                    atomic_write(os.path.join(run_dir, "%s.%s" % (host, name)), entry.get("text") or "")
-            stacks = ["== rank %s (pid %s, %s) at stage %s ==\n%s" % (
-                entry["rank"], entry.get("pid"), entry.get("process_state"), entry.get("stage"), entry["stack"])
-                for entry in logs.get("ranks") or [] if entry.get("stack")]
-            if stacks:
-                atomic_write(os.path.join(run_dir, "%s.stacks.txt" % host), "\n".join(stacks))
+        if unique:
+            run_id, run_dir = unique_run_dir(results_dir, os.path.basename(run_dir))
+            created = True
+            verdict.update(run_id=run_id, run_dir=run_dir)
+        else:
+            created = prepare_run_dir(run_dir)
+        _write_logs(run_dir, logs_by_host)
         if reports is not None:
             reports(verdict, run_dir)
         atomic_write(os.path.join(run_dir, filename), json.dumps(verdict, indent=2, sort_keys=True) + "\n")
-        if filename != VERDICT_FILE or (verdict.get("hosts") and verdict.get("busy_hosts") == verdict["hosts"]):
-            # Not the gate's verdict, or one that checked nothing (every node held by another run): the last
-            # verdict that says something about the nodes stays the one a scheduler reads.
-            return notes
-        if os.path.lexists(tmp_link):
-            os.unlink(tmp_link)
-        os.symlink(os.path.relpath(run_dir, results_dir), tmp_link)
-        os.replace(tmp_link, os.path.join(results_dir, "latest"))
-        return notes
     except BaseException:
-        if os.path.lexists(tmp_link):
-            os.unlink(tmp_link)
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)
         if new_results:
@@ -471,3 +510,44 @@ def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_
             except OSError:
                 pass
         raise
+    if filename != VERDICT_FILE or (verdict.get("hosts") and verdict.get("busy_hosts") == verdict["hosts"]):
+        # Not the gate's verdict, or one that checked nothing (every node held by another run): the last
+        # verdict that says something about the nodes stays the one a scheduler reads.
+        return notes
+    latest = os.path.join(results_dir, "latest")
+    try:
+        if os.path.lexists(tmp_link):
+            os.unlink(tmp_link)
+        os.symlink(os.path.relpath(run_dir, results_dir), tmp_link)
+        os.replace(tmp_link, latest)
+    except OSError as exc:
+        if os.path.lexists(tmp_link):
+            os.unlink(tmp_link)
+        notes.append("%s was not moved to this run (%s): it still shows %s. This run is complete in %s. Fix: "
+                     "remove or rename %s (it should be a link this project moves), then read the run there"
+                     % (latest, exc.strerror or exc, _shows(latest), run_dir, latest))
+    return notes
+
+
+def _shows(latest):
+    try:
+        return "the run %s" % os.readlink(latest) if os.path.islink(latest) else "what was there before"
+    except OSError:
+        return "what was there before"
+
+
+def _write_logs(run_dir, logs_by_host):
+    """Each node's log, torchrun's per-rank files and the hung ranks' stacks, as printable text."""
+    for host, logs in sorted((logs_by_host or {}).items()):
+        if logs.get("log") is not None:
+            atomic_write(node_file(run_dir, host, ".log"), printable(logs.get("log") or "", lines=True))
+        for entry in logs.get("rank_logs") or []:
+            # torchrun's own per-rank files (rank1.stderr.log); the name is the module's, never a path.
+            name = os.path.basename(str(entry.get("name") or ""))
+            if name and not name.startswith("."):
+                atomic_write(node_file(run_dir, host, "." + name), printable(entry.get("text") or "", lines=True))
+        stacks = ["== rank %s (pid %s, %s) at stage %s ==\n%s" % (
+            entry["rank"], entry.get("pid"), entry.get("process_state"), entry.get("stage"), entry["stack"])
+            for entry in logs.get("ranks") or [] if entry.get("stack")]
+        if stacks:
+            atomic_write(node_file(run_dir, host, ".stacks.txt"), printable("\n".join(stacks), lines=True))

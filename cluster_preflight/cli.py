@@ -12,6 +12,7 @@ import sys
 import threading
 
 from . import history_cli, playbooks
+from .printable import printable
 from .progress import Progress
 from .verdict_file import age_problem, parse_age
 from .verdict import (EXIT_INTERRUPTED, EXIT_MEANING, EXIT_UNKNOWN, EXIT_USAGE, ROOT, VerdictError, exit_code,
@@ -128,7 +129,7 @@ def headline(verdict):
         text += "; unverified: %s" % ", ".join(verdict.unverified_hosts)
     if verdict.stopped:
         text += "; stopped: %s" % verdict.stopped
-    return text + "; verdict %s" % verdict.path
+    return printable(text + "; verdict %s" % verdict.path)
 
 
 def finding_lines(verdict):
@@ -140,7 +141,8 @@ def finding_lines(verdict):
     gate = verdict.raw.get("allreduce") or {}
     if gate.get("status") == "skipped":
         lines.append("  all-reduce not run: %s" % gate.get("reason"))
-    return lines
+    # Found texts come from the nodes and the job (rank errors, log lines): no control codes on the terminal.
+    return [printable(line) for line in lines]
 
 
 def _out(text, stream=None):
@@ -159,15 +161,20 @@ def cmd_verdict(args):
         if stale:
             raise VerdictError("the verdict at %s is not fresh: %s" % (verdict.path, stale))
     except VerdictError as exc:
-        _out("UNKNOWN: %s" % exc, sys.stderr)
+        _out("UNKNOWN: %s" % printable(exc), sys.stderr)
         return EXIT_UNKNOWN
-    if args.drain_list:
+    if verdict.stopped and (args.drain_list or args.nhc):
+        # Invalid settings stopped the run before any node was judged: nothing to drain.
+        _out(printable("STOPPED: %s; no node was judged, none is listed to drain -- fix: correct the settings the "
+                       "verdict names (its <capability>.inputs checks) and re-run" % verdict.stopped), sys.stderr)
+    elif args.drain_list:
         for host in verdict.failed_hosts:
-            _out(host)
+            _out(printable(host))
     elif args.nhc:
         for item in verdict.findings:
             if item.status == "fail":
-                _out("%s ERROR: nhc: Health check failed: preflight %s: %s" % (item.host, item.check, item.found))
+                _out(printable("%s ERROR: nhc: Health check failed: preflight %s: %s" % (item.host, item.check,
+                                                                                         item.found)))
     else:
         _out(headline(verdict))
         for line in finding_lines(verdict):
@@ -277,7 +284,12 @@ def main(argv=None):
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
     if args.command == "verdict":
-        return cmd_verdict(args)
+        try:
+            return cmd_verdict(args)
+        except Exception as exc:  # pylint: disable=broad-except
+            # Exit 1 (Python's for an uncaught exception) would read as a pass with warnings.
+            _out(printable("UNKNOWN: the verdict could not be read: %s: %s" % (type(exc).__name__, exc)), sys.stderr)
+            return EXIT_UNKNOWN
     if args.command == "baseline":
         return cmd_baseline(args, passthrough)
     if args.command == "history":

@@ -25,6 +25,8 @@ import os
 import re
 import subprocess
 
+from cluster_preflight.printable import printable
+
 # The drain reason prefix the preflight owns. A reason that starts with it was written by the
 # preflight and may be cleared by it; any other reason belongs to whoever wrote it.
 PREFIX = "preflight:"
@@ -40,8 +42,9 @@ _NOT_RESPONDING = "*"
 
 
 def one_line(text):
-    """``text`` on one line: control characters and runs of white space become one space."""
-    return re.sub(r"\s+", " ", re.sub(r"[\x00-\x1f\x7f]", " ", str(text))).strip()
+    """``text`` on one line (``printable``: no escape sequence or control character), runs of white space one
+    space."""
+    return re.sub(r"\s+", " ", printable(text)).strip()
 
 
 def shorten(text, limit):
@@ -194,8 +197,12 @@ def plan(report, current, since=None):
     (:func:`history_since`) puts when the node first failed into its drain reason.  Returns one dict per node of
     the report: ``{node, action, reason, why}`` with action ``drain`` (failed; not drained by
     someone else), ``resume`` (healthy, drained with the preflight's prefix), or ``keep``.
-    A node the report could not judge (``unverified``) is left as it is."""
+    A node the report could not judge (``unverified``) is left as it is, and so is every node of a report whose
+    run stopped on invalid settings (``stopped``): it judged no node, whatever its nodes' entries say."""
     actions = []
+    if report.get("stopped"):
+        return [{"node": node, "action": "keep", "reason": "", "why": "not judged: the run stopped on %s"
+                 % one_line(report["stopped"])} for node in report.get("hosts") or []]
     for node in report.get("hosts") or []:
         result = (report.get("nodes") or {}).get(node) or {}
         status = result.get("status")

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 
 from cluster_preflight.history import db_path
 from cluster_preflight.slurm import (BAD_CONF_FIX, PREFIX, SLURM_CONF_HELP, conf_words, failure_line, find_slurm_conf,
@@ -54,26 +52,18 @@ def healthcheck_argv(ansible_playbook, playbook, inventory, results_dir, budget,
 
 
 def run_bounded(argv, timeout, env, cwd):
-    """Run argv in its own session; on timeout kill the whole session. ``(rc, output)``, rc None on timeout."""
-    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          env=env, cwd=cwd, start_new_session=True, text=True) as proc:
-        try:
-            output, _ = proc.communicate(timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            _killpg(proc.pid)
-            output, _ = proc.communicate()
-            return None, output
+    """Run argv in its own session, marked; at its end (in time or not) kill everything it started, the
+    commands its modules started in sessions of their own included (they carry its marker), and reap them
+    within a bound (``preflight_node.reap``).  ``(rc, output)``, rc None on timeout; what did not die from
+    the kill (stuck in the kernel) is named at the end of the output."""
+    from preflight_node import reap  # pylint: disable=import-outside-toplevel
+
     # What a timed-out node task left behind (a hung probe's children) goes with the run, not later.
-    _killpg(proc.pid)
-    return rc, output
-
-
-def _killpg(pgid):
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
+    rc, out, _err, timed_out, stuck = reap.capture(argv, timeout, env=env, cwd=cwd, merge=True, leftovers=True)
+    output = out.decode("utf-8", "replace")
+    if stuck:
+        output += "\n%s" % reap.stuck_text(stuck)
+    return (None if timed_out else rc), output
 
 
 BUDGET = 30

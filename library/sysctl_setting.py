@@ -64,7 +64,7 @@ options:
         would change the task fails naming the link and its target, in check mode too; nothing is written over
         or through it.
     type: path
-    default: /etc/sysctl.d/10-ptrace.conf
+    default: /etc/sysctl.d/60-preflight-ptrace.conf
   proc_root:
     description: Mount point of procfs; the running value is read from C(<proc_root>/sys/...).
     type: path
@@ -122,7 +122,7 @@ EXAMPLES = r"""
   sysctl_setting:
     name: kernel.yama.ptrace_scope
     value: "0"
-    dropin: /etc/sysctl.d/10-ptrace.conf
+    dropin: /etc/sysctl.d/60-preflight-ptrace.conf
     comment: "Security relaxation: any process may ptrace others of the same user."
 
 - name: Ensure core files land in /tmp, one per process.
@@ -173,7 +173,7 @@ effective_at_boot:
   description: The assignment the next boot applies last (value, file, line); null when no file sets the key.
   returned: always
   type: dict
-  sample: {value: "0", file: /etc/sysctl.d/10-ptrace.conf, line: 3}
+  sample: {value: "0", file: /etc/sysctl.d/60-preflight-ptrace.conf, line: 3}
 conflicts:
   description: Assignments in other files that override the drop-in at boot with a different value.
   returned: always
@@ -239,7 +239,7 @@ def main():
             name=dict(type="str", required=True),
             value=dict(type="str", required=True),
             state=dict(type="str", default="present", choices=["present", "audit"]),
-            dropin=dict(type="path", default="/etc/sysctl.d/10-ptrace.conf"),
+            dropin=dict(type="path", default="/etc/sysctl.d/60-preflight-ptrace.conf"),
             proc_root=dict(type="path", default="/proc"),
             sysctl_dirs=dict(type="list", elements="path", default=list(sysctl.DEFAULT_SYSCTL_DIRS)),
             reload=dict(type="bool", default=True),

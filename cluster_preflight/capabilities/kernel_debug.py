@@ -95,7 +95,7 @@ def validate(settings):
         problems.append(_problem("kernel_debug_ptrace_scope_dropin", problem,
                                  "a *.conf file of its own in a directory of kernel_debug_sysctl_dirs",
                                  "set kernel_debug_ptrace_scope_dropin to a file of its own such as "
-                                 "/etc/sysctl.d/10-ptrace.conf"))
+                                 "/etc/sysctl.d/60-preflight-ptrace.conf"))
     else:
         dropins[os.path.normpath(settings["kernel_debug_ptrace_scope_dropin"])] = "kernel_debug_ptrace_scope_dropin"
     for suffix in SUFFIXES:

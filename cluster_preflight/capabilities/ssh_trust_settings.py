@@ -21,7 +21,7 @@ DEFAULTS = {
     "ssh_trust_port": 22,
     "ssh_trust_extra_names": [],
     "ssh_trust_known_hosts_file": KNOWN_HOSTS,
-    "ssh_trust_known_hosts_backup": False,
+    "ssh_trust_known_hosts_backup": True,
     "ssh_trust_accept_changed": [],
     "ssh_trust_drift_policy": "warn",
     "ssh_trust_cluster_key": False,

@@ -17,6 +17,7 @@ Pure functions of their inputs (a ``/proc`` root, dump texts) so tables test the
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import pwd
 import re
@@ -460,11 +461,12 @@ def validate(params):
         except re.error as exc:
             problems.append("Found pattern %r (%s). Expected: a Python regular expression searched in each process's "
                             "command line. Fix: set diagnose_pattern to, e.g., 'train\\.py'" % (params["pattern"], exc))
-    if float(params.get("stack_budget") or 0) <= 0:
-        problems.append("Found stack_budget %s. Expected: more than 0 seconds. Fix: set diagnose_stack_budget: 20"
+    # NaN and infinity pass a "more than 0" test: a bound must be a finite number of seconds.
+    if not 0 < float(params.get("stack_budget") or 0) < math.inf:
+        problems.append("Found stack_budget %s. Expected: more than 0 seconds, finite. Fix: set diagnose_stack_budget: 20"
                         % params.get("stack_budget"))
-    if params.get("core_dir") and float(params.get("core_timeout") or 0) <= 0:
-        problems.append("Found core_timeout %s. Expected: more than 0 seconds. Fix: set diagnose_core_timeout: 60"
+    if params.get("core_dir") and not 0 < float(params.get("core_timeout") or 0) < math.inf:
+        problems.append("Found core_timeout %s. Expected: more than 0 seconds, finite. Fix: set diagnose_core_timeout: 60"
                         % params.get("core_timeout"))
     return problems
 

@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import os
 import pwd
-import signal
-import subprocess
+
+from . import reap
 
 TIMEOUT_RC = 124
 NOT_FOUND_RC = 127
 # Not run: the same program hung earlier in this node call (NodeOps.run); stderr says when and for how long.
 HUNG_EARLIER_RC = 125
 C_LOCALE = {"LANG": "C", "LC_ALL": "C"}
+# The markers of the commands and runs this one is part of, kept in a command's environment when it switches
+# user (everything else of root's environment is left out), so a kill of the whole (the health check's budget,
+# the gate's tree) still finds it: ``reap.COMMAND_MARKER_ENV``, ``proc.MARKER_ENV``.
+KEPT_MARKERS = (reap.COMMAND_MARKER_ENV, "PREFLIGHT_RUN_MARKER")
 
 
 class NodeOps(object):
@@ -49,8 +53,9 @@ class NodeOps(object):
         self.watched = {str(program) for program in watch if program}
         # program -> {program, seconds, user}: what timed out earlier in this call, or in this run's earlier
         # call on the node (``job["hangs"]``: the facts call's, handed to the probes call).
+        # A program whose process did not die from SIGKILL (stuck in the kernel) is remembered whatever it is.
         self.hangs = {str(key): dict(value) for key, value in ((job or {}).get("hangs") or {}).items()
-                      if isinstance(value, dict) and str(key) in self.watched}
+                      if isinstance(value, dict) and (str(key) in self.watched or value.get("stuck"))}
 
     def which(self, name, paths=()):
         """Absolute path of program ``name`` (also searched in ``paths``), or None."""
@@ -60,15 +65,20 @@ class NodeOps(object):
 
     def run(self, argv, timeout=20.0, env=None, cwd=None, data=None, user=None):
         """``(rc, stdout, stderr)``; rc 124 when ``timeout`` expired, 127 when the program is missing,
-        125 at once (nothing run) when a watched program hung earlier in this call (:func:`hang_of`).
+        125 at once (nothing run) when a watched program hung earlier in this call, or any program whose
+        process did not die from its kill (:func:`hang_of`).
         With ``user`` (a name), the command runs as that user with a minimal environment."""
         argv = [str(part) for part in argv]
         earlier = self.hangs.get(argv[0]) if argv else None
         if earlier:
             return HUNG_EARLIER_RC, "", hang_text(earlier)
-        rc, out, err = run_bounded_command(argv, timeout, env=env, cwd=cwd, data=data, user=user)
-        if rc == TIMEOUT_RC and argv[0] in self.watched:
+        rc, out, err, stuck = run_reaped(argv, timeout, env=env, cwd=cwd, data=data, user=user)
+        if argv and (stuck or (rc == TIMEOUT_RC and argv[0] in self.watched)):
+            # A program that hangs for the whole call, or one that did not even die from SIGKILL (stuck in the
+            # kernel: every later run of it would hang there too) is not run again in this call.
             self.hangs[argv[0]] = {"program": argv[0], "seconds": float(timeout), "user": user or _me()}
+            if stuck:
+                self.hangs[argv[0]]["stuck"] = reap.stuck_text(stuck)
         return rc, out, err
 
 
@@ -79,6 +89,9 @@ def hang_of(ops, program):
 
 
 def hang_text(hang):
+    if hang.get("stuck"):
+        return "not run: %s hung for %g s earlier in this call (as %s) and did not die from its kill (%s)" % (
+            hang["program"], hang["seconds"], hang["user"], hang["stuck"])
     return "not run: %s hung for %g s earlier in this call (as %s) and was killed" % (
         hang["program"], hang["seconds"], hang["user"])
 
@@ -173,41 +186,41 @@ def as_user(name):
 
 def run_bounded_command(argv, timeout, env=None, cwd=None, data=None, user=None):
     """Run ``argv`` (a list, never a shell string) in a session of its own, C locale, bounded; as ``user``
-    (a name) with a minimal environment when given."""
+    (a name) with a minimal environment when given.  ``(rc, stdout, stderr)``, see :func:`run_reaped`."""
+    rc, out, err, _stuck = run_reaped(argv, timeout, env=env, cwd=cwd, data=data, user=user)
+    return rc, out, err
+
+
+def run_reaped(argv, timeout, env=None, cwd=None, data=None, user=None):
+    """:func:`run_bounded_command` with a fourth value: what did not die within ``reap.REAP_TIMEOUT`` seconds of
+    the kill (``reap.describe`` of each: a process stuck in the kernel, state ``D``), abandoned, never waited
+    for.  The call returns within ``timeout`` plus twice that bound whatever the command does (a member that
+    left its session and holds the output is killed by its marker); rc 124 when ``timeout`` expired."""
     credentials = {}
     if user:
         try:
             entry, credentials = as_user(user)
         except KeyError:
-            return NOT_FOUND_RC, "", "no such user %s" % user
+            return NOT_FOUND_RC, "", "no such user %s" % user, []
         environ = user_environment(entry, env)
+        # A budget's marker goes through the switch of user, so a kill of the whole run still finds this.
+        environ.update({name: os.environ[name] for name in KEPT_MARKERS if name in os.environ})
         # Not the caller's working directory, which the account may not be allowed to enter.
         cwd = cwd or "/"
     else:
         environ = dict(os.environ, **C_LOCALE)
         environ.update(env or {})
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=environ,
-                                start_new_session=True, **credentials)
-    except PermissionError as exc:  # switching user needs root
-        return NOT_FOUND_RC, "", "cannot run as %s: %s" % (user, exc)
-    except (OSError, ValueError) as exc:  # a missing program, or a cwd that is gone
-        return NOT_FOUND_RC, "", str(exc)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        out, err = proc.communicate(input=payload, timeout=max(float(timeout), 0.1))
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        _kill_session(proc)
-        out, err = proc.communicate()
+        rc, out, err, timed_out, stuck = reap.capture(argv, timeout, env=environ, cwd=cwd, data=payload,
+                                                      **credentials)
+    except PermissionError as exc:  # switching user needs root
+        return NOT_FOUND_RC, "", "cannot run as %s: %s" % (user, exc), []
+    except (OSError, ValueError) as exc:  # a missing program, or a cwd that is gone
+        return NOT_FOUND_RC, "", str(exc), []
+    if timed_out:
         rc = TIMEOUT_RC
-        err = (err or b"") + (b"\nkilled after %g s" % float(timeout))
-    return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-
-
-def _kill_session(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        proc.kill()
+        err += b"\nkilled after %g s" % float(timeout)
+    if stuck:
+        err += ("; %s" % reap.stuck_text(stuck)).encode("utf-8")
+    return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), stuck

@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from . import reap
+
 MARKER_ENV = "PREFLIGHT_RUN_MARKER"
 # Seconds between SIGTERM and SIGKILL when a tree is torn down, and at most after SIGKILL.
 KILL_GRACE = 3.0
@@ -317,7 +319,7 @@ class Guard(object):
 
 
 def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None, on_timeout=None,
-                poll=None, poll_interval=0.25, credentials=None):
+                poll=None, poll_interval=0.25, credentials=None, stuck=None):
     """Run ``argv`` in its own session for at most ``timeout`` seconds.
 
     Output (stdout and stderr together) goes to ``stdout_path`` when given.
@@ -328,7 +330,9 @@ def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None
     tree is killed too when anything raises on the way (an exception in a
     callback, :class:`Interrupted`).  Returns ``(returncode, timed_out,
     elapsed_seconds)``; returncode is None on timeout.  ``credentials`` (``user``, ``group``,
-    ``extra_groups`` as ``preflight_node.as_user`` gives them) run the tree as another account.
+    ``extra_groups`` as ``preflight_node.as_user`` gives them) run the tree as another account.  The kill
+    at the end is bounded too: a launcher that does not die from SIGKILL within :data:`REAP_TIMEOUT` is
+    abandoned and described in ``stuck`` (a list, when given; see ``reap.describe``).
     """
     env = dict(os.environ if env is None else env)
     if marker:
@@ -359,21 +363,24 @@ def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None
             # Even a clean exit may leave strays (a worker that ignored SIGTERM);
             # on an exception or a signal this is the only kill there is.
             if proc is not None:
-                _kill_and_reap(proc, marker)
+                _kill_and_reap(proc, marker, stuck)
         finally:
             if stdout_path:
                 out.close()
     return rc, timed_out, round(time.monotonic() - start, 3)
 
 
-def _kill_and_reap(proc, marker):
+def _kill_and_reap(proc, marker, stuck=None):
+    """Kill the tree and reap its launcher within :data:`REAP_TIMEOUT`; a launcher that does not die even
+    then (stuck in the kernel) is abandoned and described in ``stuck`` (a list), never waited for again."""
     try:
         kill_tree(proc.pid, marker=marker)
         try:
             proc.wait(timeout=REAP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=REAP_TIMEOUT)
+            left = reap.kill_and_reap(proc, bound=REAP_TIMEOUT)
+            if stuck is not None:
+                stuck.extend(left)
     except Interrupted:
         # The signal cut this kill short; interruptible() ignores any further
         # signal, so this one runs to the end.
@@ -420,8 +427,8 @@ def py_spy_dump_all(targets, py_spy, budget, native=False, env=None, credentials
             try:
                 output, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                child.kill()
-                child.communicate()
+                # Killed and reaped within a bound: a py-spy stuck on a rank in the kernel is left behind.
+                reap.kill_and_reap(child)
                 return
             outcome = (True, output.decode(errors="replace"))
         except OSError as exc:

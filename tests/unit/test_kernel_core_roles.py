@@ -197,3 +197,46 @@ def test_ptrace_relaxation_is_opt_in(tmp_path, switch):
         "kernel_debug"]["ptrace_scope"]
     assert check["status"] == "skipped" and "kernel_debug_ptrace_scope_enabled is false" in check["found"]
     assert hashes(sandbox) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the core directory is owned by root")
+def test_the_core_directory_follows_no_link_a_user_planted_in_a_world_writable_parent(tmp_path):
+    """A user's /var/tmp/cores -> /etc: the role fails naming the link, /etc keeps its mode."""
+    sandbox = tmp_path / "node"
+    sandbox_tree(sandbox)
+    os.makedirs(str(sandbox / "var/tmp"))
+    os.chmod(str(sandbox / "var/tmp"), 0o1777)
+    os.chmod(str(sandbox / "etc"), 0o755)
+    os.symlink(str(sandbox / "etc"), str(sandbox / "var/tmp/cores"))
+    os.lchown(str(sandbox / "var/tmp/cores"), 65534, 65534)
+    core = {"core_dumps_dir": "/var/tmp/cores", "core_dumps_pattern": "/var/tmp/cores/core-%e.%p.%h.%t",
+            "kernel_debug_ptrace_scope_enabled": False}
+    for check in (True, False):
+        proc, _changed = play(tmp_path, sandbox, check=check, **core)
+        assert proc.returncode != 0 and "/var/tmp/cores is a symbolic link" in proc.stdout, proc.stdout[-3000:]
+        assert oct(os.stat(str(sandbox / "etc")).st_mode & 0o7777) == "0o755"
+
+
+def test_bring_up_keeps_a_backup_of_a_file_it_replaces_by_default(tmp_path):
+    """Backups are on by default: check (no backup) -> apply (one backup, the old text) -> re-apply (none)."""
+    sandbox = tmp_path / "node"
+    sandbox_tree(sandbox)
+    old = {"etc/sysctl.d/60-preflight-core.conf": "kernel.core_pattern = core\n",
+           "etc/sysctl.d/60-preflight-ptrace.conf": "kernel.yama.ptrace_scope = 1\n",
+           "etc/security/limits.d/90-preflight-core.conf": "* soft core 0\n"}
+    for path, text in old.items():
+        (sandbox / path).write_text(text)
+
+    def backups():
+        return sorted(os.path.join(directory, name) for directory, _dirs, names in os.walk(str(sandbox))
+                      for name in names if name.endswith("~"))
+
+    variables = {"core_dumps_dir": ""}
+    proc, changed = play(tmp_path, sandbox, check=True, core_dumps_pattern="core-%e.%p", **variables)
+    assert proc.returncode == 0 and changed > 0 and backups() == [], proc.stdout[-3000:]
+    proc, changed = play(tmp_path, sandbox, core_dumps_pattern="core-%e.%p", **variables)
+    assert proc.returncode == 0 and changed > 0, proc.stdout[-3000:]
+    kept = {os.path.relpath(path, str(sandbox)).split(".conf.")[0] + ".conf": open(path).read() for path in backups()}
+    assert kept == old
+    proc, changed = play(tmp_path, sandbox, core_dumps_pattern="core-%e.%p", **variables)
+    assert proc.returncode == 0 and changed == 0 and len(backups()) == len(old)

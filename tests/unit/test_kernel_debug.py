@@ -16,7 +16,7 @@ from capability_helpers import (assert_one_problem, capability_under_test, deny_
 
 ROLE_NAME = "kernel_debug"
 ROLE, HOST, NODE = capability_under_test(ROLE_NAME, "node3", "198.18.0.3")
-PTRACE_DROPIN = "/etc/sysctl.d/10-ptrace.conf"
+PTRACE_DROPIN = "/etc/sysctl.d/60-preflight-ptrace.conf"
 PANIC = {"name": "kernel.panic_on_oops", "value": "1", "dropin": "/etc/sysctl.d/60-preflight-panic.conf",
          "check_name": None}
 
@@ -228,10 +228,10 @@ def test_decide_texts(tmp_path):
     assert checks["ptrace_scope"]["expected"] == "0"
     assert checks["ptrace_scope"]["fix"] == (
         "on node3: sysctl -w kernel.yama.ptrace_scope='0' and persist it as 'kernel.yama.ptrace_scope = 0' in "
-        "/etc/sysctl.d/10-ptrace.conf (the node bring-up does both)")
-    assert checks["ptrace_scope_persisted"]["found"] == "/etc/sysctl.d/10-ptrace.conf does not exist"
+        "/etc/sysctl.d/60-preflight-ptrace.conf (the node bring-up does both)")
+    assert checks["ptrace_scope_persisted"]["found"] == "/etc/sysctl.d/60-preflight-ptrace.conf does not exist"
     boot = checks["ptrace_scope_boot"]
-    assert "kernel.yama.ptrace_scope=2 in /etc/sysctl.d/99-vendor.conf:2 overrides 10-ptrace.conf at boot" \
+    assert "kernel.yama.ptrace_scope=2 in /etc/sysctl.d/99-vendor.conf:2 overrides 60-preflight-ptrace.conf at boot" \
         in boot["found"]
     assert "/etc/sysctl.d/99-vendor.conf:2" in boot["fix"]
 

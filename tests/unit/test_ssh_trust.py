@@ -354,6 +354,22 @@ def test_parse_pdsh_attributes_a_name_pdsh_cannot_resolve():
     assert psm.classify_ssh(255, errors["pfn9"][0])[0] == "dns"
 
 
+def test_the_pdsh_leg_forces_host_key_checking_whatever_ssh_config_says():
+    """pdsh runs ssh with PDSH_SSH_ARGS_APPEND: StrictHostKeyChecking=yes there, as for every audit ssh."""
+    seen = {}
+
+    class Ops(object):
+        def run(self, argv, timeout=20.0, env=None, cwd=None, data=None, user=None):
+            seen.update(argv=argv, env=env)
+            return 0, "pfn2: Thu Jan  1 00:00:00 UTC 2026\n", ""
+
+    result = psm._pdsh(Ops(), "/usr/bin/pdsh", ["pfn2"], "", 5, 20)  # pylint: disable=protected-access
+    assert result["ok"] == ["pfn2"] and seen["env"]["PDSH_RCMD_TYPE"] == "ssh"
+    options = seen["env"]["PDSH_SSH_ARGS_APPEND"].split()
+    assert "StrictHostKeyChecking=yes" in options and "BatchMode=yes" in options
+    assert options[options.index("StrictHostKeyChecking=yes") - 1] == "-o"
+
+
 @pytest.mark.parametrize("rc,stderr,timed_out,status", SAMPLES)
 def test_classify_ssh_messages(rc, stderr, timed_out, status):
     assert psm.classify_ssh(rc, stderr, timed_out)[0] == status

@@ -17,7 +17,7 @@ SYSCTL_CONF = (
     "net.ipv4.ip_forward=1   \n"
     "vm.swappiness = 10\n"
 )
-PTRACE_DROPIN = "/etc/sysctl.d/10-ptrace.conf"
+PTRACE_DROPIN = "/etc/sysctl.d/60-preflight-ptrace.conf"
 CORE_DROPIN = "/etc/sysctl.d/60-preflight-core.conf"
 APPORT = "|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -u%u -g%g -- %E"
 COREDUMP = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h"
@@ -126,8 +126,8 @@ def test_no_backup_unless_asked(run_module, sandbox):
     write(sandbox, PTRACE_DROPIN, "kernel.yama.ptrace_scope = 1\n")
     result, failed = run_module(sysctl_setting, ptrace_args(sandbox))
     assert not failed and "backup_file" not in result
-    assert [name for name in os.listdir(str(sandbox / "etc/sysctl.d")) if name.startswith("10-ptrace")] == [
-        "10-ptrace.conf"]
+    assert [name for name in os.listdir(str(sandbox / "etc/sysctl.d")) if name.startswith("60-preflight-ptrace")] == [
+        "60-preflight-ptrace.conf"]
 
 
 def test_conflict_in_a_later_file_is_reported_with_file_and_fix(run_module, sandbox):
@@ -246,7 +246,7 @@ def test_reload_false_writes_only_the_dropin(run_module, sandbox):
     assert not failed and result["changed"]
     assert read(sandbox, "/proc/sys/kernel/yama/ptrace_scope") == "1\n"
     assert result["checks"]["ptrace_scope"]["status"] == "warn"
-    assert "sysctl -p /etc/sysctl.d/10-ptrace.conf" == result["checks"]["ptrace_scope"]["fix"]
+    assert "sysctl -p /etc/sysctl.d/60-preflight-ptrace.conf" == result["checks"]["ptrace_scope"]["fix"]
     assert result["checks"]["ptrace_scope_persisted"]["status"] == "pass"
 
 

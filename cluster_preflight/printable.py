@@ -1,0 +1,51 @@
+# -*- coding: utf-8 -*-
+"""Text others control, made safe for an operator's terminal and for the outputs (controller layer).
+
+A rank's error, a log line, a py-spy frame (a function name in the job's own code), a hostname a node
+reports, a verdict file someone else wrote: any of them may carry terminal escape sequences (move the
+cursor, rewrite a line so a ``FAIL`` reads ``PASS``, set the window title, or worse on old terminals)
+or bidirectional-text controls that make the text read differently from what it is.  Every place where
+such text leaves the project -- printed to a terminal, written into the run directory, put into a drain
+reason -- passes it through :func:`printable` (or :func:`printable_tree` for a whole verdict).
+
+Standard library only: ``scripts/verdict`` and the Slurm scripts use it without Ansible.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ECMA-48 sequences, 7-bit (ESC ...) and 8-bit (C1) forms: control strings (OSC, DCS, SOS, PM, APC) up to their
+# terminator, CSI with its parameters, and the short ESC sequences.
+_SEQUENCES = re.compile(
+    r"(?:\x1b[\]PX^_]|[\x9d\x90\x98\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC, DCS, SOS, PM, APC
+    r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI
+    r"|\x1b[ -/]*[0-~]?"  # the rest: ESC plus an intermediate and a final byte
+)
+# What is left of C0 (but tab and line feed) and C1, DEL, and the bidirectional embeddings, overrides and isolates.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_LINE_BREAKS = re.compile(r"\r\n?|[\n\t\v\f]")
+
+
+def printable(text, lines=False):
+    """``text`` (anything; ``str()`` of it) without escape sequences or control characters.
+
+    ``lines``: keep line breaks (``\\r\\n`` and a lone ``\\r`` become ``\\n``) and tabs, for a log or a stack;
+    otherwise every line break and tab becomes a space (one line)."""
+    text = _SEQUENCES.sub("", str(text))
+    if lines:
+        return _CONTROLS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    return _CONTROLS.sub("", _LINE_BREAKS.sub(" ", text))
+
+
+def printable_tree(value):
+    """A copy of ``value`` (JSON-like: dicts, lists, strings, numbers) with every string, keys included, made
+    :func:`printable` (line breaks kept: a found text may hold a stack)."""
+    if isinstance(value, str):
+        return printable(value, lines=True)
+    if isinstance(value, dict):
+        return {printable_tree(key) if isinstance(key, str) else key: printable_tree(item)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable_tree(item) for item in value]
+    return value
