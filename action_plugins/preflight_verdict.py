@@ -20,7 +20,7 @@ from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.localize import MAX_ROUNDS
 from cluster_preflight.retest import STEPS as RETEST_STEPS
-from cluster_preflight.outputs import write_outputs
+from cluster_preflight.outputs import launch_names, write_outputs
 from cluster_preflight.report import after_verdict
 from cluster_preflight.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
 
@@ -127,6 +127,19 @@ def write_problem(exc, results_dir, run_dir):
             "expected": expected, "fix": fix}
 
 
+def run_annotations(view, first, task_vars, kind, check_mode):
+    """What a verdict says of the run besides its nodes: its cluster (``preflight_cluster``, else the inventory's
+    absolute paths), how its host lists name the nodes, and, for a bring-up, whether it was a dry run."""
+    run = ((view.settings.get(first) or {}).get(registry.RUN_ROLE) or {}) if first else {}
+    sources = [os.path.realpath(str(source)) for source in task_vars.get("ansible_inventory_sources") or []
+               if "," not in str(source)]
+    notes = {"cluster": {"name": str(run.get("preflight_cluster") or ""), "inventory": sources}}
+    if kind == "bringup":
+        notes["check_mode"] = bool(check_mode)
+    notes["hostfile_mode"] = run.get("preflight_hostfile_names") or "auto"
+    return notes
+
+
 class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("results_dir", "run_id", "kind", "fail"))
 
@@ -172,6 +185,10 @@ class ActionModule(ControllerAction):
                                                             by_name.get(registers.LAUNCH),
                                                             by_name.get("allreduce_localize")),
                                 gate=kind == "preflight", budget=budget)
+        notes = run_annotations(view, first, task_vars or {}, kind, self._task.check_mode is True)
+        verdict.update((key, value) for key, value in notes.items() if key != "hostfile_mode")
+        verdict["hostfile"] = launch_names(verdict, {host: (view.nodes.get(host) or {}).get("node_addr")
+                                                     for host in view.hosts}, notes["hostfile_mode"])
         logs = (by_name.get(registers.FINAL) or {}).get("logs") or {}
         path = os.path.join(run_dir, filename)
         outputs = {}

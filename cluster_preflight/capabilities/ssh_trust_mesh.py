@@ -177,6 +177,15 @@ def _inbound_check(host, settings, cluster, analysis):
     tried = _mesh_view(cluster, analysis)["inbound"].get(host) or {}
     if not tried:
         return skipped("no peer's ssh_trust probe reached the point of trying %s" % host, expected)
+    # The peers on which this node's inventory name did not resolve (the host lists then name its address).
+    unresolved = sorted(source for source, (_outcome, rows) in tried.items()
+                        if any(r["status"] == "dns" and r.get("target") == host for r in rows))
+    result = _inbound_result(host, settings, tried, expected)
+    result["details"] = dict(result.get("details") or {}, name_unresolved_on=unresolved)
+    return result
+
+
+def _inbound_result(host, settings, tried, expected):
     if _refuses(tried):
         rows = [r for _outcome, source_rows in tried.values() for r in source_rows if r["status"] not in NOT_LOGIN]
         kinds = list(dict.fromkeys(r["status"] for r in rows))
