@@ -107,3 +107,40 @@ def test_the_verdict_action_files_each_run_under_its_cluster_and_a_dry_run_as_su
         db, node="n1", cluster=str(inventory), kinds=history.ALL_KINDS)] == [("r2", "bringup"), ("r1", "bringup-check")]
     assert [row["run_id"] for row in history.timeline(db, node="n1")] == ["r3", "r2"]
     assert other["verdict_file"]
+
+
+def test_the_history_command_shows_one_cluster_by_default(two_clusters, capsys):
+    from cluster_preflight import cli  # pylint: disable=import-outside-toplevel
+
+    assert cli.main(["history", "--db", two_clusters, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    # The newest run is cluster lab-b's health check: its nodes, not cluster A's runs under the same names.
+    assert data["cluster"] == "lab-b" and "the newest run's" in data["scope"]
+    assert {node: [run["run_id"] for run in runs] for node, runs in data["timelines"].items()} == {
+        "n1": ["run05", "run02"], "n2": ["run02"], "n3": ["run05"]}
+    assert cli.main(["history", "--db", two_clusters, "--cluster", "/srv/clusters/a/hosts.yml",
+                     "--kind", "bringup", "--kind", "bringup-check"]) == 0
+    out = capsys.readouterr().out
+    assert "Cluster: /srv/clusters/a/hosts.yml; runs: bringup, bringup-check" in out
+    assert "bringup-check fail" in out and " gate " not in out
+    assert cli.main(["history", "--db", two_clusters, "--all-clusters", "--node", "n1", "--json"]) == 0
+    assert [run["run_id"] for run in json.loads(capsys.readouterr().out)["timelines"]["n1"]] == [
+        "run05", "run04", "run02", "run01"]
+
+
+def test_the_history_command_takes_the_cluster_of_an_inventory(tmp_path, capsys):
+    from cluster_preflight import cli  # pylint: disable=import-outside-toplevel
+
+    db = str(tmp_path / "history.sqlite")
+    named = tmp_path / "b" / "hosts.yml"
+    named.parent.mkdir()
+    named.write_text("cluster:\n  hosts:\n    n1: {}\n  vars:\n    preflight_cluster: lab-b\n")
+    plain = tmp_path / "a" / "hosts.yml"
+    plain.parent.mkdir()
+    plain.write_text("cluster:\n  hosts:\n    n1: {}\n")
+    _record(db, 1, {"name": "", "inventory": [str(plain)]})
+    _record(db, 2, {"name": "lab-b", "inventory": ["/elsewhere/hosts.yml"]}, failed=("n1",))
+    assert cli.main(["history", "--db", db, "-i", str(plain), "--json"]) == 0
+    assert [run["run_id"] for run in json.loads(capsys.readouterr().out)["timelines"]["n1"]] == ["run01"]
+    assert cli.main(["history", "--db", db, "-i", str(named), "--json"]) == 0
+    assert [run["run_id"] for run in json.loads(capsys.readouterr().out)["timelines"]["n1"]] == ["run02"]
