@@ -220,8 +220,10 @@ class ActionModule(ControllerAction):
                 {"preflight": "FAILED", "bringup": "BRING-UP FAILED", "healthcheck": "HEALTH CHECK FAILED"}[kind], path,
                 "\n".join("- " + line for line in lines) or "- see %s" % path)
         else:
-            result["msg"] = summary_line(verdict, path, {"preflight": "PREFLIGHT", "bringup": "BRING-UP",
-                                                           "healthcheck": "HEALTH CHECK"}[kind])
+            label = {"preflight": "PREFLIGHT", "bringup": "BRING-UP", "healthcheck": "HEALTH CHECK"}[kind]
+            if verdict.get("check_mode"):
+                label += " DRY RUN (check mode, nothing was written), the nodes as they are:"
+            result["msg"] = summary_line(verdict, path, label)
         if later:
             result["msg"] += "".join("\nWARNING: " + text for text in later)
         return result

@@ -24,8 +24,13 @@ def load_inventory(inventory):
     """``(InventoryManager, VariableManager)`` of ``inventory`` through Ansible's own loader."""
     from ansible.inventory.manager import InventoryManager  # pylint: disable=import-outside-toplevel
     from ansible.parsing.dataloader import DataLoader  # pylint: disable=import-outside-toplevel
+    from ansible.plugins.loader import init_plugin_loader  # pylint: disable=import-outside-toplevel
+    from ansible.utils.collection_loader import AnsibleCollectionConfig  # pylint: disable=import-outside-toplevel
     from ansible.vars.manager import VariableManager  # pylint: disable=import-outside-toplevel
 
+    if AnsibleCollectionConfig.collection_finder is None:
+        # As ansible's own commands do once: without it no vars plugin runs, and group_vars/ would go unread.
+        init_plugin_loader()
     loader = DataLoader()
     manager = InventoryManager(loader=loader, sources=sources_of(inventory))
     return manager, VariableManager(loader=loader, inventory=manager)
