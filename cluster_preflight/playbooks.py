@@ -30,6 +30,7 @@ SUMMARY_CALLBACK = "preflight_summary"
 # Lines of the summary callback's block (callback_plugins/preflight_summary.py), from its title on.
 SUMMARY_TITLE = re.compile(r"^(PREFLIGHT|BRING-UP|HEALTH CHECK) SUMMARY: ")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+TASK_BANNER = re.compile(r"^TASK \[.*\] \**$")
 
 
 class UsageError(ValueError):
@@ -91,8 +92,11 @@ class _Collector:
         if kind == "playbook_on_play_start":
             self.plays += 1
         if kind == "runner_on_file_diff" and event.get("stdout"):
+            # The diff alone: the stdout callback puts the task's banner before a task's first output.
+            text = ANSI.sub("", event["stdout"]).replace("\r\n", "\n")
+            lines = [line for line in text.split("\n") if not TASK_BANNER.match(line)]
             self.diffs.append((str(data.get("host") or "?"), str(data.get("task") or "?"),
-                               ANSI.sub("", event["stdout"]).replace("\r\n", "\n")))
+                               "\n".join(lines).strip("\n")))
         if kind == "runner_on_failed" and not data.get("ignore_errors") and res.get("msg"):
             self.errors.append("%s / %s: %s" % (data.get("host"), data.get("task"), str(res["msg"]).strip()))
         if kind == "playbook_on_stats":

@@ -68,13 +68,19 @@ def group_findings(raw):
             out.append(Group("one", status, "", "", items))
         elif key[0] == "causes":
             out.append(Group("causes", status, "; ".join(cause.get("title") or cause["id"] for cause in causes),
-                             " ".join("%s." % (cause.get("fix") or "").rstrip(".") for cause in causes), items))
+                             " ".join(_sentence(cause.get("fix") or "") for cause in causes), items))
         elif key[0] == "blocked":
             out.append(Group("blocked", status, "%s: blocked by %s" % (key[1], ", ".join(key[2:])), items[0].fix,
                              items))
         else:
             out.append(Group("same", status, key[1], key[3], items))
     return sorted(out, key=lambda group: ORDER.get(group.status, 3))
+
+
+def _sentence(text):
+    """``text`` as a sentence: capitalised, one full stop."""
+    text = text.strip().rstrip(".")
+    return text[:1].upper() + text[1:] + "." if text else ""
 
 
 def _cut(text, limit=EXAMPLE_LIMIT):

@@ -62,7 +62,7 @@ def test_the_summary_prints_a_group_once_with_its_checks_nodes_example_and_fix()
     assert lines[3] == ("  [warn] %s; %s: 6 findings (ssh_trust.inbound, ssh_trust.login) on all 3 nodes"
                         % (CAUSES["dns"]["title"], CAUSES["auth_denied"]["title"]))
     assert lines[4].startswith("    e.g. gpu-node-1 ssh_trust.inbound: no peer could log in to gpu-node-1")
-    assert lines[5].startswith("    fix: add every node's inventory name")
+    assert lines[5].startswith("    fix: Add every node's inventory name")
 
 
 def test_a_finding_alone_reads_as_it_always_has():
@@ -152,3 +152,14 @@ def test_the_callback_records_the_changes_in_bringup_json_and_prints_them(tmp_pa
     assert oct(path.stat().st_mode & 0o777) == "0o640"
     assert "changes: check mode, nothing was written: 3 changes would be made (gpu-node-1 2, gpu-node-2 0, " \
            "gpu-node-3 1)" in printed
+
+
+def test_the_command_line_keeps_each_diff_without_the_task_banner():
+    from cluster_preflight import playbooks  # pylint: disable=import-outside-toplevel
+
+    collector = playbooks._Collector()  # pylint: disable=protected-access
+    collector({"event": "runner_on_file_diff", "event_data": {"host": "gpu-node-1", "task": "Ensure the pattern."},
+               "stdout": "\r\nTASK [core_dumps : Ensure the pattern.] ***\r\n--- before: /etc/a.conf\r\n"
+                         "+++ after: /etc/a.conf\r\n@@ -0,0 +1 @@\r\n+x = 1\r\n"})
+    assert collector.diffs == [("gpu-node-1", "Ensure the pattern.",
+                                "--- before: /etc/a.conf\n+++ after: /etc/a.conf\n@@ -0,0 +1 @@\n+x = 1")]
