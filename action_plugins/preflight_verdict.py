@@ -20,7 +20,7 @@ from cluster_preflight import registers
 from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.localize import MAX_ROUNDS
 from cluster_preflight.retest import STEPS as RETEST_STEPS
-from cluster_preflight.outputs import write_outputs
+from cluster_preflight.outputs import launch_names, write_outputs
 from cluster_preflight.printable import printable_tree
 from cluster_preflight.report import after_verdict
 from cluster_preflight.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
@@ -128,6 +128,19 @@ def write_problem(exc, results_dir, run_dir):
             "expected": expected, "fix": fix}
 
 
+def run_annotations(view, first, task_vars, kind, check_mode):
+    """What a verdict says of the run besides its nodes: its cluster (``preflight_cluster``, else the inventory's
+    absolute paths), how its host lists name the nodes, and, for a bring-up, whether it was a dry run."""
+    run = ((view.settings.get(first) or {}).get(registry.RUN_ROLE) or {}) if first else {}
+    sources = [os.path.realpath(str(source)) for source in task_vars.get("ansible_inventory_sources") or []
+               if "," not in str(source)]
+    notes = {"cluster": {"name": str(run.get("preflight_cluster") or ""), "inventory": sources}}
+    if kind == "bringup":
+        notes["check_mode"] = bool(check_mode)
+    notes["hostfile_mode"] = run.get("preflight_hostfile_names") or "auto"
+    return notes
+
+
 class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("results_dir", "run_id", "kind", "fail"))
 
@@ -174,6 +187,10 @@ class ActionModule(ControllerAction):
                                                                            by_name.get(registers.LAUNCH),
                                                                            by_name.get("allreduce_localize")),
                                                gate=kind == "preflight", budget=budget))
+        notes = run_annotations(view, first, task_vars or {}, kind, self._task.check_mode is True)
+        verdict.update((key, value) for key, value in notes.items() if key != "hostfile_mode")
+        verdict["hostfile"] = launch_names(verdict, {host: (view.nodes.get(host) or {}).get("node_addr")
+                                                     for host in view.hosts}, notes["hostfile_mode"])
         logs = (by_name.get(registers.FINAL) or {}).get("logs") or {}
         outputs = {}
         try:
@@ -208,8 +225,10 @@ class ActionModule(ControllerAction):
                 {"preflight": "FAILED", "bringup": "BRING-UP FAILED", "healthcheck": "HEALTH CHECK FAILED"}[kind], path,
                 "\n".join("- " + line for line in lines) or "- see %s" % path)
         else:
-            result["msg"] = summary_line(verdict, path, {"preflight": "PREFLIGHT", "bringup": "BRING-UP",
-                                                           "healthcheck": "HEALTH CHECK"}[kind])
+            label = {"preflight": "PREFLIGHT", "bringup": "BRING-UP", "healthcheck": "HEALTH CHECK"}[kind]
+            if verdict.get("check_mode"):
+                label += " DRY RUN (check mode, nothing was written), the nodes as they are:"
+            result["msg"] = summary_line(verdict, path, label)
         if later:
             result["msg"] += "".join("\nWARNING: " + text for text in later)
         return result

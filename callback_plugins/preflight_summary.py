@@ -20,22 +20,30 @@ description:
     C(ANSIBLE_CALLBACKS_ENABLED=preflight_summary) in C(envvars).
   - A cell holds the worst outcome of the node's checks of that capability; C(n/a) when every one
     was C(not_applicable) or C(skipped); C(-) when the node has none.
+  - Under the matrix, a gate says which known-good profile each node was compared with (or that none
+    was set) and how the host lists name the nodes; a bring-up says how many tasks changed (or, in
+    check mode, would change) something on each node, Ansible's own count, which it also records in
+    C(bringup.json) as C(changed).
 requirements:
   - enable it with C(callbacks_enabled = preflight_summary) in C(ansible.cfg) (done in this project)
 """
 
+import json
 import os
 
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
 from cluster_preflight.printable import printable
+from cluster_preflight.accounting import FILE_MODE, atomic_write
+from cluster_preflight.summary import notes
 from cluster_preflight.verdict_file import VerdictError, load
 
 VERDICT_ACTION = "preflight_verdict"
 PLAYBOOKS = ("preflight.yml", "bringup.yml", "healthcheck.yml")
 # The report file names the verdict action writes, and what the run was.
 LABELS = {"verdict.json": "PREFLIGHT", "bringup.json": "BRING-UP", "healthcheck.json": "HEALTH CHECK"}
+BRINGUP_FILE = "bringup.json"
 # A node's row is coloured by its status, so a failed node stands out in a wide matrix.
 COLORS = {"pass": C.COLOR_OK, "warn": C.COLOR_CHANGED, "unverified": C.COLOR_SKIP, "fail": C.COLOR_ERROR}
 NOT_APPLICABLE = "n/a"
@@ -104,15 +112,25 @@ def allreduce_line(verdict):
 def summary_lines(verdict, path):
     """``[(text, colour or None)]``: the title, the matrix, the all-reduce and where the run is."""
     label = LABELS.get(os.path.basename(path), "PREFLIGHT")
-    title = "%s SUMMARY: %s, %d/%d nodes healthy" % (label, verdict["status"].upper(), len(verdict["healthy_hosts"]),
-                                                     len(verdict["hosts"]))
+    title = "%s SUMMARY: %s%s, %d/%d nodes healthy" % (
+        label, "DRY RUN (check mode, nothing was written), the nodes as they are: " if verdict.get("check_mode") else "",
+        verdict["status"].upper(), len(verdict["healthy_hosts"]), len(verdict["hosts"]))
     lines = [(title, C.COLOR_OK if verdict["status"] == "pass" else C.COLOR_ERROR)]
     lines += [(text, COLORS.get(status)) for text, status in matrix(verdict)]
     lines.append((allreduce_line(verdict), None))
+    lines += [(text, None) for text in notes(verdict)]
     lines.append(("run directory: %s" % (verdict.get("run_dir") or os.path.dirname(path)), None))
     lines.append(("verdict: %s" % path, None))
     # Node names and texts come from the verdict file: no control codes reach the terminal from it.
     return [(printable(text), color) for text, color in lines]
+
+
+def record_changes(path, verdict, changed):
+    """A bring-up's report gets each node's count of changed tasks (Ansible's stats, known only once the play
+    ended), written over it atomically with its mode; the verdict with it."""
+    verdict = dict(verdict, changed={host: int(changed.get(host) or 0) for host in verdict["hosts"]})
+    atomic_write(path, json.dumps(verdict, indent=2, sort_keys=True) + "\n", FILE_MODE)
+    return verdict
 
 
 class CallbackModule(CallbackBase):
@@ -156,7 +174,9 @@ class CallbackModule(CallbackBase):
             self._display.display("")
             try:
                 verdict = load(path)
-            except VerdictError as exc:
+                if os.path.basename(path) == BRINGUP_FILE:
+                    verdict = record_changes(path, verdict, getattr(stats, "changed", {}) or {})
+            except (VerdictError, OSError) as exc:
                 self._display.display("PREFLIGHT SUMMARY: %s" % printable(exc), color=C.COLOR_ERROR)
                 continue
             for text, color in summary_lines(verdict, path):

@@ -15,7 +15,7 @@ not know go to ansible-playbook as they are (``-v``, ``--forks 8``, ``-e @vars.y
 API::
 
     import cluster_preflight
-    result = cluster_preflight.gate(inventory="inventory/cluster.yml", limit="node1,node2",
+    result = cluster_preflight.gate(inventory="clusters/mycluster/hosts.yml", limit="node1,node2",
                                     extravars={"allreduce_timeout": 20})
     result.exit_code, result.verdict.status, result.verdict.failed_hosts, result.verdict.findings
 

@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 
-from . import history_cli, playbooks
+from . import history_cli, known_hosts, playbooks, summary
 from .printable import printable
 from .progress import Progress
 from .verdict_file import age_problem, parse_age
@@ -24,7 +24,8 @@ RUN_COMMANDS = {
     "healthcheck": "node-local health check (healthcheck.yml) within its time budget (healthcheck.json)",
     "diagnose": "diagnose.yml, when this checkout has it",
 }
-BASELINE_HELP = "record a known-good profile per inventory group from a gate that passed (docs/profile.md)"
+BASELINE_HELP = ("record a known-good profile per inventory group from gates that passed and point each group at "
+                 "it (docs/profile.md)")
 LABELS = {"verdict.json": "PREFLIGHT", "bringup.json": "BRING-UP", "healthcheck.json": "HEALTH CHECK"}
 
 
@@ -58,7 +59,8 @@ def extra_var(text):
 def _run_options(sub):
     """The options of a command that runs a playbook."""
     sub.add_argument("-i", "--inventory", "--inventory-file", action="append", dest="inventory",
-                     metavar="INVENTORY", help="inventory file or directory (default: the embedded inventory/)")
+                     metavar="INVENTORY", help="inventory file or directory (default: the embedded inventory/hosts.yml; "
+                          "a relative path is taken from the current directory)")
     sub.add_argument("-l", "--limit", metavar="HOSTS", help="only these nodes (the verdict covers exactly them)")
     sub.add_argument("-e", "--extra-vars", action="append", default=[], dest="extra_vars", metavar="KEY=VALUE",
                      help="a setting (repeatable), as ansible-playbook's -e")
@@ -78,11 +80,17 @@ def build_parser():
                                          "ansible-playbook as they are (-v, --forks N, -e @vars.yml).",
                                          allow_abbrev=False))
     sub = commands.add_parser("baseline", help=BASELINE_HELP, allow_abbrev=False, description=BASELINE_HELP +
-                              ". Runs the gate (options as gate) unless --from names a run that passed.")
+                              ". By default from the latest gate of this inventory's cluster that passed (in "
+                              "--results-dir); --from names runs, --run-gate runs the gate now (options as gate).")
     _run_options(sub)
-    sub.add_argument("--from", dest="source", metavar="RUN", help="record from this run directory or verdict file "
-                     "instead of running the gate")
-    sub.add_argument("--out", metavar="DIR", help="where the profiles go (default: <inventory dir>/profiles)")
+    sub.add_argument("--from", dest="source", metavar="RUN", action="extend", nargs="+",
+                     help="record from these run directories or verdict files (repeatable; each must have passed; "
+                          "several: each node's floors are its median over them, the group's the lowest node's)")
+    sub.add_argument("--run-gate", action="store_true", help="run the gate now and record from exactly that run "
+                                                             "(refused unless it passes)")
+    sub.add_argument("--no-wire", action="store_true", help="print the profile_file line instead of writing it "
+                                                            "into the inventory's group_vars")
+    sub.add_argument("--out", metavar="DIR", help="where the profiles go (default: <inventory file's dir>/profiles)")
     sub.add_argument("--group", action="append", default=[], metavar="GROUP",
                      help="only this inventory group (repeatable; default: every group with a node of the run)")
     sub.add_argument("--force", action="store_true", help="replace existing profile files")
@@ -98,13 +106,14 @@ def build_parser():
     sub.add_argument("--max-age", metavar="AGE", help="treat a verdict that finished longer ago than AGE (24h; "
                                                       "units s, m, h, d) as none: exit 3")
     history_cli.add_parser(commands, ROOT)
+    known_hosts.add_parser(commands)
     return parser
 
 
 def parse_args(argv):
     """``(namespace, passthrough)``: our options, and those ansible-playbook gets as they are."""
     args, rest = build_parser().parse_known_args(argv)
-    if args.command in ("verdict", "history") and rest:
+    if args.command in ("verdict", "history", "known-hosts") and rest:
         raise UsageError("%s: unrecognized arguments: %s" % (args.command, " ".join(rest)))
     args.extravars, passthrough = {}, list(rest)
     for text in getattr(args, "extra_vars", []):
@@ -119,7 +128,8 @@ def parse_args(argv):
 
 
 def headline(verdict):
-    """``PREFLIGHT PASS: 1/1 nodes healthy; verdict PATH`` (the verdict task's own line)."""
+    """``PREFLIGHT PASS: 1/1 nodes healthy; verdict PATH`` (the verdict task's own line); a bring-up adds what it
+    changed, and one in check mode says first that it wrote nothing and how much it would change."""
     label = LABELS.get(os.path.basename(verdict.path), "PREFLIGHT")
     text = "%s %s: %d/%d nodes healthy" % (label, verdict.status.upper(), len(verdict.healthy_hosts),
                                           len(verdict.hosts))
@@ -129,20 +139,19 @@ def headline(verdict):
         text += "; unverified: %s" % ", ".join(verdict.unverified_hosts)
     if verdict.stopped:
         text += "; stopped: %s" % verdict.stopped
+    change = summary.changes_line(verdict.raw)
+    if verdict.raw.get("check_mode"):
+        text = "%s DRY RUN (%s); the nodes as they are now: %s" % (label, change or "check mode, nothing was written",
+                                                                  text[len(label) + 1:])
+    elif change:
+        text += "; %s" % change
     return printable(text + "; verdict %s" % verdict.path)
 
 
 def finding_lines(verdict):
-    lines = []
-    for item in verdict.findings:
-        lines.append("  %s %s [%s]: %s" % (item.host, item.check, item.status, item.found))
-        if item.fix:
-            lines.append("    fix: %s" % item.fix)
-    gate = verdict.raw.get("allreduce") or {}
-    if gate.get("status") == "skipped":
-        lines.append("  all-reduce not run: %s" % gate.get("reason"))
+    """The findings, grouped by root cause (``cluster_preflight/summary.py``)."""
     # Found texts come from the nodes and the job (rank errors, log lines): no control codes on the terminal.
-    return [printable(line) for line in lines]
+    return [printable(line) for line in summary.finding_lines(verdict.raw)]
 
 
 def _out(text, stream=None):
@@ -182,37 +191,87 @@ def cmd_verdict(args):
     return exit_code(verdict, warnings=True)
 
 
-def cmd_baseline(args, passthrough):
-    """Record a profile per inventory group from the run of ``--from``, or from a gate run now."""
-    from . import baseline  # pylint: disable=import-outside-toplevel
+class _Refused(Exception):
+    """``baseline`` will not record: the exit code and one line."""
 
-    inventory = os.path.abspath(args.inventory if isinstance(args.inventory, str) else
-                                (args.inventory or [playbooks.DEFAULT_INVENTORY])[0])
-    if args.source:
-        try:
-            verdict = load_verdict(args.source)
-        except VerdictError as exc:
-            _out("UNKNOWN: %s" % exc, sys.stderr)
-            return EXIT_UNKNOWN
-    else:
+    def __init__(self, code, text):
+        super().__init__(text)
+        self.code = code
+
+
+def _inventory_arg(args):
+    """The inventory as given (a path or a list of paths), absolute; the embedded one when none was given."""
+    given = args.inventory or playbooks.DEFAULT_INVENTORY
+    return [os.path.abspath(item) for item in given] if isinstance(given, list) else os.path.abspath(given)
+
+
+def _baseline_runs(args, passthrough, inventory):
+    """``[(verdict dict, verdict path)]`` that ``baseline`` records from, each said on stdout; _Refused otherwise."""
+    from . import baseline  # pylint: disable=import-outside-toplevel
+    from .clusters import inventory_key  # pylint: disable=import-outside-toplevel
+
+    if args.run_gate:
         args.command = "gate"
-        code = cmd_run(args, passthrough)
-        try:
-            verdict = load_verdict(os.path.join(args.results_dir or os.path.join(ROOT, "results"), "latest"))
-        except VerdictError as exc:
-            _out("UNKNOWN: %s (gate exit %d)" % (exc, code), sys.stderr)
-            return EXIT_UNKNOWN
-    out_dir = args.out or os.path.join(inventory if os.path.isdir(inventory) else os.path.dirname(inventory),
-                                       "profiles")
+        result, code = _run_and_show(args, passthrough)
+        if result is None or result.verdict is None:
+            raise _Refused(code or EXIT_UNKNOWN, "the gate run now wrote no verdict to record from%s" % (
+                ": %s" % result.error if result is not None and result.error else ""))
+        if code != 0:
+            raise _Refused(code, "the gate run now did not pass (%s, %s): a profile is recorded only from a run "
+                                 "that passed" % (result.verdict.status, result.verdict.path))
+        _out("baseline: from the gate just run: %s" % result.verdict.path)
+        return [(result.verdict.raw, os.path.realpath(result.verdict.path))]
+    if args.source:
+        runs = []
+        for source in args.source:
+            try:
+                verdict = load_verdict(source)
+            except VerdictError as exc:
+                raise _Refused(EXIT_UNKNOWN, str(exc)) from None
+            if "allreduce" not in verdict.raw:
+                raise _Refused(EXIT_USAGE, "%s is not a gate's verdict (no all-reduce): a profile is recorded from "
+                                           "gates" % verdict.path)
+            runs.append((verdict.raw, os.path.realpath(verdict.path)))
+        _out("baseline: from %d run%s named with --from: %s" % (len(runs), "" if len(runs) == 1 else "s",
+                                                                ", ".join(path for _raw, path in runs)))
+        return runs
+    results_dir = os.path.abspath(args.results_dir or os.path.join(ROOT, "results"))
+    key = inventory_key(inventory, args.extravars)
+    found = baseline.latest_passing(results_dir, key)
+    if found is None:
+        raise _Refused(EXIT_UNKNOWN, "no gate of cluster %s passed in %s (runs of other clusters, runs that did "
+                                     "not pass and runs made before runs named their cluster are not used): run "
+                                     "the gate first, name runs with --from, or run one now with --run-gate"
+                       % (key, results_dir))
+    path, raw = found
+    _out("baseline: from the latest gate of cluster %s that passed: %s (finished %s)" % (key, path,
+                                                                                       raw.get("finished")))
+    return [(raw, path)]
+
+
+def cmd_baseline(args, passthrough):
+    """Record a profile per inventory group from passing gates (see ``baseline``'s help), then point each group
+    at its profile."""
+    from . import baseline, baseline_wire  # pylint: disable=import-outside-toplevel
+
+    inventory = _inventory_arg(args)
     try:
-        groups = baseline.inventory_groups(args.inventory or playbooks.DEFAULT_INVENTORY)
+        if args.source and args.run_gate:
+            raise _Refused(EXIT_USAGE, "--from and --run-gate exclude each other: record from runs made, or from "
+                                       "one made now")
+        runs = _baseline_runs(args, passthrough, inventory)
+        groups = baseline.inventory_groups(inventory)
         if args.group:
             missing = sorted(set(args.group) - set(groups))
             if missing:
                 raise baseline.BaselineError("no inventory group %s (groups: %s)" % (
                     ", ".join(missing), ", ".join(sorted(groups))))
             groups = {name: groups[name] for name in args.group}
-        written = baseline.record(verdict.raw, os.path.realpath(verdict.path), groups, out_dir, force=args.force)
+        out_dir = args.out or baseline.default_out_dir(inventory[0] if isinstance(inventory, list) else inventory)
+        written = baseline.record_runs(runs, groups, out_dir, force=args.force)
+    except _Refused as exc:
+        _out("BASELINE NOT RECORDED: %s" % exc, sys.stderr)
+        return exc.code
     except (baseline.BaselineError, OSError) as exc:
         _out("BASELINE NOT RECORDED: %s" % exc, sys.stderr)
         return EXIT_USAGE if isinstance(exc, baseline.BaselineError) else EXIT_UNKNOWN
@@ -220,11 +279,24 @@ def cmd_baseline(args, passthrough):
         _out("profile of group %s (%d nodes) -> %s" % (group, len(hosts), path))
         for note in notes:
             _out("  note: %s" % note)
-        _out("  point the group at it: group_vars/%s.yml: profile_file: %s" % (group, path))
+        value = baseline_wire.line(baseline_wire.profile_value(
+            inventory[0] if isinstance(inventory, list) else inventory, path))
+        if args.no_wire:
+            _out("  not wired (--no-wire): point the group at it with: %s" % value)
+            continue
+        state, text = baseline_wire.wire(inventory, group, path)
+        _out("  %s: %s" % ({"written": "wired", "already": "wired already", "printed": "NOT wired"}[state], text))
+    _out("the next gate compares each group with its profile; its summary says which (\"profile: ...\")")
     return 0
 
 
 def cmd_run(args, passthrough):
+    return _run_and_show(args, passthrough)[1]
+
+
+def _run_and_show(args, passthrough):
+    """Run ``args.command``'s playbook, show its progress, summary, findings and headline; ``(Result or None,
+    exit code)``."""
     tty = sys.stderr.isatty()
     progress = None
     if not args.quiet:
@@ -249,13 +321,16 @@ def cmd_run(args, passthrough):
             result = playbooks.run_playbook(playbooks.PLAYBOOKS[args.command], **kwargs)
     except playbooks.UsageError as exc:
         _out("%s: %s" % (args.command, exc), sys.stderr)
-        return EXIT_USAGE
+        return None, EXIT_USAGE
     finally:
         if progress is not None:
             progress.close()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     if not args.quiet:
+        for host, task, diff in result.diffs:
+            _out("--- diff: %s on %s" % (task, host))
+            _out(diff.rstrip("\n"))
         for line in result.summary:
             _out(line)
         if result.verdict is not None:
@@ -268,7 +343,7 @@ def cmd_run(args, passthrough):
         _out("%s: %s" % (word, result.error), sys.stderr)
     if not args.quiet:
         _out("exit %d (%s)" % (result.exit_code, EXIT_MEANING.get(result.exit_code, "")), sys.stderr)
-    return result.exit_code
+    return result, result.exit_code
 
 
 def main(argv=None):
@@ -277,8 +352,8 @@ def main(argv=None):
         args, passthrough = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
         _out(str(exc), sys.stderr)
-        _out("usage: python -m cluster_preflight {gate,bringup,healthcheck,diagnose,baseline,verdict,history} ... "
-             "(--help)",
+        _out("usage: python -m cluster_preflight {gate,bringup,healthcheck,diagnose,baseline,verdict,history,"
+             "known-hosts} ... (--help)",
              sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # --help
@@ -294,4 +369,6 @@ def main(argv=None):
         return cmd_baseline(args, passthrough)
     if args.command == "history":
         return history_cli.run(args, lambda text, stream=None: _out(text, sys.stderr if stream else None))
+    if args.command == "known-hosts":
+        return known_hosts.run(args, lambda text, stream=None: _out(text, sys.stderr if stream else None))
     return cmd_run(args, passthrough)

@@ -11,6 +11,10 @@ grows only through :data:`MIGRATIONS`, applied in order.
 (found / expected / fix) and the verdict stands as it is.  The query functions (:func:`timeline`,
 :func:`flaky`, :func:`busbw_trend`, :func:`last_pass`, :func:`first_failure`, :func:`recent_statuses`)
 open the database read-only and raise :class:`HistoryError` with one line when it cannot be read.
+
+Every run carries its cluster (:func:`cluster_key`: the ``preflight_cluster`` name, else the inventory it ran on)
+and its kind; a bring-up in check mode is kind ``bringup-check`` (:data:`CHECK_KIND`).  The queries take
+``cluster`` (None: every cluster) and ``kinds`` (default :data:`REAL_KINDS`: a dry run proves nothing about a node).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import datetime
 import importlib.metadata
 import json
 import os
+import pathlib
 import re
 import sqlite3
 import time
@@ -31,6 +36,10 @@ BUSY_TIMEOUT_MS = 5000
 FILE_MODE = 0o640
 # The kind a verdict file stands for, as the database names it (the action plugin's kinds on the left).
 KINDS = {"preflight": "gate", "gate": "gate", "healthcheck": "healthcheck", "bringup": "bringup"}
+# A bring-up run in check mode (``--check``): recorded, but no run a node is judged by.
+CHECK_KIND = "bringup-check"
+REAL_KINDS = ("gate", "healthcheck", "bringup")
+ALL_KINDS = REAL_KINDS + (CHECK_KIND,)
 FAILING = ("fail",)
 GOOD = ("pass", "warn")
 
@@ -79,12 +88,37 @@ MIGRATIONS = (
         "CREATE INDEX findings_node_check ON findings (node, \"check\", run)",
         "CREATE INDEX busbw_subject ON busbw (subject, run)",
     )),
+    (3, (
+        # The cluster a run belongs to (cluster_key: a name, else its inventory; NULL for runs recorded
+        # before), the inventory it ran on, and whether it was a dry run (check mode).
+        "ALTER TABLE runs ADD COLUMN cluster TEXT",
+        "ALTER TABLE runs ADD COLUMN inventory TEXT",
+        "ALTER TABLE runs ADD COLUMN check_mode INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX runs_cluster ON runs (cluster, finished)",
+    )),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 class HistoryError(RuntimeError):
     """The history database cannot be read; the message is one line."""
+
+
+def cluster_key(cluster):
+    """The key a run's cluster is filed under: ``cluster`` (a verdict's ``cluster``: ``{name, inventory}``) by its
+    name when it has one, else by its inventory sources; None when the run says neither."""
+    cluster = cluster or {}
+    name = str(cluster.get("name") or "").strip()
+    if name:
+        return name
+    sources = [str(source) for source in cluster.get("inventory") or [] if source]
+    return ",".join(sources) or None
+
+
+def run_kind(kind, check_mode=False):
+    """The kind a run is recorded as: ``gate``, ``healthcheck``, ``bringup``, or ``bringup-check`` for a dry run."""
+    kind = KINDS.get(kind, kind)
+    return CHECK_KIND if check_mode and kind == "bringup" else kind
 
 
 def db_path(setting, results_dir):
@@ -106,8 +140,9 @@ def connect(path, readonly=False):
     if readonly:
         if not os.path.isfile(path):
             raise HistoryError("no run history at %s (a run records one; preflight_history_db moves it)" % path)
-        conn = sqlite3.connect("file:%s?mode=ro" % path, uri=True, timeout=BUSY_TIMEOUT_MS / 1000.0,
-                               isolation_level=None)
+        # As a URI, so that the path's own characters (#, ?, %) are quoted, never read as URI syntax.
+        uri = pathlib.Path(os.path.abspath(path)).as_uri() + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000.0, isolation_level=None)
     else:
         if not os.path.exists(path) and os.path.isdir(os.path.dirname(path) or "."):
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, FILE_MODE))  # the runs name every node: 0640
@@ -203,12 +238,14 @@ def _versions(verdict):
 
 def _insert(conn, verdict, kind, verdict_path, started):
     conn.execute("DELETE FROM runs WHERE run_id = ? AND kind = ?", (str(verdict.get("run_id") or ""), kind))
+    cluster = verdict.get("cluster") or {}
     cursor = conn.execute(
-        "INSERT INTO runs (run_id, kind, started, finished, status, hosts, bound_seconds, versions, verdict_path) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO runs (run_id, kind, started, finished, status, hosts, bound_seconds, versions, verdict_path, "
+        "cluster, inventory, check_mode) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (str(verdict.get("run_id") or ""), kind, started, verdict.get("finished") or _now(), verdict["status"],
          len(verdict["hosts"]), verdict.get("bound_seconds"), json.dumps(_versions(verdict), sort_keys=True),
-         verdict_path))
+         verdict_path, cluster_key(cluster), ",".join(str(item) for item in cluster.get("inventory") or []) or None,
+         int(bool(verdict.get("check_mode")))))
     run = cursor.lastrowid
     conn.executemany("INSERT INTO node_results (run, node, status, summary, reachable) VALUES (?, ?, ?, ?, ?)",
                      [(run, host, verdict["nodes"][host]["status"], node_summary(verdict, host),
@@ -322,84 +359,118 @@ def _query(path, sql, params=()):
         conn.close()
 
 
-def timeline(path, node=None, since=None, limit=20):
+# The kind a run is shown as (a dry-run bring-up is ``bringup-check``), for a query over ``runs r``.
+KIND_SQL = "(CASE WHEN r.check_mode THEN '%s' ELSE r.kind END)" % CHECK_KIND
+
+
+def _runs_filter(cluster, kinds):
+    """``(sql, params)``: the condition on ``runs r`` for one cluster (None: every cluster) and these kinds (None:
+    :data:`REAL_KINDS`)."""
+    kinds = tuple(kinds) if kinds else REAL_KINDS
+    unknown = sorted(set(kinds) - set(ALL_KINDS))
+    if unknown:
+        raise ValueError("unknown run kind %s (kinds: %s)" % (", ".join(unknown), ", ".join(ALL_KINDS)))
+    sql = "(? IS NULL OR r.cluster = ?) AND %s IN (%s)" % (KIND_SQL, ", ".join("?" * len(kinds)))
+    return sql, (cluster, cluster) + kinds
+
+
+def timeline(path, node=None, since=None, limit=20, cluster=None, kinds=None):
     """Each node's runs, newest first (at most ``limit`` per node): ``{node, run_id, kind, finished, status,
-    summary}``; only ``node`` when given, only runs finished at or after ``since`` (see :func:`parse_since`)."""
+    summary, cluster}``; only ``node`` when given, only runs finished at or after ``since`` (see
+    :func:`parse_since`), only ``cluster``'s runs of ``kinds`` (see :func:`_runs_filter`)."""
+    where, params = _runs_filter(cluster, kinds)
     return _query(path, """
-        SELECT node, run_id, kind, finished, status, summary FROM (
-            SELECT n.node, r.run_id, r.kind, r.finished, n.status, n.summary,
+        SELECT node, run_id, kind, finished, status, summary, cluster FROM (
+            SELECT n.node, r.run_id, %s AS kind, r.finished, n.status, n.summary, r.cluster,
                    ROW_NUMBER() OVER (PARTITION BY n.node ORDER BY r.finished DESC, r.id DESC) AS nth
             FROM node_results n JOIN runs r ON r.id = n.run
-            WHERE (? IS NULL OR n.node = ?) AND (? IS NULL OR r.finished >= ?))
-        WHERE nth <= ? ORDER BY node, finished DESC""", (node, node, since, since, int(limit)))
+            WHERE (? IS NULL OR n.node = ?) AND (? IS NULL OR r.finished >= ?) AND %s)
+        WHERE nth <= ? ORDER BY node, finished DESC""" % (KIND_SQL, where),
+                  (node, node, since, since) + params + (int(limit),))
 
 
-def recent_statuses(path, nodes=None, limit=10):
-    """``{node: [status, ...]}``, oldest first, each node's last ``limit`` runs (for sparklines)."""
+def recent_statuses(path, nodes=None, limit=10, cluster=None, kinds=None):
+    """``{node: [status, ...]}``, oldest first, each node's last ``limit`` runs (for sparklines) of ``cluster``'s
+    runs of ``kinds``."""
     wanted = set(nodes) if nodes is not None else None
     out = {}
-    for row in reversed(timeline(path, limit=limit)):
+    for row in reversed(timeline(path, limit=limit, cluster=cluster, kinds=kinds)):
         if wanted is None or row["node"] in wanted:
             out.setdefault(row["node"], []).append(row["status"])
     return out
 
 
-def flaky(path, window=10, min_failures=1):
+def flaky(path, window=10, min_failures=1, cluster=None, kinds=None):
     """Nodes that failed at least ``min_failures`` of their last ``window`` runs and passed at least one:
     ``{node, failed, runs, text}`` ("gpu02 failed 3 of its last 10 runs"), most failures first."""
+    where, params = _runs_filter(cluster, kinds)
     rows = _query(path, """
         SELECT node, SUM(status = 'fail') AS failed, SUM(status IN ('pass', 'warn')) AS good, COUNT(*) AS runs
         FROM (SELECT n.node, n.status,
                      ROW_NUMBER() OVER (PARTITION BY n.node ORDER BY r.finished DESC, r.id DESC) AS nth
-              FROM node_results n JOIN runs r ON r.id = n.run)
-        WHERE nth <= ? GROUP BY node""", (int(window),))
+              FROM node_results n JOIN runs r ON r.id = n.run WHERE %s)
+        WHERE nth <= ? GROUP BY node""" % where, params + (int(window),))
     found = [{"node": row["node"], "failed": row["failed"], "runs": row["runs"],
               "text": "%s failed %d of its last %d runs" % (row["node"], row["failed"], row["runs"])}
              for row in rows if row["failed"] >= min_failures and row["good"]]
     return sorted(found, key=lambda item: (-item["failed"], item["node"]))
 
 
-def busbw_trend(path, subject, scope=None):
+def busbw_trend(path, subject, scope=None, cluster=None, kinds=None):
     """``subject``'s bus bandwidth run by run, oldest first: ``{run_id, kind, finished, scope, size_bytes,
     busbw_gbps}`` at the largest size each run measured (a pair is ``a+b``, names sorted; ``all`` the
     all-node run)."""
+    where, params = _runs_filter(cluster, kinds)
     return _query(path, """
-        SELECT r.run_id, r.kind, r.finished, b.scope, b.size_bytes, MIN(b.busbw_gbps) AS busbw_gbps
+        SELECT r.run_id, %s AS kind, r.finished, b.scope, b.size_bytes, MIN(b.busbw_gbps) AS busbw_gbps
         FROM busbw b JOIN runs r ON r.id = b.run
-        WHERE b.subject = ? AND (? IS NULL OR b.scope = ?)
+        WHERE b.subject = ? AND (? IS NULL OR b.scope = ?) AND %s
           AND COALESCE(b.size_bytes, -1) = (SELECT COALESCE(MAX(size_bytes), -1) FROM busbw
                                             WHERE run = b.run AND subject = b.subject AND scope = b.scope)
-        GROUP BY r.id, b.scope ORDER BY r.finished, r.id""", (subject, scope, scope))
+        GROUP BY r.id, b.scope ORDER BY r.finished, r.id""" % (KIND_SQL, where), (subject, scope, scope) + params)
 
 
-def subjects(path, scope):
+def subjects(path, scope, cluster=None, kinds=None):
     """Every subject the database has bus bandwidth of in ``scope`` (node, pair or all), by name."""
-    return [row["subject"] for row in _query(path, "SELECT DISTINCT subject FROM busbw WHERE scope = ? "
-                                                   "ORDER BY subject", (scope,))]
+    where, params = _runs_filter(cluster, kinds)
+    return [row["subject"] for row in _query(path, "SELECT DISTINCT b.subject FROM busbw b JOIN runs r ON r.id = b.run "
+                                                   "WHERE b.scope = ? AND %s ORDER BY b.subject" % where,
+                                             (scope,) + params)]
 
 
-def last_pass(path, node=None):
+def last_pass(path, node=None, cluster=None, kinds=None):
     """The last run that passed (``node`` given: in which that node was pass or warn), or None:
-    ``{run_id, kind, finished, verdict_path}``."""
+    ``{run_id, kind, finished, verdict_path, cluster}``."""
+    where, params = _runs_filter(cluster, kinds)
     if node is None:
-        rows = _query(path, "SELECT run_id, kind, finished, verdict_path FROM runs WHERE status = 'pass' "
-                            "ORDER BY finished DESC, id DESC LIMIT 1")
+        rows = _query(path, "SELECT r.run_id, %s AS kind, r.finished, r.verdict_path, r.cluster FROM runs r "
+                            "WHERE r.status = 'pass' AND %s ORDER BY r.finished DESC, r.id DESC LIMIT 1"
+                      % (KIND_SQL, where), params)
     else:
-        rows = _query(path, "SELECT r.run_id, r.kind, r.finished, r.verdict_path FROM node_results n "
-                            "JOIN runs r ON r.id = n.run WHERE n.node = ? AND n.status IN ('pass', 'warn') "
-                            "ORDER BY r.finished DESC, r.id DESC LIMIT 1", (node,))
+        rows = _query(path, "SELECT r.run_id, %s AS kind, r.finished, r.verdict_path, r.cluster FROM node_results n "
+                            "JOIN runs r ON r.id = n.run WHERE n.node = ? AND n.status IN ('pass', 'warn') AND %s "
+                            "ORDER BY r.finished DESC, r.id DESC LIMIT 1" % (KIND_SQL, where), (node,) + params)
     return rows[0] if rows else None
 
 
-def first_failure(path, node, check):
+def latest_cluster(path, kinds=None):
+    """The cluster of the newest run of ``kinds`` (None when it has none, or the database has no run)."""
+    where, params = _runs_filter(None, kinds)
+    rows = _query(path, "SELECT r.cluster FROM runs r WHERE %s ORDER BY r.finished DESC, r.id DESC LIMIT 1" % where,
+                  params)
+    return rows[0]["cluster"] if rows else None
+
+
+def first_failure(path, node, check, cluster=None, kinds=None):
     """When ``node`` first failed ``check`` in its current streak of runs failing it (its latest run
     included): ``{run_id, kind, finished, found, runs}`` (``runs``: the streak's length), or None when its
     latest run does not fail ``check``.  A drain reason can then say since when."""
+    where, params = _runs_filter(cluster, kinds)
     rows = _query(path, """
-        SELECT r.run_id, r.kind, r.finished, f.found, f.status AS failing
+        SELECT r.run_id, %s AS kind, r.finished, f.found, f.status AS failing
         FROM node_results n JOIN runs r ON r.id = n.run
         LEFT JOIN findings f ON f.run = n.run AND f.node = n.node AND f."check" = ? AND f.status = 'fail'
-        WHERE n.node = ? ORDER BY r.finished DESC, r.id DESC""", (check, node))
+        WHERE n.node = ? AND %s ORDER BY r.finished DESC, r.id DESC""" % (KIND_SQL, where), (check, node) + params)
     streak = []
     for row in rows:
         if row["failing"] is None:

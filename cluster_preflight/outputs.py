@@ -55,7 +55,9 @@ side by side in that directory.
 
 Host lists, of the nodes the verdict calls healthy (``healthy_hosts``: ``pass``
 and ``warn``), in the verdict's order; empty files when none is, so a stale list
-is never used:
+is never used.  Each node is named as the other nodes reach it (the verdict's
+``hostfile``, :func:`launch_names`): its inventory name, or its address when the
+gate saw that name not resolve on its peers (``preflight_hostfile_names``):
 
 * ``hostfile`` -- ``<host> slots=<N>`` (MPI, DeepSpeed), ``N`` the ranks the
   all-reduce planned on that node.  A verdict without an all-reduce
@@ -221,15 +223,67 @@ def healthy_hosts(verdict):
     return [host for host in verdict["hosts"] if host in healthy]
 
 
+HOSTFILE_NAMES = ("auto", "inventory", "address")
+# Where a node's inventory name was seen not to resolve: the ssh mesh's logins to it by name (ssh_trust).
+UNRESOLVED_CHECK = "ssh_trust.inbound"
+
+
+def unresolved_names(verdict):
+    """``{host: [peers]}``: the nodes whose inventory name did not resolve on those peers in this run."""
+    found = {}
+    for host in verdict["hosts"]:
+        details = (verdict["nodes"][host]["checks"].get(UNRESOLVED_CHECK) or {}).get("details") or {}
+        peers = [str(peer) for peer in details.get("name_unresolved_on") or []]
+        if peers:
+            found[host] = peers
+    return found
+
+
+def launch_names(verdict, addresses, mode="auto"):
+    """``{names: {host: entry}, mode, note}``: how the host lists name each node.  ``addresses``: ``{host:
+    address}`` (preflight_node_addr, else ansible_host); ``mode``: ``auto`` (the inventory name, or the address of
+    a node whose name did not resolve on its peers), ``inventory`` or ``address``.  ``note`` says which nodes are
+    listed by address and why, or that their names were used as they are; empty when there is nothing to say."""
+    unresolved = unresolved_names(verdict)
+    mode = mode if mode in HOSTFILE_NAMES else "auto"
+    by_address = [host for host in verdict["hosts"] if addresses.get(host) and addresses[host] != host and (
+        mode == "address" or (mode == "auto" and host in unresolved))]
+    names = {host: addresses[host] if host in by_address else host for host in verdict["hosts"]}
+    note = ""
+    if by_address and mode == "address":
+        note = ("hostfile, hosts.txt and hosts.csv list the nodes by address (preflight_hostfile_names: address): "
+                "%s" % ", ".join("%s=%s" % (host, names[host]) for host in by_address))
+    elif by_address:
+        note = ("hostfile, hosts.txt and hosts.csv list %s by address: the name did not resolve on its peers (%s); "
+                "make the names resolvable on every node (/etc/hosts or DNS), or set preflight_hostfile_names: "
+                "inventory to list names anyway" % (", ".join("%s as %s" % (host, names[host]) for host in by_address),
+                                                    "; ".join("%s on %s" % (host, ", ".join(unresolved[host]))
+                                                              for host in by_address)))
+    elif mode == "inventory" and unresolved:
+        note = ("hostfile, hosts.txt and hosts.csv list inventory names as asked (preflight_hostfile_names: inventory), "
+                "though %s did not resolve on peers: a launcher on a node cannot reach them by name"
+                % ", ".join(sorted(unresolved)))
+    elif mode == "auto" and "allreduce" in verdict and len(verdict["hosts"]) > 1 and not any(
+            (verdict["nodes"][host]["checks"].get(UNRESOLVED_CHECK) or {}).get("status") in ("pass", "warn", "fail")
+            for host in verdict["hosts"]):
+        note = ("hostfile, hosts.txt and hosts.csv list inventory names; whether they resolve on the nodes was not "
+                "checked (no ssh mesh in this run: ssh_trust_mesh); set preflight_hostfile_names: address to list "
+                "the nodes' addresses instead")
+    return {"names": names, "mode": mode, "note": note}
+
+
 def host_lists(verdict):
-    """``{file name: text}`` of ``hostfile``, ``hosts.txt`` and ``hosts.csv``."""
+    """``{file name: text}`` of ``hostfile``, ``hosts.txt`` and ``hosts.csv``, each node named as the verdict's
+    ``hostfile.names`` says (its inventory name when the verdict says nothing)."""
+    named = (verdict.get("hostfile") or {}).get("names") or {}
     hosts = healthy_hosts(verdict)
     slots = slots_by_host(verdict)
-    lines = ["%s slots=%d" % (host, slots[host]) if slots.get(host) else host for host in hosts]
+    entries = [str(named.get(host) or host) for host in hosts]
+    lines = ["%s slots=%d" % (entry, slots[host]) if slots.get(host) else entry for host, entry in zip(hosts, entries)]
     return {
         HOSTFILE: "".join(line + "\n" for line in lines),
-        HOSTS_TXT: "".join(host + "\n" for host in hosts),
-        HOSTS_CSV: ",".join(hosts) + "\n" if hosts else "",
+        HOSTS_TXT: "".join(entry + "\n" for entry in entries),
+        HOSTS_CSV: ",".join(entries) + "\n" if entries else "",
     }
 
 

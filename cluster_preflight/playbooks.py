@@ -25,11 +25,12 @@ from .verdict import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS, EXIT_UNKNOWN, EXIT
 
 PLAYBOOKS = {"gate": "preflight.yml", "bringup": "bringup.yml", "healthcheck": "healthcheck.yml",
              "diagnose": "diagnose.yml"}
-DEFAULT_INVENTORY = os.path.join(ROOT, "inventory")
+DEFAULT_INVENTORY = os.path.join(ROOT, "inventory", "hosts.yml")
 SUMMARY_CALLBACK = "preflight_summary"
 # Lines of the summary callback's block (callback_plugins/preflight_summary.py), from its title on.
 SUMMARY_TITLE = re.compile(r"^(PREFLIGHT|BRING-UP|HEALTH CHECK) SUMMARY: ")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+TASK_BANNER = re.compile(r"^TASK \[.*\] \**$")
 
 
 class UsageError(ValueError):
@@ -54,6 +55,8 @@ class Result:
     summary: List[str] = field(default_factory=list)
     report_file: Optional[str] = None
     stats: Dict[str, Any] = field(default_factory=dict)
+    # What each changed file would look like, ``[(host, task, diff text)]``, when ansible-playbook ran with --diff.
+    diffs: List[Any] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -73,6 +76,7 @@ class _Collector:
         self.stats = {}
         self.summary = []
         self.errors = []
+        self.diffs = []
         self.after_stats = False
 
     def __call__(self, event):
@@ -87,6 +91,12 @@ class _Collector:
             self.report_lines = [str(line) for line in res.get("lines") or []]
         if kind == "playbook_on_play_start":
             self.plays += 1
+        if kind == "runner_on_file_diff" and event.get("stdout"):
+            # The diff alone: the stdout callback puts the task's banner before a task's first output.
+            text = ANSI.sub("", event["stdout"]).replace("\r\n", "\n")
+            lines = [line for line in text.split("\n") if not TASK_BANNER.match(line)]
+            self.diffs.append((str(data.get("host") or "?"), str(data.get("task") or "?"),
+                               "\n".join(lines).strip("\n")))
         if kind == "runner_on_failed" and not data.get("ignore_errors") and res.get("msg"):
             self.errors.append("%s / %s: %s" % (data.get("host"), data.get("task"), str(res["msg"]).strip()))
         if kind == "playbook_on_stats":
@@ -133,7 +143,7 @@ def run_playbook(playbook: str, inventory: Optional[str] = None, limit: Optional
                  envvars: Optional[Dict[str, str]] = None, color: bool = False) -> Result:
     """Run ``playbook`` (a file name in the project, e.g. ``preflight.yml``) and return its :class:`Result`.
 
-    ``inventory``: a path (default: the embedded ``inventory/``); ``limit`` as ``--limit``;
+    ``inventory``: a path (default: the embedded ``inventory/hosts.yml``); ``limit`` as ``--limit``;
     ``extravars`` as ``-e`` (``results_dir`` sets ``preflight_results_dir``); ``cmdline``: further
     ansible-playbook arguments (``-v``, ``--forks 8``, ``-e @vars.yml``); ``progress``: called with
     every runner event; ``cancel``: polled, True stops the run (exit code 130); ``timeout``: seconds
@@ -170,7 +180,7 @@ def run_playbook(playbook: str, inventory: Optional[str] = None, limit: Optional
 
 def _result(playbook, rc, status, collector):
     common = dict(playbook=playbook, rc=rc, status=status, summary=collector.summary or collector.report_lines,
-                  stats=collector.stats, report_file=collector.report_file)
+                  stats=collector.stats, report_file=collector.report_file, diffs=collector.diffs)
     if status == "canceled":
         return Result(verdict=None, exit_code=EXIT_INTERRUPTED, error="the run was interrupted", **common)
     if not collector.verdict_file:

@@ -98,12 +98,14 @@ def resolve(path, base):
 
 
 def dump(fields, group, recorded_from, nodes, recorded_at):
-    """The YAML text of a profile."""
+    """The YAML text of a profile; ``recorded_from``: the verdict file (or files) it was recorded from."""
+    sources = [str(item) for item in recorded_from] if isinstance(recorded_from, (list, tuple)) else [
+        str(recorded_from)]
     header = ("# Known-good profile of inventory group %s: what a healthy node of this group looks like.\n"
               "# Recorded by `python -m cluster_preflight baseline` from %s.\n"
               "# Point the group at it (group_vars: profile_file: <this file>); edit a field to accept a change,\n"
-              "# delete one to stop comparing it.\n" % (group, recorded_from))
-    body = {"profile_version": VERSION, "group": str(group), "recorded_from": str(recorded_from),
+              "# delete one to stop comparing it.\n" % (group, ", ".join(sources)))
+    body = {"profile_version": VERSION, "group": str(group), "recorded_from": sources,
             "recorded_at": str(recorded_at), "nodes": [str(node) for node in nodes],
             "fields": {name: fields[name] for name in BY_NAME if fields.get(name) is not None}}
     return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=False)

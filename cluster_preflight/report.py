@@ -3,7 +3,7 @@
 
 Controller layer only (Jinja2, never shipped).  The page holds the node x capability matrix (failed
 nodes first), every finding with found / expected / fix, the bus bandwidth per node and per pair as SVG
-bars, the localisation rounds when they ran, and each node's recent runs from the history database as a
+bars with their names and values written next to them, the localisation rounds when they ran, and each node's recent runs from the history database as a
 sparkline.  Inline CSS, inline SVG and a few lines of inline script (the filter box): no network, no file
 beside it.  Everything taken from the verdict is escaped (``autoescape``): a node name is data, never markup.
 """
@@ -15,7 +15,8 @@ import os
 import jinja2
 
 from cluster_preflight.accounting import atomic_write
-from cluster_preflight.history import KINDS, HistoryError, busbw_rows, db_path, recent_statuses, record
+from cluster_preflight.history import (KINDS, HistoryError, busbw_rows, cluster_key, db_path, recent_statuses,
+                                       record)
 from cluster_preflight.outputs import MODE
 from cluster_preflight.verdict import findings_of
 
@@ -25,7 +26,16 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 SEVERITY = ("fail", "unverified", "warn", "pass", "skipped", "not_applicable")
 NODE_ORDER = {"fail": 0, "unverified": 1, "warn": 2, "pass": 3}
 SPARK_RUNS = 10
-CHART_HEIGHT = 120
+# Horizontal bar charts: a row per node (denser above DENSE_ROWS nodes), the label column at most LABEL_MAX
+# pixels wide, the longest bar BAR_LENGTH pixels, room for its value after it.
+ROW_HEIGHT = 18
+DENSE_ROWS = 200
+DENSE_ROW_HEIGHT = 13
+# Pixels per character of a label at the chart's font size (generous: a label is never cut).
+CHAR_WIDTH = 8
+LABEL_MAX = 260
+BAR_LENGTH = 420
+VALUE_WIDTH = 110
 
 _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, trim_blocks=True,
                           lstrip_blocks=True)
@@ -62,16 +72,29 @@ def matrix(verdict):
     return capabilities, rows
 
 
-def bars(values, width_each=14, gap=2):
-    """``{width, height, bars}`` of a vertical bar chart of ``[(label, value)]``: each bar ``{label, value, x, y,
-    w, h}`` scaled to the largest value (``None``: not measured, an empty bar)."""
+def value_text(value):
+    """A bar's visible value: GB/s with three significant decimals, or that it was not measured."""
+    return "not measured" if value is None else "%.3f GB/s" % value
+
+
+def bars(values, row=None):
+    """``{width, height, bars, top}`` of a horizontal bar chart of ``[(label, value)]``, one row each: the label
+    on the left, the bar scaled to the largest value, its value written after it (``None``: not measured, no bar),
+    so that names and values are on the page itself, in a screenshot or on paper, not only in tooltips.  Each bar:
+    ``{label, value, text, y, length, label_x, bar_x, text_x, text_y, h}``."""
     top = max([value for _label, value in values if value is not None] or [0]) or 1.0
+    row = row or (ROW_HEIGHT if len(values) <= DENSE_ROWS else DENSE_ROW_HEIGHT)
+    label_width = min(max([len(str(label)) for label, _value in values] or [1]) * CHAR_WIDTH + 8, LABEL_MAX)
     out = []
     for index, (label, value) in enumerate(values):
-        height = 0 if value is None else round(CHART_HEIGHT * value / top, 1)
-        out.append({"label": label, "value": value, "x": index * (width_each + gap), "y": CHART_HEIGHT - height,
-                    "w": width_each, "h": height})
-    return {"width": max(len(values) * (width_each + gap), 1), "height": CHART_HEIGHT, "bars": out, "top": top}
+        length = 0 if value is None else round(BAR_LENGTH * value / top, 1)
+        y = index * row
+        out.append({"label": label, "value": value, "text": value_text(value), "y": y, "h": row - 2,
+                    "length": length, "label_x": label_width - 6, "bar_x": label_width,
+                    "text_x": label_width + length + 4, "text_y": y + row - 4})
+    width = label_width + BAR_LENGTH + VALUE_WIDTH
+    return {"width": width, "height": max(len(values) * row, 1), "bars": out, "top": top,
+            "font": min(12, row - 5)}
 
 
 def bandwidth(verdict):
@@ -93,8 +116,7 @@ def bandwidth(verdict):
     by_node.update((host, value) for host, (_size, value) in sized.items())
     # One bar per node (an unmeasured node's is empty and says so), or no chart when no node was measured.
     nodes = [(host, by_node.get(host)) for host in verdict["hosts"]] if by_node else []
-    width = 14 if len(nodes) <= 100 else 3
-    return bars(nodes, width_each=width, gap=1 if width < 14 else 2), bars(sorted(pairs.items()))
+    return bars(nodes), bars(sorted(pairs.items()))
 
 
 def sparkline(statuses):
@@ -119,11 +141,13 @@ def render(verdict, history=None, kind="gate"):
 
 def write_report(verdict, run_dir, db_path=None, kind="gate"):
     """Write ``report.html`` into ``run_dir`` (0640, atomically) and return its path.  The sparklines come from
-    ``db_path`` when it can be read; without it the page has none.  An OSError goes up naming the file."""
+    ``db_path`` when it can be read, from the runs of this verdict's cluster that were no dry run; without it the
+    page has none.  An OSError goes up naming the file."""
     history = None
     if db_path:
         try:
-            history = recent_statuses(db_path, verdict["hosts"], limit=SPARK_RUNS)
+            history = recent_statuses(db_path, verdict["hosts"], limit=SPARK_RUNS,
+                                      cluster=cluster_key(verdict.get("cluster")))
         except HistoryError:
             history = None
     path = os.path.abspath(os.path.join(run_dir, REPORT_FILE))

@@ -306,7 +306,7 @@ def stage_final(view):
             logs["%s.single" % host] = _logs(result)
     profile_hosts = [host for host in view.read_hosts() if "profile" in view.settings[host]]
     compared = _guarded(checks_by_host, profile_hosts, "profile", _profile_checks, view, profile_hosts, summary,
-                        checks_by_host) or {}
+                        checks_by_host, (launch.get("checks_by_host") or {})) or {}
     for host, checks in compared.items():
         _put(checks_by_host, host, "profile", checks)
     return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost, logs=logs)
@@ -333,9 +333,10 @@ def _single_result(view, host):
     return view.result(host, registers.SINGLE) if state == "ok" else "%s: %s" % (state, message[:300])
 
 
-def _profile_checks(view, hosts, summary, checks_by_host):
+def _profile_checks(view, hosts, summary, checks_by_host, launch_checks):
     """Every node's ``profile`` checks: its fields (GPU and fabric facts, versions, the runs' busbw and transport)
-    against its group's known-good profile or the majority (``cluster_preflight/capabilities/profile.py``)."""
+    against its group's known-good profile or the majority (``cluster_preflight/capabilities/profile.py``); a field
+    not measured is blocked by the node's failures of this stage and of the launch's (a blocked port)."""
     rows = {}
     for row in summary.get("ranks") or []:
         rows.setdefault(row.get("host"), []).append(row)
@@ -350,7 +351,10 @@ def _profile_checks(view, hosts, summary, checks_by_host):
         fields.update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),
                                            signatures, (summary.get("single_node") or {}).get(host)))
         fields_by_host[host] = fields
-    return preflight_profile.decide_all(hosts, fields_by_host, view.capability_settings("profile", hosts))
+    failures = {host: preflight_profile.failures_of(launch_checks.get(host)) + preflight_profile.failures_of(
+        checks_by_host.get(host)) for host in hosts}
+    return preflight_profile.decide_all(hosts, fields_by_host, view.capability_settings("profile", hosts),
+                                        {host: list(dict.fromkeys(names)) for host, names in failures.items()})
 
 
 def _logs(result):

@@ -48,14 +48,15 @@ ACTION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
                       "preflight_verdict.py")
 
 
-def run_action(args, hostvars):
-    """``action_plugins/preflight_verdict.py`` run with ``args`` over ``hostvars`` (every host targeted)."""
+def run_action(args, hostvars, check_mode=False, **task_vars):
+    """``action_plugins/preflight_verdict.py`` run with ``args`` over ``hostvars`` (every host targeted);
+    ``check_mode`` as ``--check``; ``task_vars`` more variables of the task (``ansible_inventory_sources``)."""
     spec = importlib.util.spec_from_file_location("preflight_verdict_action", ACTION)
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
-    task = mock.MagicMock(args=args, async_val=0, check_mode=False, diff=False)
+    task = mock.MagicMock(args=args, async_val=0, check_mode=check_mode, diff=False)
     action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
                                  mock.MagicMock())
     hosts = sorted(hostvars)
-    return action.run(task_vars={"ansible_play_hosts_all": hosts, "groups": {"cluster": hosts},
-                                 "hostvars": hostvars})
+    return action.run(task_vars=dict(task_vars, ansible_play_hosts_all=hosts, groups={"cluster": hosts},
+                                     hostvars=hostvars))

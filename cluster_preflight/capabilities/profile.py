@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import os
 
-from preflight_node.checks import blocked, failed, passed, skipped
+from preflight_node.checks import blocked, check, failed, passed, skipped
 
 from cluster_preflight import profile as profiles
 from .common import switched_on
@@ -104,15 +104,46 @@ def _loaded(path, cache):
     return cache[path]
 
 
-def _with_profile(host, fields, data, path, tolerance):
+# The capabilities whose checks measure a field, by its first part: a failure there (or of the run itself) is why
+# the field was not measured, never the profile.
+MEASURED_BY = {"gpu": ("gpu_health",), "rdma": ("fabric",), "torch": ("allreduce",), "nccl": ("allreduce", "port_mesh"),
+               "allreduce": ("allreduce", "port_mesh", "nic_discovery")}
+RUN = "preflight"
+
+
+def failures_of(checks):
+    """``["capability.name"]`` of every check of ``checks`` (``{capability: {name: check}}``) that failed or was
+    blocked, the profile's own left out: what may have kept a field from being measured."""
+    found = []
+    for capability, named in sorted((checks or {}).items()):
+        if capability == CAPABILITY:
+            continue
+        for name, result in sorted((named or {}).items()):
+            if result.get("status") == "fail" or (result.get("details") or {}).get("blocked"):
+                found.append("%s.%s" % (capability, name))
+    return found
+
+
+def _unmeasured(host, field, expected, path, failures):
+    """A field the profile holds that this run did not measure on ``host``: blocked by the failure that kept it
+    from being measured when there is one (fix that; the profile is right), else by its check not running."""
+    wanted = "%s = %s (profile %s)" % (field, expected, path)
+    sources = MEASURED_BY.get(field.split(".")[0], ())
+    cause = [name for name in failures if name.split(".")[0] in sources + (RUN,)] or list(failures)
+    if cause:
+        return check("skipped", "%s was not measured on %s: blocked by %s" % (field, host, ", ".join(cause)),
+                     wanted, "fix %s on %s first (each finding says how); the profile needs no change"
+                     % (", ".join(cause), host), blocked=True, blocked_by=cause)
+    return blocked("%s was not measured on %s (see the %s checks of this node)" % (field, host, field.split(".")[0]),
+                   wanted, "make the check that measures it run on %s, or remove %s from the profile" % (host, field))
+
+
+def _with_profile(host, fields, data, path, tolerance, failures=()):
     checks = {}
     for field, expected in data["fields"].items():
         found = fields.get(field)
         if found is None:
-            checks[profiles.check_name(field)] = blocked(
-                "%s was not measured on %s (see the %s checks of this node)" % (field, host, field.split(".")[0]),
-                "%s = %s (profile %s)" % (field, expected, path),
-                "make the check that measures it run on %s, or remove %s from the profile" % (host, field))
+            checks[profiles.check_name(field)] = _unmeasured(host, field, expected, path, failures)
         else:
             checks[profiles.check_name(field)] = compare(host, field, found, expected, tolerance, "profile %s" % path)
     return checks
@@ -135,8 +166,10 @@ def _with_majority(host, fields, peers, settings):
     return checks
 
 
-def decide_all(hosts, fields_by_host, settings_by_host):
-    """``{host: {check: result}}``: each node against its profile, or the majority of the nodes without one."""
+def decide_all(hosts, fields_by_host, settings_by_host, failures_by_host=None):
+    """``{host: {check: result}}``: each node against its profile, or the majority of the nodes without one.
+    ``failures_by_host``: each node's failed or blocked checks of the other capabilities (:func:`failures_of`), which
+    a field the profile holds but this run did not measure is blocked by."""
     cache, checks_by_host = {}, {}
     without = [host for host in hosts if switched_on(settings_by_host[host].get("profile_enabled", True))
                and not settings_by_host[host].get("profile_file")]
@@ -155,7 +188,8 @@ def decide_all(hosts, fields_by_host, settings_by_host):
                     "the profile of %s cannot be used: %s" % (host, data), "a profile written by baseline",
                     "record it again with python -m cluster_preflight baseline -i INVENTORY")}
                 continue
-            checks = _with_profile(host, fields, data, path, settings.get("profile_busbw_tolerance", 0.2))
+            checks = _with_profile(host, fields, data, path, settings.get("profile_busbw_tolerance", 0.2),
+                                   (failures_by_host or {}).get(host) or ())
             against = "the profile %s (%d fields)" % (path, len(data["fields"]))
         else:
             checks = _with_majority(host, fields, [fields_by_host.get(peer) or {} for peer in without], settings)

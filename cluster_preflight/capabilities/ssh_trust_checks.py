@@ -39,6 +39,14 @@ def _names_check(host, analysis):
     return passed("%s is known as %s" % (host, ", ".join(names)), expected)
 
 
+# The cause the summary groups every node's hostname warning under (``cluster_preflight/summary.py``).
+HOSTNAME_CAUSE = {"id": "hostnames_not_inventory_names",
+                  "title": "the nodes call themselves by names that are not their inventory names",
+                  "fix": "add each node's own hostname to ssh_trust_extra_names for it (host_vars), or give each node "
+                         "its inventory name as hostname (hostnamectl set-hostname); a reported name is never "
+                         "trusted on its own"}
+
+
 def _hostname_check(host, facts, analysis):
     """A hostname or FQDN the node reports that is not one of its inventory names: a warning, never a
     trusted name (a node cannot put itself under another node's name into anybody's known_hosts)."""
@@ -61,7 +69,7 @@ def _hostname_check(host, facts, analysis):
                       analysis["names"].get(host) or [])), expected,
                   "if %s really is a name of %s, add it to ssh_trust_extra_names for %s; otherwise give %s its own "
                   "hostname (hostnamectl set-hostname %s)" % (" / ".join(name for _w, name in differing), host, host,
-                                                              host, host))
+                                                              host, host), causes=[HOSTNAME_CAUSE])
 
 
 def _served_check(host, facts, settings, cluster, analysis):

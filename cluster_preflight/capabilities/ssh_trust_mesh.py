@@ -17,13 +17,42 @@ from .ssh_trust_settings import _port, _summary, as_bool, policy, setting
 
 _MEMO = {}
 
+# The causes shared by many findings of a cluster (every node, every peer), by what ssh answered: the summary
+# groups the findings of one cause under it (``details.causes``: ``cluster_preflight/summary.py``).
+CAUSES = {
+    "dns": {"id": "names_unresolved", "title": "the inventory names do not resolve on the nodes",
+            "fix": "add every node's inventory name to the nodes' /etc/hosts or DNS (a launcher on a node that uses "
+                   "the names fails the same way); meanwhile the host lists name those nodes by address "
+                   "(preflight_hostfile_names)"},
+    "auth_denied": {"id": "login_opt_in", "title": "node-to-node ssh login is not set up (it is opt-in)",
+                    "fix": "jobs that ssh between nodes (mpirun, pdsh, DeepSpeed's launcher) need it: set "
+                           "ssh_trust_cluster_key: true and run the bring-up (docs/ssh-trust.md); jobs started by "
+                           "torchrun or srun do not: set ssh_trust_mesh: false to stop checking it"},
+    "host_key_unknown": {"id": "host_keys_unknown", "title": "the nodes do not know each other's host keys yet",
+                         "fix": "run the bring-up: it writes every node's host keys into /etc/ssh/ssh_known_hosts "
+                                "on every node (role ssh_trust), host-key checking stays on"},
+}
+
+
+def with_causes(result, statuses, settings):
+    """``result`` with ``details.causes`` for the shared causes among ``statuses`` (what ssh answered); a denied
+    login is the opt-in cause only while the cluster key is off (with it on, a denial is a real failure)."""
+    if result["status"] not in ("warn", "fail"):
+        return result
+    cluster_key = as_bool(setting(settings, "cluster_key"))
+    causes = [CAUSES[status] for status in dict.fromkeys(statuses)
+              if status in CAUSES and not (status == "auth_denied" and cluster_key)]
+    if causes:
+        result = dict(result, details=dict(result.get("details") or {}, causes=causes))
+    return result
+
 
 def _collateral(result, reason):
-    """A peer's failure that its own checks explain: a warn on this node, never a fail."""
+    """A peer's failure that its own checks explain: a warn on this node, never a fail (its causes kept)."""
     if result["status"] not in ("warn", "fail"):
         return result
     return warned("%s (collateral: %s)" % (result["found"], reason), result["expected"],
-                  "fix the peer first: %s" % reason)
+                  "fix the peer first: %s" % reason, **(result.get("details") or {}))
 
 
 def _aggregate(per_peer, expected, what):
@@ -159,14 +188,20 @@ def _mesh_checks(host, settings, probe_result, cluster, analysis):
         if peer in suspects:
             result, result_login = _collateral(result, suspects[peer]), _collateral(result_login, suspects[peer])
         host_key[peer], login[peer] = result, result_login
-    checks["mesh"] = _aggregate(host_key, "%s verifies the host key of every peer with StrictHostKeyChecking=yes"
-                                % host, "%s verified the host key" % host)
-    checks["login"] = _aggregate(login, "%s logs in to every peer without a prompt (BatchMode)" % host,
-                                 "%s logged in" % host)
+    answered = [row["status"] for peer in peers for row in rows.get(peer, [])]
+    checks["mesh"] = with_causes(_aggregate(host_key, "%s verifies the host key of every peer with "
+                                                      "StrictHostKeyChecking=yes" % host,
+                                            "%s verified the host key" % host),
+                                 [status for status in answered if status == "host_key_unknown"], settings)
+    checks["login"] = with_causes(_aggregate(login, "%s logs in to every peer without a prompt (BatchMode)" % host,
+                                             "%s logged in" % host),
+                                  [status for status in answered if status not in NOT_LOGIN], settings)
     report = probe_result.get("pdsh") or {}
     target_of = {row["target"]: peer for peer in peers for row in rows.get(peer, [])}
     collateral = {target: suspects[peer] for target, peer in target_of.items() if peer in suspects}
-    checks["pdsh"] = pdsh_check(host, report, report.get("hosts") or [], unknown_policy, login_policy, collateral)
+    checks["pdsh"] = with_causes(pdsh_check(host, report, report.get("hosts") or [], unknown_policy, login_policy,
+                                            collateral),
+                                 [item.get("status") for item in (report.get("failed") or {}).values()], settings)
     return checks
 
 
@@ -177,6 +212,16 @@ def _inbound_check(host, settings, cluster, analysis):
     tried = _mesh_view(cluster, analysis)["inbound"].get(host) or {}
     if not tried:
         return skipped("no peer's ssh_trust probe reached the point of trying %s" % host, expected)
+    # The peers on which this node's inventory name did not resolve (the host lists then name its address).
+    unresolved = sorted(source for source, (_outcome, rows) in tried.items()
+                        if any(r["status"] == "dns" and r.get("target") == host for r in rows))
+    result = with_causes(_inbound_result(host, settings, tried, expected),
+                         [r["status"] for _outcome, rows in tried.values() for r in rows], settings)
+    result["details"] = dict(result.get("details") or {}, name_unresolved_on=unresolved)
+    return result
+
+
+def _inbound_result(host, settings, tried, expected):
     if _refuses(tried):
         rows = [r for _outcome, source_rows in tried.values() for r in source_rows if r["status"] not in NOT_LOGIN]
         kinds = list(dict.fromkeys(r["status"] for r in rows))

@@ -85,13 +85,20 @@ def test_cli_verdict_refuses_a_missing_file(tmp_path):
 def test_baseline_runs_the_gate_records_the_profile_and_the_next_gate_holds_to_it(tmp_path):
     results, out = str(tmp_path / "results"), str(tmp_path / "profiles")
     port = str(free_port())
-    recorded = cli("baseline", "-q", "--results-dir", results, "--out", out, "--group", "cluster",
-                   "-e", "preflight_master_port=" + port)
+    # --no-wire: the embedded inventory's group_vars are the checkout's, not this test's.
+    recorded = cli("baseline", "-q", "--results-dir", results, "--out", out, "--group", "cluster", "--run-gate",
+                   "--no-wire", "-e", "preflight_master_port=" + port)
     assert recorded.returncode == 0, recorded.stdout + recorded.stderr
     profile = os.path.join(out, "cluster.yml")
+    run = os.path.realpath(os.path.join(results, "latest", "verdict.json"))
+    assert "baseline: from the gate just run: %s" % run in recorded.stdout
     assert "profile of group cluster (1 nodes) -> %s" % profile in recorded.stdout
     again = cli("baseline", "-q", "--results-dir", results, "--out", out, "--from", os.path.join(results, "latest"))
     assert again.returncode == 4 and "pass --force" in again.stderr
+    # Without --from or --run-gate: the latest gate of this cluster (the embedded inventory's) that passed.
+    latest = cli("baseline", "--results-dir", results, "--out", out, "--force", "--no-wire")
+    assert latest.returncode == 0 and "from the latest gate of cluster %s that passed: %s" % (
+        os.path.join(ROOT, "inventory", "hosts.yml"), run) in latest.stdout, latest.stdout + latest.stderr
     gated = cli("gate", "-q", "--results-dir", results, "-e", "preflight_master_port=" + port,
                 "-e", "profile_file=" + profile, "-e", "profile_busbw_tolerance=0.95")
     assert gated.returncode in (0, 1), gated.stdout + gated.stderr

@@ -1,6 +1,6 @@
 """report.html in a real browser: headless Chromium through Selenium opens the page a run writes and checks
-what an operator sees (no console error, the failed node's cells in the failure colour, one bar per node, the
-filter box), then saves a screenshot as a test artefact (results/test-artefacts/report.png).
+what an operator sees (no console error, the failed node's cells in the failure colour, one bar per node with
+its node's name and value written beside it, the filter box), then saves a screenshot as a test artefact (results/test-artefacts/report.png).
 
 scripts/test installs Chromium and its driver (Debian's chromium, chromium-driver) when run as root; the test
 installs them itself when root and they are missing, and skips only when that is impossible."""
@@ -97,7 +97,23 @@ def test_report_in_headless_chromium(driver, page):
     assert passing.value_of_css_property("background-color") != FAIL_COLOUR
     bars = driver.find_elements(By.CSS_SELECTOR, "#busbw-nodes rect.bar")
     assert len(bars) == len(verdict["hosts"])
-    assert all(bar.size["height"] > 0 for bar in bars)
+    assert all(bar.size["height"] > 0 and bar.size["width"] > 0 for bar in bars)
+    # Every bar's node and value are written on the page, left and right of it: a screenshot shows them.
+    labels = driver.find_elements(By.CSS_SELECTOR, "#busbw-nodes text.bar-label")
+    values = driver.find_elements(By.CSS_SELECTOR, "#busbw-nodes text.bar-value")
+    assert [label.text for label in labels] == verdict["hosts"]
+    assert [value.text for value in values] == ["%.3f GB/s" % (10 + index / 10.0)
+                                                for index in range(len(verdict["hosts"]))]
+    chart = driver.find_element(By.ID, "busbw-nodes")
+    for label, bar, value in zip(labels, bars, values):
+        assert label.is_displayed() and value.is_displayed()
+        # Inside the chart, not cut at its edges.
+        assert label.location["x"] >= chart.location["x"]
+        assert value.location["x"] + value.size["width"] <= chart.location["x"] + chart.size["width"] + 1
+        assert label.size["width"] > 0 and value.size["width"] > 0
+        assert label.location["x"] + label.size["width"] <= bar.location["x"] + 1
+        assert value.location["x"] >= bar.location["x"] + bar.size["width"] - 1
+        assert abs((label.location["y"] + label.size["height"] / 2) - (bar.location["y"] + bar.size["height"] / 2)) < 6
     assert len(driver.find_elements(By.CSS_SELECTOR, "svg.spark")) == len(verdict["hosts"])
     os.makedirs(ARTEFACTS, exist_ok=True)
     shot = os.path.join(ARTEFACTS, "report.png")

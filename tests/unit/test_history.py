@@ -241,8 +241,10 @@ def test_migration_from_schema_version_1_keeps_its_runs(db):
         history.timeline(db)
     _run(db, 2)
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == history.SCHEMA_VERSION
     assert conn.execute("SELECT reachable FROM node_results WHERE node = 'n1' ORDER BY run").fetchall() == [
         (None,), (1,)]
+    # A run recorded before runs carried their cluster has none, and is no dry run.
+    assert conn.execute("SELECT cluster, check_mode FROM runs WHERE run_id = 'old'").fetchone() == (None, 0)
     conn.close()
     assert [row["run_id"] for row in history.timeline(db, node="n1")] == ["run02", "old"]

@@ -76,8 +76,8 @@ def test_page_cells_classes_findings_and_bars():
     assert all(cls.split()[1] in {"status-%s" % s for s in report.SEVERITY} for cls in cells)
     bars = [attrs for tag, attrs in page.elements if tag == "rect" and attrs.get("class", "").split()[0] == "bar"]
     assert len(bars) == 3
-    heights = [float(bar["height"]) for bar in bars]
-    assert heights[2] == report.CHART_HEIGHT and heights[0] < heights[1] < heights[2]  # 10.0, 10.1, 10.2 GB/s
+    lengths = [float(bar["width"]) for bar in bars]
+    assert lengths[2] == report.BAR_LENGTH and lengths[0] < lengths[1] < lengths[2]  # 10.0, 10.1, 10.2 GB/s
     assert len([1 for tag, attrs in page.elements if attrs.get("class") == "bar-pair"]) == 1
     assert "fix allreduce on b, then re-run" in text and "core_dumps drifted on c: value 2" in text
     assert "rank 1 died" in text  # the localisation round
@@ -88,9 +88,53 @@ def test_a_node_without_bandwidth_gets_an_empty_bar():
     verdict = synthetic_verdict(hosts=["a", "b"])
     verdict["allreduce"]["ranks"] = [row for row in verdict["allreduce"]["ranks"] if row["host"] == "a"]
     node_chart, _pairs = report.bandwidth(verdict)
-    assert [(bar["label"], bar["value"], bar["h"]) for bar in node_chart["bars"]] == [
-        ("a", 10.0, report.CHART_HEIGHT), ("b", None, 0)]
+    assert [(bar["label"], bar["value"], bar["length"], bar["text"]) for bar in node_chart["bars"]] == [
+        ("a", 10.0, report.BAR_LENGTH, "10.000 GB/s"), ("b", None, 0, "not measured")]
     assert "b: not measured" in report.render(verdict)
+
+
+class _Texts(html.parser.HTMLParser):
+    """The visible text of each SVG ``<text>`` element of one chart, in order, with its class."""
+
+    def __init__(self, chart):
+        super().__init__()
+        self.chart, self.inside, self.texts, self._cls = chart, False, [], None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "svg":
+            self.inside = attrs.get("id") == self.chart
+        if self.inside and tag == "text":
+            self._cls = attrs.get("class")
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self.inside = False
+        self._cls = None
+
+    def handle_data(self, data):
+        if self.inside and self._cls:
+            self.texts.append((self._cls, data))
+
+
+def test_the_charts_write_every_label_and_value_on_the_page():
+    verdict = synthetic_verdict(hosts=["gpu-node-1", "gpu-node-2", "gpu-node-3"], busbw={
+        "gpu-node-1": 0.512, "gpu-node-2": 0.4871, "gpu-node-3": 0.05}, localize=True)
+    verdict["allreduce"]["ranks"] = [row for row in verdict["allreduce"]["ranks"] if row["host"] != "gpu-node-3"]
+    parser = _Texts("busbw-nodes")
+    parser.feed(report.render(verdict))
+    # Visible text, not tooltips: a screenshot or a printout names every node and its value.
+    assert parser.texts == [("bar-label", "gpu-node-1"), ("bar-value", "0.512 GB/s"),
+                            ("bar-label", "gpu-node-2"), ("bar-value", "0.487 GB/s"),
+                            ("bar-label", "gpu-node-3"), ("bar-value", "not measured")]
+    pairs = _Texts("busbw-pairs")
+    pairs.feed(report.render(verdict))
+    assert pairs.texts == [("bar-label", "gpu-node-1+gpu-node-2"), ("bar-value", "8.500 GB/s")]
+    chart, _pairs = report.bandwidth(verdict)
+    # Labels never overlap their bars, values never overlap the next row.
+    for bar in chart["bars"]:
+        assert bar["label_x"] < bar["bar_x"] <= bar["text_x"] - bar["length"]
+        assert bar["y"] < bar["text_y"] <= bar["y"] + bar["h"] + 2
 
 
 def test_sparklines_from_the_history(tmp_path):

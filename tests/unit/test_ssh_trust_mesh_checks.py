@@ -198,7 +198,10 @@ def test_mesh_decide_separates_host_key_from_login_and_follows_policies():
     node1 = results["node1"]
     assert node1["mesh"]["status"] == "warn"  # unknown key: ssh_trust_unknown_key_policy (warn)
     assert "node1 does not know node2's host key for 198.19.0.2, node2" in node1["mesh"]["found"]
-    assert node1["mesh"]["details"] == {"peers": {"node2": "warn"}}
+    assert node1["mesh"]["details"]["peers"] == {"node2": "warn"}
+    # The cause the summary groups it under: host keys not brought up; the denied login is the login check's.
+    assert [cause["id"] for cause in node1["mesh"]["details"]["causes"]] == ["host_keys_unknown"]
+    assert [cause["id"] for cause in node1["login"]["details"]["causes"]] == ["login_opt_in"]
     # Host key of node3 verified, login denied: the login check says so, the mesh check does not.
     assert "node3" not in node1["mesh"]["found"]
     assert node1["login"]["status"] == "warn" and "auth_denied" in node1["login"]["found"]
@@ -212,6 +215,8 @@ def test_mesh_decide_separates_host_key_from_login_and_follows_policies():
         assert_contract(host, checks)
     strict = decide_all(mesh_view(probes, ssh_trust_unknown_key_policy="fail", ssh_trust_cluster_key=True))
     assert strict["node1"]["mesh"]["status"] == "fail" and strict["node1"]["login"]["status"] == "fail"
+    # With the cluster key on, a denied login is a failure of its own, not the opt-in.
+    assert "causes" not in strict["node1"]["login"].get("details", {})
 
 
 def test_mesh_changed_key_on_the_wire_names_both_fingerprints():
