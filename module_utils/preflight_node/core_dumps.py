@@ -28,6 +28,7 @@ import stat
 
 from . import limits
 from . import sysctl
+from .ops import job_refused
 from .privilege import file_errors, privileged, refused
 
 CAPABILITY = "core_dumps"
@@ -81,6 +82,10 @@ def login_core_limit(ops):
     job = getattr(ops, "job", None) or {}
     user = getattr(ops, "job_user", None) or job.get("name") or who(os.geteuid())
     result = {"user": user, "soft": None, "hard": None, "how": None, "error": None}
+    not_allowed = job_refused(ops)
+    if not_allowed:
+        # No login session of root is opened in the job user's stead.
+        return dict(result, user=job.get("name") or "", error=not_allowed, not_run=True)
     if os.geteuid() == 0:
         runuser = ops.which("runuser", paths=("/usr/sbin", "/sbin"))
         if not runuser:
