@@ -53,6 +53,7 @@ def fake_proc(root, port=22, inode="4242", cmdline=None, exe="/usr/sbin/sshd", p
     os.symlink("socket:[%s]" % inode, os.path.join(str(root), "proc/%d/fd/3" % pid))
     os.symlink(exe, os.path.join(str(root), "proc/%d/exe" % pid))
     write(root, "/proc/%d/comm" % pid, os.path.basename(exe) + "\n")
+    write(root, "/proc/%d/status" % pid, "Name:\t%s\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n" % os.path.basename(exe))
     write(root, "/proc/%d/cmdline" % pid, cmdline if cmdline is not None else
           "sshd: /usr/sbin/sshd -D -f /srv/sshd/sshd_config -h /srv/sshd/extra_key [listener] 0 of 10-100 startups")
     # Another process with sockets of its own, and a kernel thread without descriptors.
