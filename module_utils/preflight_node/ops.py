@@ -99,7 +99,7 @@ def job_refused(ops):
     job = getattr(ops, "job", None) or {}
     if job.get("how") not in REFUSED:
         return ""
-    return "no account may run job-side code on this node (%s; allreduce.job_user)" % (job.get("note") or job.get("how"))
+    return "no account may run job-side code on this node (allreduce.job_user)"
 
 
 def hang_text(hang):
