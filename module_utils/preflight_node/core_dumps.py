@@ -29,6 +29,8 @@ import stat
 from . import limits
 from . import sysctl
 from .ops import job_refused
+# The account name of a uid (the probe names who crashed).
+from .trust import user_name as who  # noqa: F401
 from .privilege import file_errors, privileged, refused
 
 CAPABILITY = "core_dumps"
@@ -123,10 +125,3 @@ def read(args, ops):
     facts["needs_root"] = refused(file_errors(facts["core_pattern"]) + file_errors(facts["core_dir"])
                                   + file_errors(facts["limits"]), facts["privileged"])
     return facts
-
-
-def who(uid):
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "uid %d" % uid

@@ -123,7 +123,8 @@ def collect_stacks(root_pid, worker_path, py_spy, budget, marker=None, credentia
     Returns {global_rank: {pid, state, stack, stack_finished}}."""
     ranks = live_ranks(root_pid, worker_path, marker)
     if py_spy:
-        env = dict(os.environ)
+        # As the ranks' user, py-spy gets that user's minimal environment, nothing of root's.
+        env = user_environment(pwd.getpwuid(credentials["user"])) if credentials else dict(os.environ)
         if marker:
             # A py-spy left behind by a killed module is then found and killed with the tree.
             env[MARKER_ENV] = marker

@@ -82,7 +82,7 @@ def resolve(path):
 
 def describe(path, info):
     """``/root (mode 0700, owner root, group root)``."""
-    return "%s (mode %04o, owner %s, group %s)" % (path, stat.S_IMODE(info.st_mode), _user(info.st_uid),
+    return "%s (mode %04o, owner %s, group %s)" % (path, stat.S_IMODE(info.st_mode), user_name(info.st_uid),
                                                  _group(info.st_gid))
 
 
@@ -102,7 +102,7 @@ def untrusted(path, prefixes=None, anywhere=False):
         if kind == "link":
             continue
         if info.st_uid != 0:
-            return "%s is owned by %s, not root" % (describe(where, info), _user(info.st_uid))
+            return "%s is owned by %s, not root" % (describe(where, info), user_name(info.st_uid))
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not _protected(info, steps[index + 1:]):
             return "%s is writable by %s" % (describe(where, info), "others" if info.st_mode & stat.S_IWOTH
                                              else "its group")
@@ -177,7 +177,8 @@ def blocker(path, entry):
     return None
 
 
-def _user(uid):
+def user_name(uid):
+    """The account name of ``uid``, or ``uid N`` when it has none."""
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:

@@ -6,30 +6,18 @@ training Python gets one finding naming the directory that stops it (docs/securi
 
 import os
 import shutil
-import tempfile
 
 import pytest
+
+from attacker_helpers import write_script
 
 from preflight_node.checks import is_blocked, node_status
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to the job's user needs root")
 
 
-@pytest.fixture
-def public_dir():
-    """A directory nobody can enter (pytest's tmp_path cannot be)."""
-    path = tempfile.mkdtemp(prefix="pf-job-user-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _script(directory, body, name="python"):
-    path = os.path.join(directory, name)
-    with open(path, "w") as handle:
-        handle.write("#!/bin/sh\n" + body)
-    os.chmod(path, 0o755)
-    return path
+    return write_script(os.path.join(directory, name), body)
 
 
 class _Module(object):

@@ -17,21 +17,14 @@ import uuid
 
 import pytest
 
+from attacker_helpers import write_script
+
 from preflight_node import gate_run
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to the job's user needs root")
 
 SECRET = "PFSECRET-%s" % uuid.uuid4().hex[:8]
 NOBODY = pwd.getpwnam("nobody")
-
-
-@pytest.fixture
-def public_dir():
-    """A directory nobody can enter (pytest's tmp_path cannot be)."""
-    path = tempfile.mkdtemp(prefix="pf-root-safety-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -53,11 +46,7 @@ def secrets(tmp_path):
 
 
 def _script(directory, body, name="python"):
-    path = os.path.join(directory, name)
-    with open(path, "w") as handle:
-        handle.write("#!/bin/sh\n" + body)
-    os.chmod(path, 0o755)
-    return path
+    return write_script(os.path.join(directory, name), body)
 
 
 # The job's side of the run: torchrun's arguments say where the gate will read back.

@@ -8,7 +8,6 @@ import pwd
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 
 import pytest
@@ -316,12 +315,9 @@ def test_the_reader_never_reads_through_a_symlinked_ssh_dir(tmp_path):
 
 
 @pytest.fixture
-def sandbox():
+def sandbox(public_dir):
     """A root tree every user can traverse (pytest's tmp_path is 0700: other users could not)."""
-    path = tempfile.mkdtemp(prefix="pf-ssh-trust-keys-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    return public_dir
 
 
 def nobody():

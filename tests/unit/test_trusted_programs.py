@@ -11,12 +11,12 @@ import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import time
 import uuid
 
 import pytest
 
+from attacker_helpers import write_script
 from fake_ops import LocalOps
 from preflight_node import diagnose as diag
 from preflight_node import gate_run, trust
@@ -28,22 +28,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the attacks are again
 NOBODY = pwd.getpwnam("nobody")
 
 
-@pytest.fixture
-def public_dir():
-    """A directory nobody can enter; its files are given to nobody as the test needs."""
-    path = tempfile.mkdtemp(prefix="pf-programs-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _script(path, body, owner=NOBODY):
-    with open(path, "w") as handle:
-        handle.write("#!/bin/sh\n" + body)
-    os.chmod(path, 0o755)
-    if owner is not None:
-        os.chown(path, owner.pw_uid, owner.pw_gid)
-    return path
+    return write_script(path, body, owner)
 
 
 def _marker_script(path, marker, owner=NOBODY):
