@@ -161,28 +161,37 @@ def resolve_job_user(job, ops):
         if euid != 0:
             return dict(info, name=wanted, uid=entry.pw_uid, how="cannot_switch",
                         note="connected as %s without root, so commands cannot run as %s" % (me, wanted))
-        return dict(info, name=wanted, uid=entry.pw_uid, run_as=wanted,
-                    python_blocked=trust.blocker(python, entry) if python else None)
+        return dict(info, name=wanted, uid=entry.pw_uid, run_as=wanted, python_blocked=_refused_to(python, entry))
     if euid != 0:
         return info
     return _auto_job_user(info, python, ops)
 
 
+def _refused_to(python, entry):
+    """The path component that keeps the account ``entry`` from the training Python, when its permissions do (a
+    Python that is not there is not an account's problem: running it says so, as allreduce.python)."""
+    blocked = trust.blocker(python, entry) if python else None
+    return blocked if blocked and blocked.get("kind") == "permission" else None
+
+
 def _auto_job_user(info, python, ops):
-    """As root with no job user named: :data:`AUTO_JOB_USER` when it can use the training Python, else none."""
+    """As root with no job user named: :data:`AUTO_JOB_USER` when it can run the training Python, else none.  A
+    training Python that is not there, or that runs but finds no torch, is the node's finding, not a missing
+    account: nobody stays the job user, and the reader's run as nobody says what is wrong (allreduce.python,
+    allreduce.torch)."""
     try:
         entry = pwd.getpwnam(AUTO_JOB_USER)
     except KeyError:
         return dict(info, how="unavailable", note="no account %s to run job-side code as" % AUTO_JOB_USER)
-    if python:
-        blocked = trust.blocker(python, entry)
-        if blocked:
-            return dict(info, how="unavailable", python_blocked=blocked, note="%s cannot use the training Python "
-                        "%s: %s" % (AUTO_JOB_USER, python, blocked["found"]))
+    blocked = trust.blocker(python, entry) if python else None
+    if blocked and blocked["kind"] == "permission":
+        return dict(info, how="unavailable", python_blocked=blocked, note="%s cannot use the training Python "
+                    "%s: %s" % (AUTO_JOB_USER, python, blocked["found"]))
+    if python and not blocked:
         rc, _out, err = ops.run([python, "-c", FIND_TORCH_ONLY], timeout=JOB_USER_PROBE_TIMEOUT, cwd="/",
                                 user=AUTO_JOB_USER)
-        if rc != 0:
-            reason = "cannot find torch" if rc == 3 else (err.strip().splitlines() or ["exit code %d" % rc])[-1]
+        if rc not in (0, 3):
+            reason = (err.strip().splitlines() or ["exit code %d" % rc])[-1]
             if rc == TIMEOUT_RC:
                 reason = "it hung: no answer in %g s, killed" % JOB_USER_PROBE_TIMEOUT
             return dict(info, how="unavailable", note="%s cannot use the training Python %s (%s)" % (

@@ -151,9 +151,17 @@ def _has_acl(path):
 
 
 def blocker(path, entry):
-    """``{path, found, links}`` for the first component that keeps the account ``entry`` (a pwd entry) from
+    """``{path, found, links, kind}`` for the first component that keeps the account ``entry`` (a pwd entry) from
     running ``path``, or None when the mode bits let it through (a component with an ACL is given the benefit of
-    the doubt: only mode bits are judged here).  ``links``: the symbolic links followed on the way."""
+    the doubt: only mode bits are judged here).  ``links``: the symbolic links followed on the way; ``kind``:
+    ``permission`` (this account is refused), or ``missing`` (no account could run it: not there, not a file)."""
+    found = _blocker(path, entry)
+    if found is not None:
+        found.setdefault("kind", "missing")
+    return found
+
+
+def _blocker(path, entry):
     uid, gids = account_ids(entry)
     links = []
     try:
@@ -166,13 +174,13 @@ def blocker(path, entry):
         elif kind in ("missing", "notdir", "loop"):
             return {"path": where, "found": "%s: %s" % (where, extra), "links": links}
         elif kind == "dir" and not _allows(info, uid, gids, 0o1) and not _has_acl(where):
-            return {"path": where, "links": links, "found": "%s: %s cannot enter it (no search permission)" % (
-                describe(where, info), entry.pw_name)}
+            return {"path": where, "links": links, "kind": "permission", "found": "%s: %s cannot enter it (no "
+                    "search permission)" % (describe(where, info), entry.pw_name)}
         elif kind == "file":
             if not stat.S_ISREG(info.st_mode):
                 return {"path": where, "found": "%s is not a regular file" % where, "links": links}
             if not _allows(info, uid, gids, 0o1) and not _has_acl(where):
-                return {"path": where, "links": links, "found": "%s: %s cannot execute it" % (
+                return {"path": where, "links": links, "kind": "permission", "found": "%s: %s cannot execute it" % (
                     describe(where, info), entry.pw_name)}
     return None
 

@@ -136,3 +136,17 @@ def test_a_job_user_who_cannot_reach_the_python_gets_one_finding_naming_the_bloc
     assert "pip install" not in checks["python"]["fix"] and home in checks["python"]["fix"]
     attach = kernel_debug.attach_check("n1", _probes_call(python, job, facts["job_user"])["probes"]["kernel_debug"])
     assert is_blocked(attach) and "allreduce.python" in attach["found"], attach
+
+
+def test_a_training_python_that_is_not_there_is_the_nodes_finding_not_a_missing_account(public_dir):
+    """No account could run it: nobody stays the job user and allreduce.python fails saying so (as the Slurm
+    hooks drain a node whose node.yml names a Python that is not installed)."""
+    from cluster_preflight.capabilities import allreduce as controller
+    python = os.path.join(public_dir, "no-such-venv", "bin", "python")
+    facts = _facts_call(python, {"user": "", "named": False})
+    assert facts["job_user"]["how"] == "auto" and facts["job_user"]["name"] == "nobody"
+    checks, ready = controller.readiness("n1", facts["facts"]["allreduce"], {"allreduce_env": {}})
+    assert not ready and checks["python"]["status"] == "fail" and "No such file" in checks["python"]["found"]
+    named = _facts_call(python, {"user": "nobody", "named": True})
+    assert named["job_user"]["python_blocked"] is None
+
