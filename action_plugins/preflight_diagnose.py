@@ -32,7 +32,7 @@ def node_results(view, register):
         if state == "ok":
             nodes[host] = {"ok": True, "processes": result.get("processes") or [], "core": result.get("core"),
                            "py_spy": result.get("py_spy") or "", "hostname": result.get("hostname") or "",
-                           "seconds": result.get("seconds")}
+                           "seconds": result.get("seconds"), "refused": result.get("refused") or []}
         else:
             nodes[host] = {"ok": False, "error": "%s: %s" % (state, message)}
     return nodes
@@ -67,6 +67,8 @@ def report_data(report, nodes, run_id):
             "hosts_without_ranks": report["hosts_without_ranks"],
             "cores": {host: {key: value for key, value in (node.get("core") or {}).items() if key != "backtrace"}
                       for host, node in sorted(nodes.items()) if node.get("core")},
+            # Programs a node would not run as root (not root's alone): say so, with the fix.
+            "refused": {host: node["refused"] for host, node in sorted(nodes.items()) if node.get("refused")},
             "lines": report["lines"]}
 
 
@@ -78,8 +80,12 @@ class ActionModule(ControllerAction):
         args = self._task.args
         view = ClusterView(task_vars or {})
         nodes = node_results(view, str(args.get("register") or registers.DIAGNOSE_STACKS))
+        report = diagnose(nodes)
+        report["lines"] = report["lines"] + [
+            "%s: %s (install it with bringup.yml, role debug_tools, or name a root-owned one)" % (host, text)
+            for host, node in sorted(nodes.items()) for text in node.get("refused") or []]
         # Frames and texts of the job's own processes never carry control codes to the terminal or the files.
-        report = printable_tree(diagnose(nodes))
+        report = printable_tree(report)
         results_dir, run_id = run_place(args)
         if run_id == "latest" or "/" in run_id or run_id.startswith("."):
             result.update(failed=True, msg="Found run_id %r. Expected: one directory name inside %s (not latest, not "

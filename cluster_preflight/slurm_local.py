@@ -41,6 +41,11 @@ def node_inventory(node, python, host_vars=None, group="cluster"):
     hostvars = {"ansible_connection": "local", "ansible_python_interpreter": python,
                 "preflight_training_python": python}
     hostvars.update(host_vars or {})
+    if hostvars["preflight_training_python"] == python:
+        # The checkout's own interpreter, which these checks already run with: naming its user (root under
+        # slurmd) as the job user trusts nothing new. A site's training Python needs its job user named.
+        import pwd  # pylint: disable=import-outside-toplevel
+        hostvars.setdefault("preflight_job_user", pwd.getpwuid(os.geteuid()).pw_name)
     return {"all": {"children": {group: {"hosts": {node: hostvars}}}}}
 
 

@@ -152,10 +152,19 @@ options:
     type: dict
     default: {}
   py_spy:
-    description: Path of C(py-spy) for hang stacks; looked up next to O(python) and on PATH when unset.
+    description:
+      - Path of C(py-spy) for hang stacks; looked up next to O(python) and on PATH when unset.
+      - py-spy runs as the ranks' user. Run as root, it must be a program root alone can change (root-owned, not
+        group or other writable, nor any directory above it); one that was found must also lie in the system's
+        directories or the project's venv. Another is not run, and C(checks.py_spy) says so.
     type: path
   scratch_dir:
-    description: Parent directory for the scratch directory (default the system temp directory).
+    description:
+      - Parent directory for the scratch directory (default the system temp directory). Refused when other accounts
+        can write it without the sticky bit.
+      - Root writes the worker and C(torchrun.log) there before the ranks' user gets its own C(job/) directory, and
+        reads the ranks' results and logs back through descriptors, never following a link (see
+        C(docs/security.md)).
     type: path
   keep_scratch:
     description: Keep the scratch directory (worker, rank results, logs) for inspection.
@@ -269,6 +278,8 @@ rank_logs:
     - "The head and tail (O(rank_log_max_bytes) in all) of each rank's own log file as torchrun wrote it under C(--log-dir), so the
       controller can keep them with the run: rank, local_rank, stream (C(stdout) or C(stderr)), attempt, name
       (a file name such as C(rank1.stderr.log)), bytes (the file's full size), truncated, text."
+    - "A file or directory the module would not read (a link, not the ranks' user's, more than one link) has
+      C(refused) (why) and a text saying so instead of its content."
   returned: unless background is true
   type: list
   elements: dict
@@ -285,7 +296,8 @@ checks:
     - Findings C({status, found, expected, fix}) keyed by check name, without the capability prefix (the verdict
       names them C(allreduce.<name>)).
     - C(ranks) every local rank reached stage done; C(correctness) the exact all-reduce result (when a rank got
-      that far); C(bandwidth) the slowest rank's bus bandwidth at the largest size (when measured).
+      that far); C(bandwidth) the slowest rank's bus bandwidth at the largest size (when measured); C(py_spy) a
+      py-spy that was not run as root (see O(py_spy)).
   returned: unless background is true
   type: dict
 hostname:

@@ -48,7 +48,11 @@ options:
     type: bool
     default: false
   py_spy:
-    description: Path of C(py-spy); looked up on C(PATH), in C(/usr/local/bin), then next to the ranks' Python.
+    description:
+      - Path of C(py-spy); looked up on C(PATH), in C(/usr/local/bin), then next to the ranks' Python.
+      - As root, only a py-spy root alone can change (root-owned, not group or other writable, nor any directory above
+        it) is run; one that was looked up must also lie in the system's directories, C(/opt/preflight-tools) or the
+        project's venv. Another is not run and RV(refused) says so.
     type: path
   core_dir:
     description: Directory holding core files; the newest one matching O(core_glob) gets a gdb backtrace. Empty for none.
@@ -62,7 +66,10 @@ options:
     type: float
     default: 60
   gdb:
-    description: Path of C(gdb); looked up on C(PATH) when unset.
+    description:
+      - Path of C(gdb); looked up on C(PATH) when unset. As root, the same rule as for O(py_spy).
+      - gdb reads the core as the core's owner (its ids, a minimal environment), never as root on another account's
+        file; a core of root's only when no other account could have swapped it.
     type: path
 attributes:
   check_mode:
@@ -120,9 +127,15 @@ processes:
       frame: all_reduce (torch/distributed/distributed_c10d.py:3252)
       dump_user: alice
 core:
-  description: The newest core file (path, mtime, size, command, executable) and gdb's backtrace, or why none.
+  description: The newest core file (path, mtime, size, uid, command, executable), who gdb ran as (gdb_user) and
+    its backtrace, or why none.
   returned: when core_dir is set
   type: dict
+refused:
+  description: Programs found or named that were not run as root, each a sentence saying why.
+  returned: always
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule

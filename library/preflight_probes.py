@@ -78,7 +78,9 @@ RETURN = r"""
 job_user:
   description:
     - Who job-side commands ran as, C({name, uid, run_as, how, note}); C(how) is C(named), C(connecting), C(auto),
-      C(auto_root), C(missing) or C(cannot_switch).
+      C(unavailable) (no account may run job-side code, so nothing job-side ran), C(missing) (neither) or
+      C(cannot_switch). C(python_blocked) names the path component that keeps a switched-to account from the
+      training Python; C(python_untrusted) why another account can change it (a root job user).
   returned: always
   type: dict
 lock:

@@ -541,6 +541,11 @@ class Testbed(TestbedOps, UpDown):
             hosts[node.name] = hostvars
         group = {"hosts": hosts}
         merged_group_vars = {**self.group_vars, **(group_vars or {})}
+        for hostvars in hosts.values():
+            if hostvars["ansible_user"] == "root" and "preflight_job_user" not in {**merged_group_vars, **hostvars}:
+                # The venv's interpreter lives under /root (0700): no other account can run it, and root runs job
+                # code only when asked. Tests of the job's user name their own account.
+                hostvars["preflight_job_user"] = "root"
         if merged_group_vars:
             group["vars"] = merged_group_vars
         return {"all": {"children": {"cluster": group}}}

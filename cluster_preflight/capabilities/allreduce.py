@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from preflight_node.allreduce import CAPABILITY  # noqa: F401  (the registry reads it here)
-from preflight_node.checks import blocked, failed, passed, warned
+from preflight_node.checks import blocked, failed, passed, skipped, warned
 from preflight_node.privilege import needs_root
 
 from cluster_preflight.allreduce_versions import torch_lt_2_1
@@ -113,6 +113,10 @@ def read_args(settings, node):
 # Deciders (controller)
 
 
+ROOT_ON_PURPOSE = ("name the account your training jobs run as in preflight_job_user instead of root, unless they "
+                   "really run as root")
+
+
 def job_user_check(host, job):
     """``job_user``: who job-side code runs as on ``host`` (``job``: the node's resolve_job_user result)."""
     expected = "job-side code (torch probe, ranks, py-spy, core probe) runs as the job's own unprivileged user"
@@ -122,24 +126,57 @@ def job_user_check(host, job):
                       "run the preflight again; if it repeats, see preflight_facts on %s" % host)
     name, how, note = job.get("name"), job.get("how"), job.get("note") or ""
     if how == "missing":
-        return failed("job user %s does not exist on %s (%s)" % (name, host, note), expected,
-                      "create %s on %s, or correct preflight_job_user" % (name, host))
+        return failed("job user %s does not exist on %s (%s); no job-side code was run" % (name, host, note),
+                      expected, "create %s on %s, or correct preflight_job_user" % (name, host))
     if how == "cannot_switch":
         # A requirement of the check (root switches users), not a fault of the node: never a fail.
         return needs_root("job user %s wanted on %s but %s; job-side code ran as the login instead, so what it "
                           "proved is not the job user's view (connect as %s, or set preflight_become)" % (
                               name, host, note, name), expected)
+    if how == "unavailable":
+        return unavailable_check(host, job, expected)
     who = "%s (uid %s)" % (name, job.get("uid"))
-    if how == "auto_root":
-        return warned("no job user named; %s, so job-side code ran as root on %s" % (note, host), expected,
-                      "%s, and make the training Python readable by that user" % fix_named)
     if how == "auto":
         return warned("no job user named; job-side code ran as %s on %s" % (who, host), expected, fix_named)
     if job.get("uid") == 0:
-        return warned("job user is root on %s: the checks prove what root can do, not a job's user" % host,
-                      expected, fix_named)
+        return root_check(host, job, expected)
     return passed("job-side code runs as %s on %s (%s)" % (who, host, "preflight_job_user" if how == "named"
                                                            else "the connecting user"), expected)
+
+
+def root_check(host, job, expected):
+    """Job-side code as root, which only ``preflight_job_user: root`` (or an account with uid 0) asks for:
+    acknowledged, and still a warning, since it proves nothing of an unprivileged job's view."""
+    python = job.get("python") or "the training Python"
+    trusting = ("; whoever can change %s runs code as root: %s" % (python, job["python_untrusted"])
+                if job.get("python_untrusted") else "")
+    asked = "as preflight_job_user: root asks" if job.get("name") == "root" else (
+        "as preflight_job_user %s (uid 0) asks" % job.get("name"))
+    return warned("job-side code runs as root on %s, %s; the checks prove what root can do, not what an "
+                  "unprivileged job can%s" % (host, asked, trusting), expected,
+                  ROOT_ON_PURPOSE + ("; and make %s changeable by root alone" % python if trusting else ""))
+
+
+def unavailable_check(host, job, expected):
+    """No job user named, and no unprivileged account can run the training Python: nothing job-side ran (root
+    runs job code only when asked).  The gate's setting, not the node's fault: blocked, never failed."""
+    python = job.get("python") or "the training Python"
+    blocked_at = job.get("python_blocked") or {}
+    reach = (" (%s)" % access_fix(blocked_at, python, "that account")) if blocked_at else ""
+    return blocked(
+        "no job user named for %s, and no unprivileged account can run the training Python there: %s; so no "
+        "job-side code (torch probe, ranks, py-spy, core and ptrace probes) was run: running it as root needs "
+        "preflight_job_user: root" % (host, job.get("note") or "nobody cannot"), expected,
+        "set preflight_job_user to the account your training jobs run as on %s, one that can run %s%s; or, to run "
+        "job-side code as root on purpose, set preflight_job_user: root" % (host, python, reach))
+
+
+def access_fix(blocked_at, python, user):
+    """How to let ``user`` run ``python`` past the component ``blocked_at`` (``trust.blocker``'s answer)."""
+    where = blocked_at.get("path") or python
+    return ("%s stops it: let %s through (chmod o+x %s, or setfacl -m u:<account>:x %s), or build the training venv "
+            "from an interpreter outside it that %s can reach (python3 -m venv with /usr/bin/python3)" % (
+                where, user, where, where, user))
 
 
 def python_hang_check(host, python, hang):
@@ -155,18 +192,24 @@ def python_hang_check(host, python, hang):
         "or set preflight_training_python to an environment that starts" % (host, python, hang.get("user")))
 
 
-def readiness(host, facts, settings):
-    """The checks that say whether ``host`` can run its ranks; ``(checks, ready)``."""
-    checks = {"job_user": job_user_check(host, facts.get("job_user"))}
+def python_checks(host, facts, job):
+    """``python`` and ``torch``: the training Python ran as the job's user and found torch."""
+    checks = {}
     python = facts.get("python_path")
     fix_python = ("set preflight_training_python in the inventory to the Python of the training environment on "
                   "%s, or install torch into it (pip install torch==<version>)" % host)
-    user = (facts.get("job_user") or {}).get("name") or "the connecting user"
-    if facts.get("python_hang"):
+    user = job.get("name") or "the connecting user"
+    if facts.get("python_blocked"):
+        blocked_at = facts["python_blocked"]
+        checks["python"] = failed("training Python %s on %s cannot be run by %s: %s" % (
+            python, host, user, blocked_at.get("found")), "a Python interpreter the job user can run",
+            "%s; or set preflight_training_python to a Python %s can run" % (
+                access_fix(blocked_at, python, user), user))
+    elif facts.get("python_hang"):
         checks["python"] = python_hang_check(host, python, facts["python_hang"])
     elif facts.get("probe_error") or not facts.get("python"):
         checks["python"] = failed("training Python %s on %s cannot run as %s: %s" % (
-            python, host, user, facts.get("probe_error") or "no answer"),
+            python, host, user, _without_prefix(facts.get("probe_error"), user) or "no answer"),
             "a Python interpreter the job user can run", fix_python + "; readable and executable by %s" % user)
     else:
         checks["python"] = passed("Python %s at %s on %s" % (
@@ -179,6 +222,26 @@ def readiness(host, facts, settings):
             checks["torch"] = passed("torch %s (cuda %s, hip %s) at %s on %s" % (
                 torch.get("version"), torch.get("cuda"), torch.get("hip"), torch.get("path"), host),
                 "torch importable by the training Python")
+    return checks
+
+
+def _without_prefix(text, user):
+    """A command's error without the runner's own "cannot run as <user>: " (the finding says it once)."""
+    prefix = "cannot run as %s: " % user
+    return text[len(prefix):] if text and text.startswith(prefix) else text
+
+
+def readiness(host, facts, settings):
+    """The checks that say whether ``host`` can run its ranks; ``(checks, ready)``."""
+    job = facts.get("job_user") or {}
+    checks = {"job_user": job_user_check(host, job)}
+    if facts.get("not_run") or job.get("how") in ("unavailable", "missing"):
+        # No account may run job-side code here: one finding (job_user), nothing run, never ready.
+        checks["python"] = skipped("training Python %s on %s was not run: see allreduce.job_user" % (
+            facts.get("python_path"), host), "a Python interpreter the job user can run")
+        return checks, False
+    checks.update(python_checks(host, facts, job))
+    python = facts.get("python_path")
     torch = facts.get("torch") or {}
     accel = facts.get("accelerators") or {}
     n_accel = int(accel.get("nvidia", 0)) + int(accel.get("amd", 0))

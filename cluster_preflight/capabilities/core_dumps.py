@@ -21,7 +21,7 @@ from preflight_node import limits
 from preflight_node import limits_write
 from preflight_node import sysctl
 from preflight_node import sysctl_write
-from preflight_node.checks import check, failed, not_applicable, passed, skipped, warned
+from preflight_node.checks import blocked, check, failed, not_applicable, passed, skipped, warned
 from preflight_node import core_dumps as node_half
 from preflight_node.core_dumps_probe import PROBE
 from preflight_node.privilege import BECOME_FIX, assumed, block_refused, needs_root
@@ -269,6 +269,9 @@ def session_check(session, settings, policy):
     """``core_limits_session``: ``ulimit -c`` in the job user's login session, as a job will start."""
     wanted = str(settings["core_dumps_limits_value"])
     expected = "ulimit -c %s in a login session of the job user %s" % (wanted, session.get("user"))
+    if session.get("not_run"):
+        return blocked("not checked: %s" % session["error"], expected,
+                       "see allreduce.job_user: name the job's account in preflight_job_user")
     if session.get("error"):
         return warned(session["error"], expected, "install util-linux (runuser), or check the job user's "
                       "login with: runuser -l %s -s /bin/sh -c 'ulimit -c'" % session.get("user"))
@@ -368,6 +371,10 @@ def _probe_outcome(result):
     if outcome == "empty_pattern":
         return failed("kernel.core_pattern is empty: the kernel writes no core file", "a core file pattern",
                       corepattern.OVERRIDE_HINT)
+    if outcome == "no_job_user":
+        return blocked("not checked: %s" % result.get("error"), "a crash as the job user leaves a core file",
+                       "see allreduce.job_user: name the job's account in preflight_job_user, or set "
+                       "core_dumps_probe_user to an account every node has")
     if outcome == "user_missing":
         return failed("the probe user %s does not exist on this node, so no child was crashed" % result["run_as"],
                       "a crash as the job user %s leaves a core file" % result["run_as"],

@@ -205,6 +205,13 @@ def attach_check(host, probe_result):
         return needs_root("the ptrace probe ran as %s, not as the job user %s (switching users needs root); %s" % (
             probe_result.get("user"), probe_result["unswitched"], "its answer proves nothing of the job user's view"),
             expected)
+    if probe_result.get("not_run"):
+        return blocked("not checked: %s" % probe_result["not_run"], expected,
+                       "see allreduce.job_user on %s: name the job's account in preflight_job_user" % host)
+    if probe_result.get("python_blocked"):
+        return blocked("not checked: %s cannot run the training Python %s (allreduce.python)" % (
+            probe_result.get("user"), probe_result.get("python")), expected,
+            "see allreduce.python on %s: let the job user reach its training Python, then re-run" % host)
     if hang and hang.get("earlier"):
         return blocked("not checked: %s hung for %g s earlier (allreduce.python)" % (
             probe_result.get("python"), hang.get("seconds") or 0), expected,

@@ -255,6 +255,10 @@ def decide(host, facts, settings, probe=None, cluster=None):  # pylint: disable=
     pdsh; or ``peers``
     (not applicable) when ``host`` has no targeted peer.  ``{}`` when ``host`` was not read."""
     hosts = list((cluster or {}).get("hosts") or [host])
+    if not any(h != host for h in hosts) and ((facts or {}).get("sshd") or {}).get("impostor"):
+        # Alone, nothing is trusted over ssh; another account's listener on the ssh port is still said.
+        return {"host_keys": host_keys_check(host, facts.get("keys") or [], facts.get("problems") or [],
+                                             facts["sshd"])}
     if not any(h != host for h in hosts):
         return {"peers": not_applicable(
             "%s is the only targeted node: there is no peer to trust over ssh, so no host key, known-hosts block or "

@@ -18,7 +18,7 @@ import socket
 from .gpus import QUERY_ARGV as GPU_QUERY_ARGV, parse_query_gpu
 from .lock import RUN_ENV
 from .net import find_port_holder
-from .ops import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of
+from .ops import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of, job_refused
 from .proc import environ_of
 
 CAPABILITY = "allreduce"
@@ -118,8 +118,19 @@ def read(args, ops):
              # Who the ranks will run as: the training Python is asked as that account.
              "job_user": getattr(ops, "job", None)}
     user = getattr(ops, "job_user", None)
-    rc, out, err = ops.run([python, "-c", FIND_TORCH], timeout=PROBE_TIMEOUT, user=user)
-    if rc == 0:
+    job = getattr(ops, "job", None) or {}
+    refused = job_refused(ops) if not hang_of(ops, python) else ""
+    if refused or job.get("python_blocked"):
+        # Not run: no account may run it (allreduce.job_user), or the job's user cannot reach it (the component
+        # that blocks, allreduce.python); either way it is never run as root instead.
+        facts["not_run"] = refused
+        facts["python_blocked"] = job.get("python_blocked")
+        rc, out, err = None, "", ""
+    else:
+        rc, out, err = ops.run([python, "-c", FIND_TORCH], timeout=PROBE_TIMEOUT, user=user)
+    if rc is None:
+        pass
+    elif rc == 0:
         try:
             info = json.loads(out.strip().splitlines()[-1])
             facts["python"] = {"version": info["python"], "executable": info["executable"]}

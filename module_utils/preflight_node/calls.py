@@ -17,7 +17,7 @@ import traceback
 
 from . import lock
 from .jobs import no_result, wait_for
-from .ops import NodeOps, resolve_job_user
+from .ops import NodeOps, job_account, resolve_job_user
 
 SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, so it raises on purpose"
 
@@ -55,7 +55,7 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
                              **{result_key: {}})
     ops = NodeOps(module)
     job_user = resolve_job_user(module.params.get("job"), ops)
-    ops.job, ops.job_user = job_user, job_user["run_as"]
+    ops.job, ops.job_user = job_user, job_account(job_user)
     capabilities = module.params["capabilities"]
     # A probe that reads what the all-reduce changed (the fabric's error counters) runs after it was collected.
     late = {name: args for name, args in capabilities.items() if _after_job(halves, name)}

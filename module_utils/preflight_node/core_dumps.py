@@ -28,6 +28,9 @@ import stat
 
 from . import limits
 from . import sysctl
+from .ops import job_refused
+# The account name of a uid (the probe names who crashed).
+from .trust import user_name as who  # noqa: F401
 from .privilege import file_errors, privileged, refused
 
 CAPABILITY = "core_dumps"
@@ -81,6 +84,10 @@ def login_core_limit(ops):
     job = getattr(ops, "job", None) or {}
     user = getattr(ops, "job_user", None) or job.get("name") or who(os.geteuid())
     result = {"user": user, "soft": None, "hard": None, "how": None, "error": None}
+    not_allowed = job_refused(ops)
+    if not_allowed:
+        # No login session of root is opened in the job user's stead.
+        return dict(result, user=job.get("name") or "", error=not_allowed, not_run=True)
     if os.geteuid() == 0:
         runuser = ops.which("runuser", paths=("/usr/sbin", "/sbin"))
         if not runuser:
@@ -118,10 +125,3 @@ def read(args, ops):
     facts["needs_root"] = refused(file_errors(facts["core_pattern"]) + file_errors(facts["core_dir"])
                                   + file_errors(facts["limits"]), facts["privileged"])
     return facts
-
-
-def who(uid):
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return "uid %d" % uid

@@ -24,6 +24,7 @@ import time
 
 from . import corepattern
 from .core_dumps import who
+from .ops import NO_JOB_USER, job_refused
 
 CAPABILITY = "core_dumps"
 
@@ -128,6 +129,10 @@ def probe(args, ops):
     }
     if _pattern_outcome(result, args, proc_root):
         return result
+    if run_as == NO_JOB_USER:
+        # No account may run job-side code here (allreduce.job_user): the child is not crashed as root instead.
+        result.update(outcome="no_job_user", run_as="", error=job_refused(ops))
+        return result
 
     entry = None
     uid, gid = os.getuid(), os.getgid()
@@ -160,11 +165,20 @@ def probe(args, ops):
     workdir = tempfile.mkdtemp(prefix="core-probe-")
     try:
         if entry is not None:
-            os.chown(workdir, uid, gid)
+            _hand_over(workdir, uid, gid)
         _crash(result, args, proc_root, timeout, sleep, workdir, uid, gid, entry, child_limit)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def _hand_over(path, uid, gid):
+    """Give the directory root just made to the child's user, through its descriptor."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, gid)
+    finally:
+        os.close(fd)
 
 
 def _pattern_outcome(result, args, proc_root):

@@ -5,8 +5,10 @@ On each node (``library/diagnose_stacks.py``): :func:`find_processes` reads ``/p
 launchers (torchrun, deepspeed, accelerate) and their ranks, or for what a pattern names;
 :func:`take_stacks` runs ``py-spy dump`` on all of them at once within one budget, each as the
 account that owns the process (never root for a job user's rank: the dump then proves what that
-user could do); :func:`core_backtrace` runs gdb on the newest core file of a directory, bounded.
-:func:`read` ties them together and is the module's whole result.
+user could do); :func:`.cores.core_backtrace` runs gdb on the newest core file of a directory, bounded,
+as the core's owner.  py-spy and gdb run as root only when root alone can change them
+(:func:`choose_program`): one next to a user's interpreter or in a directory others write is refused and
+said (``refused``).  :func:`read` ties them together and is the module's whole result.
 
 The controller half, ``cluster_preflight/diagnosis.py`` (used by ``action_plugins/preflight_diagnose.py``),
 groups the ranks of every node by the innermost frame of their main thread and names the suspects.
@@ -16,16 +18,16 @@ Pure functions of their inputs (a ``/proc`` root, dump texts) so tables test the
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import os
 import pwd
 import re
-import struct
 import threading
 import time
 
+from .cores import core_backtrace, core_program, newest_core  # noqa: F401  (the diagnosis' core half)
 from .proc import cmdline_of, environ_of, proc_stat, py_spy_dump_all
+from .trust import untrusted
 
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
 # python -m <module> forms of the launchers.
@@ -362,90 +364,30 @@ def take_stacks(processes, py_spy, budget, native=False, dump_all=py_spy_dump_al
     return stacks
 
 
-# ---------------------------------------------------------------------------------------------------
-# Core files
-
-
-def newest_core(core_dir, glob="core*"):
-    """``{path, mtime, size}`` of the newest regular file in ``core_dir`` matching ``glob``, or None."""
-    best = None
-    for name in _listdir(core_dir):
-        if not fnmatch.fnmatch(name, glob or "*"):
+def choose_program(name, named, found, refused, euid=None):
+    """The first of ``named`` (the operator's path) and ``found`` (paths looked up) this process may run: as root
+    only one root alone can change (module_utils/preflight_node/trust.py; a found one also in the system's
+    directories).  Each refused one is added to ``refused`` as a sentence."""
+    as_root = (os.geteuid() if euid is None else euid) == 0
+    for path, anywhere in [(named, True)] + [(path, False) for path in found]:
+        if not path:
             continue
-        path = os.path.join(core_dir, name)
-        try:
-            info = os.lstat(path)
-        except OSError:
-            continue
-        if not os.path.isfile(path) or os.path.islink(path):
-            continue
-        if best is None or info.st_mtime > best["mtime"]:
-            best = {"path": path, "mtime": info.st_mtime, "size": info.st_size}
-    return best
+        why = untrusted(path, anywhere=anywhere) if as_root else ""
+        if not why:
+            return path
+        refused.append("%s %s was not run as root: %s" % (name, path, why))
+    return None
 
 
-NT_PRPSINFO = 3
-NT_FILE = 0x46494C45
-
-
-def core_program(path):
-    """``(command, executable)`` recorded in an ELF64 little-endian core: the NT_PRPSINFO arguments and
-    the mapped file that is the program (its name starts like the process name; else the first one)."""
-    try:
-        with open(path, "rb") as handle:
-            header = handle.read(64)
-            if header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1 or struct.unpack_from("<H", header, 16)[0] != 4:
-                return "", ""
-            phoff, = struct.unpack_from("<Q", header, 32)
-            phentsize, phnum = struct.unpack_from("<HH", header, 54)
-            notes = []
-            for index in range(phnum):
-                handle.seek(phoff + index * phentsize)
-                ptype, _flags, offset, _vaddr, _paddr, filesz = struct.unpack("<IIQQQQ", handle.read(40))
-                if ptype == 4:  # PT_NOTE
-                    handle.seek(offset)
-                    notes.append(handle.read(min(filesz, 16 << 20)))
-    except (OSError, struct.error):
-        return "", ""
-    fname, psargs, files = "", "", []
-    for blob in notes:
-        position = 0
-        while position + 12 <= len(blob):
-            namesz, descsz, ntype = struct.unpack_from("<III", blob, position)
-            desc_at = position + 12 + ((namesz + 3) & ~3)
-            desc = blob[desc_at:desc_at + descsz]
-            position = desc_at + ((descsz + 3) & ~3)
-            if ntype == NT_PRPSINFO and len(desc) >= 136:
-                fname = desc[40:56].split(b"\0")[0].decode(errors="replace")
-                psargs = desc[56:136].split(b"\0")[0].decode(errors="replace").strip()
-            elif ntype == NT_FILE and len(desc) >= 16:
-                count, = struct.unpack_from("<Q", desc, 0)
-                names = desc[16 + 24 * count:].split(b"\0")
-                files = [name.decode(errors="replace") for name in names[:count] if name]
-    executable = next((name for name in files if fname and os.path.basename(name).startswith(fname[:15])),
-                      files[0] if files else "")
-    return psargs, executable
-
-
-def core_backtrace(core_dir, glob, gdb, timeout, ops):
-    """gdb's ``thread apply all bt`` of the newest core in ``core_dir``, bounded by ``timeout`` seconds."""
-    core = newest_core(core_dir, glob)
-    if core is None:
-        return {"path": "", "found": False, "error": "no file matching %s in %s" % (glob, core_dir)}
-    command, executable = core_program(core["path"])
-    result = dict(core, found=True, command=command, executable=executable, error="", backtrace="")
-    if not gdb:
-        result["error"] = "gdb not found on this node (install it: bringup.yml, role debug_tools)"
-        return result
-    argv = [gdb, "-batch", "-nx", "-ex", "set pagination off", "-ex", "thread apply all bt"]
-    argv += [executable, core["path"]] if executable and os.path.exists(executable) else ["-c", core["path"]]
-    rc, out, err = ops.run(argv, timeout=timeout)
-    result.update(rc=rc, backtrace=(out + ("\n" + err if err.strip() else ""))[:TEXT_LIMIT])
-    if rc == 124:
-        result["error"] = "gdb did not finish within %g s" % float(timeout)
-    elif rc != 0:
-        result["error"] = "gdb exited %d: %s" % (rc, (err.strip().splitlines() or [""])[-1][:300])
-    return result
+def _py_spy_candidates(processes, proc_root):
+    """py-spy next to each target's interpreter (a training venv often carries one), in process order."""
+    found = []
+    for entry in processes:
+        exe = os.path.realpath(os.path.join(proc_root, str(entry["pid"]), "exe"))
+        candidate = os.path.join(os.path.dirname(exe), "py-spy")
+        if candidate not in found and os.access(candidate, os.X_OK):
+            found.append(candidate)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -501,22 +443,17 @@ def read(params, ops, proc_root="/proc"):
     started = time.monotonic()
     uid = user_uid(params["user"]) if params.get("user") else None
     processes = find_processes(proc_root, params.get("pattern") or "", uid)
-    py_spy = params.get("py_spy") or ops.which("py-spy", ["/usr/local/bin"])
+    refused = []
+    py_spy = choose_program("py-spy", params.get("py_spy"), [ops.which("py-spy", ["/usr/local/bin"])], refused)
     if not py_spy:
-        # The training environment's own venv often carries it.
-        for entry in processes:
-            exe = os.path.realpath(os.path.join(proc_root, str(entry["pid"]), "exe"))
-            candidate = os.path.join(os.path.dirname(exe), "py-spy")
-            if os.access(candidate, os.X_OK):
-                py_spy = candidate
-                break
+        py_spy = choose_program("py-spy", None, _py_spy_candidates(processes, proc_root), refused)
     stacks = take_stacks(processes, py_spy, params["stack_budget"], native=params.get("native"))
     dumped = time.monotonic()
     result = {"hostname": os.uname()[1], "py_spy": py_spy or "", "dump_seconds": round(dumped - started, 3),
               "processes": [public_process(entry, stacks.get(entry["pid"])) for entry in processes],
-              "core": None}
+              "core": None, "refused": refused}
     if params.get("core_dir"):
-        gdb = params.get("gdb") or ops.which("gdb")
+        gdb = choose_program("gdb", params.get("gdb"), [ops.which("gdb")], refused)
         result["core"] = core_backtrace(params["core_dir"], params.get("core_glob") or "core*", gdb,
                                         params["core_timeout"], ops)
     result["seconds"] = round(time.monotonic() - started, 3)

@@ -9,19 +9,20 @@ call) reads.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 import pwd
 import shutil
 import signal
-import tempfile
+import stat
 import time
 
-from .checks import failed, passed
+from .checks import failed, passed, warned
 from .lock import RUN_ENV
 from .ops import as_user, user_environment
+from .scratch import Scratch, read_log, read_rank_files, read_rank_logs
+from .trust import untrusted
 from .proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
                                                  environ_of, interruptible, kill_tree, pids_with_marker,
                                                  proc_stat, py_spy_dump_all, run_bounded)
@@ -101,67 +102,6 @@ def parse_exitcodes(log_text):
     return {int(rank): int(code) for rank, _local, code in _SUMMARY_RE.findall(log_text)}
 
 
-def read_rank_files(out_dir):
-    results = {}
-    if not os.path.isdir(out_dir):
-        return results
-    for name in os.listdir(out_dir):
-        match = re.match(r"rank(\d+)\.json$", name)
-        if match:
-            try:
-                with open(os.path.join(out_dir, name)) as handle:
-                    results[int(match.group(1))] = json.load(handle)
-            except (OSError, ValueError):
-                continue
-    return results
-
-
-def read_tail(path, max_bytes):
-    """(text of the last ``max_bytes`` bytes, full size in bytes) of ``path``."""
-    with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        size = handle.tell()
-        handle.seek(max(0, size - max_bytes))
-        return handle.read().decode(errors="replace"), size
-
-
-def read_head_tail(path, max_bytes):
-    """(text, full size) of ``path``: all of it when it fits in ``max_bytes``, else its first quarter (where
-    NCCL says which transport it chose, at init) and its last three quarters, with the cut marked."""
-    with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        size = handle.tell()
-        handle.seek(0)
-        if size <= max_bytes:
-            return handle.read().decode(errors="replace"), size
-        head = handle.read(max_bytes // 4)
-        head = head[:head.rfind(b"\n") + 1] or head
-        handle.seek(size - (max_bytes - len(head)))
-        tail = handle.read()
-    return "%s[... %d bytes cut ...]\n%s" % (head.decode(errors="replace"), size - len(head) - len(tail),
-                                               tail.decode(errors="replace")), size
-
-
-def read_rank_logs(log_dir, first_rank, max_bytes):
-    """Tails of the files torchrun writes per rank: ``<log_dir>/<run_id>_*/attempt_<n>/<local_rank>/std*.log``."""
-    logs = []
-    for path in glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "std*.log")):
-        attempt_dir, local, name = path.rsplit(os.sep, 3)[-3:]
-        attempt = attempt_dir[len("attempt_"):]
-        stream = name[:-len(".log")]
-        if not (local.isdigit() and attempt.isdigit() and stream in ("stdout", "stderr")):
-            continue
-        try:
-            text, size = read_head_tail(path, max_bytes)
-        except OSError:
-            continue
-        rank = first_rank + int(local)
-        logs.append({"rank": rank, "local_rank": int(local), "stream": stream, "attempt": int(attempt),
-                     "name": "rank%d.%s%s.log" % (rank, stream, ".attempt%s" % attempt if attempt != "0" else ""),
-                     "bytes": size, "truncated": size > max_bytes, "text": text})
-    return sorted(logs, key=lambda entry: (entry["attempt"], entry["rank"], entry["stream"]))
-
-
 def live_ranks(root_pid, worker_path, marker):
     """{pid: (global_rank, state)} of the worker processes still alive.
 
@@ -183,7 +123,8 @@ def collect_stacks(root_pid, worker_path, py_spy, budget, marker=None, credentia
     Returns {global_rank: {pid, state, stack, stack_finished}}."""
     ranks = live_ranks(root_pid, worker_path, marker)
     if py_spy:
-        env = dict(os.environ)
+        # As the ranks' user, py-spy gets that user's minimal environment, nothing of root's.
+        env = user_environment(pwd.getpwuid(credentials["user"])) if credentials else dict(os.environ)
         if marker:
             # A py-spy left behind by a killed module is then found and killed with the tree.
             env[MARKER_ENV] = marker
@@ -200,12 +141,17 @@ STATE_NAMES = {"R": "running", "S": "sleeping", "D": "uninterruptible (I/O)", "T
                "t": "stopped by a tracer", "Z": "zombie"}
 
 
-def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
+def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out, refused=None):
+    """One entry per local rank; ``refused``: ``{rank: why}`` of result files root would not read (a link, not
+    the job user's, too large), which leave the rank ``missing`` with the reason as its error."""
     first = params["node_rank"] * params["nproc_per_node"]
     ranks = []
+    refused = refused or {}
     for local in range(params["nproc_per_node"]):
         rank = first + local
         data = rank_files.get(rank, {})
+        if rank in refused or None in refused:
+            data = {"error": refused.get(rank) or refused[None], "refused": True}
         entry = {
             "rank": rank,
             "local_rank": local,
@@ -222,6 +168,8 @@ def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
         }
         if data.get("slow"):
             entry["slow"] = data["slow"]
+        if data.get("refused"):
+            entry["refused"] = True
         if entry["status"] == "running":
             # The worker never wrote a final status. Alive when its stack was
             # taken (a peer failed, or the hard timeout expired): it hung.
@@ -234,6 +182,49 @@ def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out):
     return ranks
 
 
+def _ranks_failure(params, host, rc, timed_out, bad):
+    """``(found, fix)`` of the ``ranks`` check of a run whose ranks ``bad`` did not all finish."""
+    described = []
+    for r in bad:
+        text = "rank %d (local %d) %s at stage %s" % (r["rank"], r["local_rank"], r["status"], r["stage"])
+        if r.get("exitcode") is not None:
+            text += " exit code %d" % r["exitcode"]
+        if r.get("process_state"):
+            text += " process %s" % r["process_state"]
+        if r.get("stack_finished") is False:
+            text += " (no stack: %s)" % r["stack"].strip().splitlines()[0][:200]
+        if r.get("error"):
+            text += ": %s" % r["error"].splitlines()[0][:300]
+        if r.get("slow"):
+            slow = r["slow"]
+            text += ": past the bandwidth deadline of %.1f s at busbw %.4f GB/s (%d collectives, at %d bytes)" % (
+                slow["deadline_seconds"], slow["busbw_reached_gbps"], slow["collectives_done"], slow["size_bytes"])
+        described.append(text)
+    if any(r["status"] == "slow" for r in bad) and not timed_out:
+        found = "the all-reduce on %s was slow and ended at its bandwidth deadline; %s" % (
+            host, "; ".join(described))
+        fix = ("the run was too slow to finish at the floor busbw: see allreduce.localize for the node that causes "
+               "it (link speed, shaping, errors, MTU on the path the collectives use; NCCL's transport for nccl)")
+    elif timed_out:
+        found = "no result after the %.0f s hard timeout on %s; %s" % (
+            params["hard_timeout"], host, "; ".join(described) or "torchrun never started the ranks")
+        fix = ("read the hang stacks in the run directory (py-spy dump per rank); a rank stuck in init means "
+               "it cannot reach %s:%d (firewall, wrong interface, master down); a rank stuck in a collective "
+               "points at its peer or the network" % (params["master_addr"], params["master_port"]))
+    elif any(r.get("refused") for r in bad):
+        found = "torchrun exited %s on %s; %s" % (rc, host, "; ".join(described))
+        fix = ("the job's user replaced the gate's result files on %s while its ranks ran (links or other files "
+               "where the ranks write): look at what the training Python %s runs as that user (a "
+               "sitecustomize, a .pth file, a wrapper script); the gate never reads through them"
+               % (host, params["python"]))
+    else:
+        found = "torchrun exited %s on %s; %s" % (rc, host, "; ".join(described) or "no rank started")
+        fix = ("read this node's log in the run directory for the first failing rank's traceback; if the "
+               "ranks never started check that %s imports torch and that port %d is free on the master"
+               % (params["python"], params["master_port"]))
+    return found, fix
+
+
 def node_checks(params, host, rc, timed_out, elapsed, ranks):
     checks = {}
     bad = [r for r in ranks if r["status"] != "ok"]
@@ -242,38 +233,7 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
             "%d rank(s) on %s completed init, correctness, barrier and bandwidth in %.1f s"
             % (len(ranks), host, elapsed), "every rank reaches stage done")
     else:
-        described = []
-        for r in bad:
-            text = "rank %d (local %d) %s at stage %s" % (r["rank"], r["local_rank"], r["status"], r["stage"])
-            if r.get("exitcode") is not None:
-                text += " exit code %d" % r["exitcode"]
-            if r.get("process_state"):
-                text += " process %s" % r["process_state"]
-            if r.get("stack_finished") is False:
-                text += " (no stack: %s)" % r["stack"].strip().splitlines()[0][:200]
-            if r.get("error"):
-                text += ": %s" % r["error"].splitlines()[0][:300]
-            if r.get("slow"):
-                slow = r["slow"]
-                text += ": past the bandwidth deadline of %.1f s at busbw %.4f GB/s (%d collectives, at %d bytes)" % (
-                    slow["deadline_seconds"], slow["busbw_reached_gbps"], slow["collectives_done"], slow["size_bytes"])
-            described.append(text)
-        if any(r["status"] == "slow" for r in bad) and not timed_out:
-            found = "the all-reduce on %s was slow and ended at its bandwidth deadline; %s" % (
-                host, "; ".join(described))
-            fix = ("the run was too slow to finish at the floor busbw: see allreduce.localize for the node that causes "
-                   "it (link speed, shaping, errors, MTU on the path the collectives use; NCCL's transport for nccl)")
-        elif timed_out:
-            found = "no result after the %.0f s hard timeout on %s; %s" % (
-                params["hard_timeout"], host, "; ".join(described) or "torchrun never started the ranks")
-            fix = ("read the hang stacks in the run directory (py-spy dump per rank); a rank stuck in init means "
-                   "it cannot reach %s:%d (firewall, wrong interface, master down); a rank stuck in a collective "
-                   "points at its peer or the network" % (params["master_addr"], params["master_port"]))
-        else:
-            found = "torchrun exited %s on %s; %s" % (rc, host, "; ".join(described) or "no rank started")
-            fix = ("read this node's log in the run directory for the first failing rank's traceback; if the "
-                   "ranks never started check that %s imports torch and that port %d is free on the master"
-                   % (params["python"], params["master_port"]))
+        found, fix = _ranks_failure(params, host, rc, timed_out, bad)
         checks["ranks"] = failed(found, "every rank on %s reaches stage done and exits 0" % host, fix)
     wrong = [r for r in ranks if r.get("correctness") and r["correctness"].get("wrong")]
     if wrong:
@@ -304,16 +264,38 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
     return checks
 
 
-def find_py_spy(params):
-    if params["py_spy"]:
-        return params["py_spy"]
-    sibling = os.path.join(os.path.dirname(params["python"]), "py-spy")
-    if os.access(sibling, os.X_OK):
-        return sibling
-    return shutil.which("py-spy")
+def find_py_spy(params, account=None):
+    """``(py-spy to run, [{path, why}] refused)``: ``params["py_spy"]``, else the one next to the training Python,
+    else the one on PATH.  py-spy runs as the ranks' user (``account``; None: this module's): as root only a
+    program root alone controls (module_utils/preflight_node/trust.py), so a user's py-spy next to a venv it can
+    write is refused and the next one tried."""
+    # (path, named by the operator): a named one may lie anywhere root alone controls; a found one also in the
+    # system's directories or the project's own venv.
+    candidates = [(params["py_spy"], True)] if params["py_spy"] else []
+    candidates += [(os.path.join(os.path.dirname(params["python"]), "py-spy"), False), (shutil.which("py-spy"), False)]
+    as_root = (account.pw_uid if account is not None else os.geteuid()) == 0
+    refused = []
+    for path, named in candidates:
+        if not path or not os.access(path, os.X_OK) or path in [item["path"] for item in refused]:
+            continue
+        why = untrusted(path, anywhere=named) if as_root else ""
+        if not why:
+            return path, refused
+        refused.append({"path": path, "why": why})
+    return None, refused
 
 
-def _watchers(worker_path, out_dir, py_spy, marker, credentials, stacks, budget):
+def py_spy_check(host, refused, used):
+    """``py_spy``: a py-spy the gate would have run as root but did not, since root does not own it alone."""
+    return warned("py-spy %s on %s was not run as root: %s; %s" % (
+        ", ".join(item["path"] for item in refused), host, "; ".join(item["why"] for item in refused),
+        "used %s instead" % used if used else "no other py-spy was found, so hung ranks get no stack"),
+        "py-spy for the ranks' stacks is a root-owned program no other account can change",
+        "install py-spy with bringup.yml (role debug_tools: /opt/preflight-tools, linked into /usr/local/bin), or "
+        "point allreduce at a root-owned one; name an unprivileged preflight_job_user so py-spy runs as that user")
+
+
+def _watchers(worker_path, scratch, py_spy, marker, credentials, stacks, budget):
     """``(take_stacks, poll)`` of one run: stacks of its ranks into ``stacks`` within ``budget``
     (``{left, spent}`` seconds), and the poll that takes them and ends the run early when a rank failed,
     fell below the bandwidth deadline or was held stopped (see :func:`run_gate`)."""
@@ -352,7 +334,8 @@ def _watchers(worker_path, out_dir, py_spy, marker, credentials, stacks, budget)
         # tears them down: the peer stuck in a collective is the story.
         if failed_seen:
             return
-        statuses = {data.get("status") for data in read_rank_files(out_dir).values()}
+        with scratch.job() as job:
+            statuses = {data.get("status") for data in read_rank_files(job)[0].values()}
         stopped = stopped_too_long(pid)
         if not statuses & {"error", "wrong", "slow"} and not stopped:
             return
@@ -378,39 +361,44 @@ def _watchers(worker_path, out_dir, py_spy, marker, credentials, stacks, budget)
 
 
 def run_gate(params, host, role, scratch, marker):
-    """Launch, bound, take stacks, kill; the module's result (without ``changed``)."""
-    worker_path = os.path.join(scratch, WORKER_NAME)
-    with open(worker_path, "w") as handle:
-        handle.write(params["worker_source"])
+    """Launch, bound, take stacks, kill; the module's result (without ``changed``).  ``scratch``: the run's
+    :class:`.scratch.Scratch`, whose files root writes before the job's user gets ``job/`` and reads back only
+    through descriptors (docs/security.md)."""
     account, credentials = None, None
     if params["run_as"] and params["run_as"] != _me():
-        # torchrun, its ranks and py-spy of them run as the job's user, in a scratch directory it owns.
+        # torchrun, its ranks and py-spy of them run as the job's user, in a directory it owns.
         account, credentials = as_user(params["run_as"])
-        for path in (scratch, worker_path):
-            os.chown(path, account.pw_uid, account.pw_gid)
-    out_dir = os.path.join(scratch, "ranks")
-    log_dir = os.path.join(scratch, "torchrun-logs")
-    log_path = os.path.join(scratch, "torchrun.log")
-    argv = build_argv(params, worker_path, out_dir, role, log_dir)
-    py_spy = find_py_spy(params)
-    stacks = {}
-    # One budget for every stack collection of the run, so the module's bound
-    # is hard_timeout + stack_budget + the kill, however often ranks fail.
-    budget = {"left": float(params["stack_budget"]), "spent": 0.0}
-    take_stacks, poll = _watchers(worker_path, out_dir, py_spy, marker, credentials, stacks, budget)
-    rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, scratch, account),
-                                         cwd=scratch, stdout_path=log_path, marker=marker, on_timeout=take_stacks,
-                                         poll=poll, credentials=credentials)
-    log_text = read_tail(log_path, params["log_max_bytes"])[0]
-    ranks = summarize_ranks(params, read_rank_files(out_dir), parse_exitcodes(log_text), stacks, timed_out)
+    worker_path = scratch.write(WORKER_NAME, params["worker_source"], 0o644)
+    log_fd = scratch.open_log()
+    try:
+        job_path = scratch.hand_over()
+        argv = build_argv(params, worker_path, os.path.join(job_path, "ranks"), role,
+                          os.path.join(job_path, "torchrun-logs"))
+        py_spy, refused = find_py_spy(params, account)
+        stacks = {}
+        # One budget for every stack collection of the run, so the module's bound
+        # is hard_timeout + stack_budget + the kill, however often ranks fail.
+        budget = {"left": float(params["stack_budget"]), "spent": 0.0}
+        take_stacks, poll = _watchers(worker_path, scratch, py_spy, marker, credentials, stacks, budget)
+        rc, timed_out, elapsed = run_bounded(argv, params["hard_timeout"], env=build_env(params, job_path, account),
+                                             cwd=job_path, stdout_fd=log_fd, marker=marker, on_timeout=take_stacks,
+                                             poll=poll, poll_interval=0.25, credentials=credentials)
+        log_text = read_log(log_fd, params["log_max_bytes"])[0]
+    finally:
+        os.close(log_fd)
     first = params["node_rank"] * params["nproc_per_node"]
+    with scratch.job() as job:
+        rank_files, refused_files = read_rank_files(job)
+        rank_logs = read_rank_logs(job, first, params["rank_log_max_bytes"])
+    ranks = summarize_ranks(params, rank_files, parse_exitcodes(log_text), stacks, timed_out, refused_files)
+    checks = node_checks(params, host, rc, timed_out, elapsed, ranks)
+    if refused:
+        checks["py_spy"] = py_spy_check(host, refused, py_spy)
     return dict(torchrun_rc=rc, timed_out=timed_out, elapsed=elapsed, stack_seconds=round(budget["spent"], 3),
-                ranks=ranks, log=log_text, rank_logs=read_rank_logs(log_dir, first, params["rank_log_max_bytes"]),
-                argv=argv, hostname=host, scratch=scratch if params["keep_scratch"] else None,
+                ranks=ranks, log=log_text, rank_logs=rank_logs, argv=argv, hostname=host,
+                scratch=scratch.path if params["keep_scratch"] else None,
                 run_as={"name": account.pw_name, "uid": account.pw_uid} if account else
-                {"name": _me(), "uid": os.geteuid()},
-                checks=node_checks(params, host, rc, timed_out, elapsed, ranks))
-
+                {"name": _me(), "uid": os.geteuid()}, checks=checks)
 
 
 ARGUMENT_SPEC = dict(
@@ -483,9 +471,24 @@ def check_params(params):
             if params["run_as"] != _me() and os.geteuid() != 0:
                 problems.append("run_as %s needs root to switch users, and the module runs as %s; set "
                                 "preflight_become=true or connect as %s" % (params["run_as"], _me(), params["run_as"]))
-    if params["scratch_dir"] and not os.path.isdir(params["scratch_dir"]):
-        problems.append("scratch_dir %s is not a directory" % params["scratch_dir"])
+    if params["scratch_dir"]:
+        problems += _scratch_dir_problems(params["scratch_dir"])
     return problems
+
+
+def _scratch_dir_problems(path):
+    """A scratch parent others could rename entries in would let them swap root's scratch directory."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        info = None
+    if info is None or not stat.S_ISDIR(info.st_mode):
+        return ["scratch_dir %s is not a directory" % path]
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        return ["scratch_dir %s is writable by other accounts without the sticky bit (mode %04o), so they could "
+                "replace the run's scratch directory: use a directory only root writes, or one with the sticky "
+                "bit such as /tmp" % (path, stat.S_IMODE(info.st_mode))]
+    return []
 
 
 def bounded_run(params, host, marker):
@@ -496,24 +499,32 @@ def bounded_run(params, host, marker):
     with interruptible():
         scratch = None
         try:
-            scratch = tempfile.mkdtemp(prefix="preflight-allreduce-", dir=params["scratch_dir"])
+            account = as_user(params["run_as"])[0] if params["run_as"] and params["run_as"] != _me() else None
+            scratch = Scratch(params["scratch_dir"], account)
             # The guard cleans up if this process is killed outright (SIGKILL).
-            with Guard(marker, cleanup=[] if params["keep_scratch"] else [scratch]):
+            with Guard(marker, cleanup=[] if params["keep_scratch"] else [scratch.path]):
                 try:
                     result = run_gate(params, host, role, scratch, marker)
                 finally:
-                    if not params["keep_scratch"]:
-                        shutil.rmtree(scratch, ignore_errors=True)
+                    _remove(scratch, params["keep_scratch"])
         except Interrupted as exc:
             interrupted = exc
             # The signal may have cut the removal above short; another one cannot interrupt this.
-            if scratch and not params["keep_scratch"]:
-                shutil.rmtree(scratch, ignore_errors=True)
+            _remove(scratch, params["keep_scratch"])
     if interrupted:
         return {"failed": True, "interrupted": interrupted.signal_name, "hostname": host,
                 "msg": "the all-reduce on %s was interrupted by %s after %.1f s; its process tree was killed"
                        % (host, interrupted.signal_name, time.monotonic() - started)}
     return result
+
+
+def _remove(scratch, keep):
+    if scratch is None:
+        return
+    scratch.close()
+    if not keep:
+        # rmtree removes links, never what they point to.
+        shutil.rmtree(scratch.path, ignore_errors=True)
 
 
 def _write_json(path, data):

@@ -15,7 +15,7 @@ import os
 import pwd
 import sys
 
-from .ops import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of
+from .ops import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of, job_refused
 
 CAPABILITY = "kernel_debug"
 YAMA_FILE = ("sys", "kernel", "yama", "ptrace_scope")
@@ -91,6 +91,10 @@ def probe(args, ops):
               "yama_scope": read_yama(args.get("proc_root") or "/proc"), "attached": None, "errno": "",
               "error": "", "python": python, "unswitched": unswitched or ""}
     timeout = float(args.get("timeout") or 15)
+    if job.get("python_blocked") or (job_refused(ops) and not hang_of(ops, python)):
+        # Never run as root instead: no account may run it here, or the job's user cannot reach it.
+        result.update(not_run=job_refused(ops), python_blocked=job.get("python_blocked"))
+        return result
     rc, out, err = ops.run([python, "-c", ATTACH_PROBE], timeout=timeout, user=getattr(ops, "job_user", None))
     if rc in (TIMEOUT_RC, HUNG_EARLIER_RC):
         hang = hang_of(ops, python) or {}

@@ -15,10 +15,18 @@ import pwd
 
 from . import reap
 
+from . import trust
+
 TIMEOUT_RC = 124
 NOT_FOUND_RC = 127
 # Not run: the same program hung earlier in this node call (NodeOps.run); stderr says when and for how long.
 HUNG_EARLIER_RC = 125
+# Not run: job-side code with no account allowed to run it (NodeOps.run with user=NO_JOB_USER).
+NOT_RUN_RC = 126
+# The job user of a node call where no account may run job-side code (resolve_job_user's how: REFUSED): never a
+# valid account name, so nothing runs as it, least of all as root.
+NO_JOB_USER = "(no job user)"
+REFUSED = ("unavailable", "missing")
 C_LOCALE = {"LANG": "C", "LC_ALL": "C"}
 # The markers of the commands and runs this one is part of, kept in a command's environment when it switches
 # user (everything else of root's environment is left out), so a kill of the whole (the health check's budget,
@@ -72,6 +80,8 @@ class NodeOps(object):
         earlier = self.hangs.get(argv[0]) if argv else None
         if earlier:
             return HUNG_EARLIER_RC, "", hang_text(earlier)
+        if user == NO_JOB_USER:
+            return NOT_RUN_RC, "", "not run: %s" % job_refused(self)
         rc, out, err, stuck = run_reaped(argv, timeout, env=env, cwd=cwd, data=data, user=user)
         if argv and (stuck or (rc == TIMEOUT_RC and argv[0] in self.watched)):
             # A program that hangs for the whole call, or one that did not even die from SIGKILL (stuck in the
@@ -86,6 +96,20 @@ def hang_of(ops, program):
     """``{program, seconds, user}`` when ``program`` hung earlier in this node call, else None (also for
     an ``ops`` that remembers nothing, such as a test's fake)."""
     return (getattr(ops, "hangs", None) or {}).get(str(program))
+
+
+def job_account(job):
+    """The ``user`` to hand ``ops.run`` for job-side code, from :func:`resolve_job_user`'s result: the account to
+    switch to, None for this process's own user, or :data:`NO_JOB_USER` when no account may run it."""
+    return NO_JOB_USER if (job or {}).get("how") in REFUSED else (job or {}).get("run_as")
+
+
+def job_refused(ops):
+    """Why job-side code may not run in this node call ("" when it may): no account is allowed to run it."""
+    job = getattr(ops, "job", None) or {}
+    if job.get("how") not in REFUSED:
+        return ""
+    return "no account may run job-side code on this node (allreduce.job_user)"
 
 
 def hang_text(hang):
@@ -116,11 +140,14 @@ def resolve_job_user(job, ops):
     ``job``: ``{"user": the wanted account or "", "named": whether preflight_job_user named it,
     "python": the training Python or ""}`` (from ``preflight_settings``).  Root is for system
     configuration only: running as root with no user wanted, an unprivileged account
-    (:data:`AUTO_JOB_USER`) is used when it can run the training Python and find torch, and root only
-    when it cannot (said in ``note``).  Returns ``{name, uid, run_as, how, note}``: ``run_as`` is the
-    name to switch to (None: stay this process's user); ``how`` is ``named`` (preflight_job_user),
-    ``connecting`` (the user Ansible connects as), ``auto``, ``auto_root``, ``missing`` (the wanted
-    account does not exist) or ``cannot_switch`` (another account wanted, and no root to switch).
+    (:data:`AUTO_JOB_USER`) is used when it can run the training Python and find torch; when it cannot,
+    no job-side code runs at all (``unavailable``): root runs it only when ``preflight_job_user: root``
+    names it.  Returns ``{name, uid, run_as, how, note}``: ``run_as`` is the name to switch to (None: stay
+    this process's user); ``how`` is ``named`` (preflight_job_user), ``connecting`` (the user Ansible
+    connects as), ``auto``, ``unavailable`` or ``missing`` (no job-side code runs: :data:`REFUSED`) or
+    ``cannot_switch`` (another account wanted, and no root to switch).  ``python_blocked``
+    (:func:`.trust.blocker`) says which path component keeps a switched-to account from the training
+    Python; ``python_untrusted`` why root running it trusts another account (a root job user).
     """
     job = job or {}
     resolved = job.get("resolved")
@@ -131,7 +158,8 @@ def resolve_job_user(job, ops):
     wanted = str(job.get("user") or "")
     euid = os.geteuid()
     me = _me()
-    info = {"name": me, "uid": euid, "run_as": None, "note": "", "python": str(job.get("python") or ""),
+    python = str(job.get("python") or "")
+    info = {"name": me, "uid": euid, "run_as": None, "note": "", "python": python,
             "how": "named" if job.get("named") else "connecting"}
     if wanted:
         try:
@@ -140,26 +168,46 @@ def resolve_job_user(job, ops):
             return dict(info, name=wanted, uid=None, how="missing",
                         note="no account %s on this node (getent passwd %s finds nothing)" % (wanted, wanted))
         if entry.pw_uid == euid:
+            if euid == 0 and python:
+                return dict(info, name=wanted, python_untrusted=trust.untrusted(python, anywhere=True))
             return dict(info, name=wanted)
         if euid != 0:
             return dict(info, name=wanted, uid=entry.pw_uid, how="cannot_switch",
                         note="connected as %s without root, so commands cannot run as %s" % (me, wanted))
-        return dict(info, name=wanted, uid=entry.pw_uid, run_as=wanted)
+        return dict(info, name=wanted, uid=entry.pw_uid, run_as=wanted, python_blocked=_refused_to(python, entry))
     if euid != 0:
         return info
+    return _auto_job_user(info, python, ops)
+
+
+def _refused_to(python, entry):
+    """The path component that keeps the account ``entry`` from the training Python, when its permissions do (a
+    Python that is not there is not an account's problem: running it says so, as allreduce.python)."""
+    blocked = trust.blocker(python, entry) if python else None
+    return blocked if blocked and blocked.get("kind") == "permission" else None
+
+
+def _auto_job_user(info, python, ops):
+    """As root with no job user named: :data:`AUTO_JOB_USER` when it can run the training Python, else none.  A
+    training Python that is not there, or that runs but finds no torch, is the node's finding, not a missing
+    account: nobody stays the job user, and the reader's run as nobody says what is wrong (allreduce.python,
+    allreduce.torch)."""
     try:
         entry = pwd.getpwnam(AUTO_JOB_USER)
     except KeyError:
-        return dict(info, how="auto_root", note="no account %s to run job-side code as" % AUTO_JOB_USER)
-    python = str(job.get("python") or "")
-    if python:
+        return dict(info, how="unavailable", note="no account %s to run job-side code as" % AUTO_JOB_USER)
+    blocked = trust.blocker(python, entry) if python else None
+    if blocked and blocked["kind"] == "permission":
+        return dict(info, how="unavailable", python_blocked=blocked, note="%s cannot use the training Python "
+                    "%s: %s" % (AUTO_JOB_USER, python, blocked["found"]))
+    if python and not blocked:
         rc, _out, err = ops.run([python, "-c", FIND_TORCH_ONLY], timeout=JOB_USER_PROBE_TIMEOUT, cwd="/",
                                 user=AUTO_JOB_USER)
-        if rc != 0:
-            reason = "cannot find torch" if rc == 3 else (err.strip().splitlines() or ["exit code %d" % rc])[-1]
+        if rc not in (0, 3):
+            reason = (err.strip().splitlines() or ["exit code %d" % rc])[-1]
             if rc == TIMEOUT_RC:
                 reason = "it hung: no answer in %g s, killed" % JOB_USER_PROBE_TIMEOUT
-            return dict(info, how="auto_root", note="%s cannot use the training Python %s (%s)" % (
+            return dict(info, how="unavailable", note="%s cannot use the training Python %s (%s)" % (
                 AUTO_JOB_USER, python, reason[-200:]))
     return dict(info, name=AUTO_JOB_USER, uid=entry.pw_uid, run_as=AUTO_JOB_USER, how="auto")
 

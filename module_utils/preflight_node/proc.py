@@ -319,7 +319,7 @@ class Guard(object):
 
 
 def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None, on_timeout=None,
-                poll=None, poll_interval=0.25, credentials=None, stuck=None):
+                poll=None, poll_interval=0.25, credentials=None, stuck=None, stdout_fd=None):
     """Run ``argv`` in its own session for at most ``timeout`` seconds.
 
     Output (stdout and stderr together) goes to ``stdout_path`` when given.
@@ -333,11 +333,13 @@ def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None
     ``extra_groups`` as ``preflight_node.as_user`` gives them) run the tree as another account.  The kill
     at the end is bounded too: a launcher that does not die from SIGKILL within :data:`REAP_TIMEOUT` is
     abandoned and described in ``stuck`` (a list, when given; see ``reap.describe``).
+    ``stdout_fd``: an open descriptor for the output instead of ``stdout_path`` (left open: a file the caller
+    made before handing a directory to another account is never opened by path again).
     """
     env = dict(os.environ if env is None else env)
     if marker:
         env[MARKER_ENV] = marker
-    out = open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL
+    out = stdout_fd if stdout_fd is not None else open(stdout_path, "wb") if stdout_path else subprocess.DEVNULL
     start = time.monotonic()
     deadline = start + timeout
     proc = None
@@ -365,7 +367,7 @@ def run_bounded(argv, timeout, env=None, cwd=None, stdout_path=None, marker=None
             if proc is not None:
                 _kill_and_reap(proc, marker, stuck)
         finally:
-            if stdout_path:
+            if stdout_path and stdout_fd is None:
                 out.close()
     return rc, timed_out, round(time.monotonic() - start, 3)
 

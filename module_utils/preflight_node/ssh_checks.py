@@ -39,6 +39,18 @@ def describe_sshd(sshd):
     return "the node's sshd configuration"
 
 
+def impostor_check(node, keys, sshd, expected):
+    """The ssh port held by a process that is not root's sshd (an account's own listener): nothing of it was run
+    or read; the keys, if any, are the default configuration's."""
+    found = sshd["impostor"]
+    keys_text = ("%d host key(s) read from %s instead (%s)" % (len(keys), sshd.get("config"), ", ".join(
+        "%s %s" % (k["type"], k["fingerprint"]) for k in keys))) if keys else "no host key read"
+    return warned("%s on %s; %s" % (sshd.get("discovery"), node, keys_text), expected,
+                  "find what holds port %s on %s (ss -ltnp 'sport = :%s'; pid %s: %s) and stop it: only root's sshd "
+                  "may listen there; then re-run" % (sshd.get("port"), node, sshd.get("port"), found.get("pid"),
+                                                     " ".join(found.get("argv") or []) or found.get("exe")))
+
+
 def host_keys_check(node, keys, problems, sshd=None):
     """Whether host keys were read on ``node`` and from the sshd that really runs there."""
     sshd = sshd if isinstance(sshd, dict) else {"source": "ssh_trust_sshd_config", "config": sshd or SSHD_CONFIG}
@@ -48,6 +60,11 @@ def host_keys_check(node, keys, problems, sshd=None):
            "files in ssh_trust_host_key_files; a node without openssh-server needs it installed (ssh-keygen -A "
            "creates the default keys)" % node)
     where = describe_sshd(sshd)
+    if sshd.get("impostor"):
+        return impostor_check(node, keys, sshd, expected)
+    if keys and sshd.get("refused"):
+        return warned("%d host key(s) on %s read from %s; %s" % (len(keys), node, where, sshd["refused"]), expected,
+                      "run sshd from a root-owned program no other account can change (the packaged /usr/sbin/sshd)")
     if keys and sshd.get("source") == "default" and sshd.get("discovery"):
         return warned("%d host key(s) on %s: %s, read from %s; the running sshd was not found, so they may not be "
                       "the keys it serves (ssh_trust.host_keys_served compares them with ssh-keyscan)" % (

@@ -17,6 +17,7 @@ import re
 
 from .proc import socket_owners
 from .ssh import ENCODING, SshTrustError, parse_public_key, read_file, read_text, rooted, split_lines
+from .trust import allowed_prefixes, untrusted
 
 SSHD_CONFIG = "/etc/ssh/sshd_config"
 # sshd's host keys when its configuration names none (sshd_config(5), HostKey).
@@ -213,12 +214,58 @@ def discover_sshd(root, port, ops=None):
                                 SSHD_CONFIG))
         return found
     pid, argv, exe = sshd[0]
+    why = impostor(root, pid, exe)
+    if why:
+        # Root runs nothing of it and reads nothing it names (its -f, -h): another account chose them.
+        found["problem"] = ("port %d is held by pid %d (%s), which is not root's sshd: %s; neither its program nor "
+                            "its configuration was used" % (int(port), pid, " ".join(argv) or exe, why))
+        found["impostor"] = {"pid": pid, "argv": argv, "exe": exe, "why": why}
+        return found
     config, keys, options, problem = sshd_options(argv)
     found.update(pid=pid, exe=exe, argv=argv, config=config or SSHD_CONFIG, host_key_args=keys, options=options,
                  problem=problem or "")
     if len(sshd) > 1:
         found["other_pids"] = [h[0] for h in sshd[1:]]
     return found
+
+
+def _uids(root, pid):
+    """Real, effective, saved and file-system uids of ``pid`` (``/proc/<pid>/status``); [] when unreadable."""
+    for line in _proc_text(root, pid, "status").splitlines():
+        if line.startswith("Uid:"):
+            return [int(part) for part in line.split()[1:] if part.isdigit()]
+    return []
+
+
+def impostor(root, pid, exe):
+    """Why the process ``pid`` (program ``exe``) holding the ssh port is not root's sshd ("" when it is): a real
+    sshd listener runs as root, and its program is called sshd (a title or argv[0] anyone can set is not enough)."""
+    uids = _uids(root, pid)
+    if not uids or any(uid != 0 for uid in uids):
+        return "it runs as uid %s, not root" % (", ".join(str(uid) for uid in sorted(set(uids))) or "unknown")
+    if os.path.basename(exe or "") != "sshd":
+        return "its program is %s, not sshd" % (exe or "unknown")
+    return ""
+
+
+def _program(root, exe, sshd_bin):
+    """``(program to run sshd -T with, why the listener's own was refused)``: the listener's program when root
+    alone can change it, else the packaged one (module_utils/preflight_node/trust.py)."""
+    if not exe or not os.path.exists(rooted(root, exe)):
+        return sshd_bin, ""
+    why = untrusted(rooted(root, exe), prefixes=[rooted(root, prefix) for prefix in allowed_prefixes()])
+    if not why:
+        return exe, ""
+    return sshd_bin, "the running sshd's program %s was not run as root: %s; %s" % (
+        exe, why, "sshd -T ran with %s instead" % sshd_bin if sshd_bin else "no packaged sshd to run instead")
+
+
+def packaged_sshd(ops):
+    """The packaged sshd on PATH or in /usr/sbin, /sbin; None when there is none root alone controls."""
+    sshd_bin = ops.which("sshd", ["/usr/sbin", "/sbin"]) if ops is not None else None
+    if sshd_bin and os.path.exists(sshd_bin) and untrusted(sshd_bin):
+        return None
+    return sshd_bin
 
 
 def sshd_test_host_keys(ops, sshd_bin, config, host_key_args=(), options=(), timeout=10):
@@ -287,7 +334,7 @@ def host_key_sources(root, sshd_config="", host_key_files=(), ops=None, port=22)
     if host_key_files:
         sshd.update(source="ssh_trust_host_key_files", how="listed")
         return list(host_key_files), None, sshd
-    sshd_bin = ops.which("sshd", ["/usr/sbin", "/sbin"]) if ops is not None else None
+    sshd_bin = packaged_sshd(ops)
     if sshd_config:
         sshd.update(source="ssh_trust_sshd_config", config=sshd_config)
         if not os.path.exists(rooted(root, sshd_config)):
@@ -301,7 +348,9 @@ def host_key_sources(root, sshd_config="", host_key_files=(), ops=None, port=22)
         sshd["source"] = "listener"
         if found.get("other_pids"):
             sshd["other_pids"] = found["other_pids"]
-        exe = found["exe"] if found["exe"] and os.path.exists(rooted(root, found["exe"])) else sshd_bin
+        exe, refused = _program(root, found["exe"], sshd_bin)
+        if refused:
+            sshd["refused"] = refused
         if not os.path.exists(rooted(root, found["config"])):
             return [], ("sshd configuration %s (sshd pid %d: %s) does not exist" % (
                 found["config"], found["pid"], " ".join(found["argv"]))), sshd
@@ -310,6 +359,8 @@ def host_key_sources(root, sshd_config="", host_key_files=(), ops=None, port=22)
         sshd["how"] = how
         return paths, problem, sshd
     sshd.update(source="default", config=SSHD_CONFIG, discovery=found["problem"])
+    if found.get("impostor"):
+        sshd["impostor"] = found["impostor"]
     if not os.path.exists(rooted(root, SSHD_CONFIG)):
         return [], ("sshd configuration %s does not exist (no openssh-server, or sshd runs with another -f) and "
                     "%s" % (SSHD_CONFIG, found["problem"])), sshd

@@ -42,3 +42,16 @@ def run_module(monkeypatch):
         raise AssertionError("module returned without exit_json/fail_json")
 
     return _run
+
+
+@pytest.fixture
+def public_dir():
+    """A directory of root's in /tmp that every account can enter (pytest's tmp_path cannot be), removed after."""
+    import os
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="pf-public-", dir="/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

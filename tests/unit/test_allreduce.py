@@ -70,9 +70,11 @@ def test_venv_python_with_torch_is_ready(tmp_path):
     ({"name": "bob", "uid": 1002, "run_as": None, "how": "connecting", "note": ""}, "pass", True, "connecting user"),
     ({"name": "nobody", "uid": 65534, "run_as": "nobody", "how": "auto", "note": ""}, "warn", True,
      "no job user named"),
-    ({"name": "root", "uid": 0, "run_as": None, "how": "auto_root", "note": "nobody cannot use the training Python"},
-     "warn", True, "ran as root"),
-    ({"name": "root", "uid": 0, "run_as": None, "how": "named", "note": ""}, "warn", True, "job user is root"),
+    # Root runs job code only when asked: with no account for it, nothing ran (the gate's setting: unverified).
+    ({"name": "root", "uid": 0, "run_as": None, "how": "unavailable", "note": "nobody cannot use the training Python"},
+     "skipped", False, "no job user named for n1"),
+    ({"name": "root", "uid": 0, "run_as": None, "how": "named", "note": ""}, "warn", True,
+     "as preflight_job_user: root asks"),
     ({"name": "carol", "uid": None, "run_as": None, "how": "missing", "note": "no account"}, "fail", False,
      "does not exist"),
     # Switching users needs root: a requirement of the check, never a fault of the node (blocked, unverified).

@@ -15,6 +15,7 @@ import pytest
 import allreduce
 from preflight_node import gate_run
 from preflight_node import proc as preflight_proc
+from preflight_node.scratch import JobView
 
 WORKER = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "allreduce", "files", "allreduce_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,12 +103,13 @@ def test_argv_and_env_keep_every_file_in_scratch():
 
 def test_rank_logs_are_tails_of_torchruns_per_rank_files(tmp_path):
     for local, text in ((0, "a" * 100), (1, "hello")):
-        directory = tmp_path / "run_abc" / "attempt_0" / str(local)
+        directory = tmp_path / "torchrun-logs" / "run_abc" / "attempt_0" / str(local)
         directory.mkdir(parents=True)
         (directory / "stdout.log").write_text(text)
         (directory / "stderr.log").write_text("")
-    (tmp_path / "run_abc" / "attempt_0" / "filtered_stdout.log").write_text("not a rank's")
-    logs = gate_run.read_rank_logs(str(tmp_path), 4, 10)
+    (tmp_path / "torchrun-logs" / "run_abc" / "attempt_0" / "filtered_stdout.log").write_text("not a rank's")
+    with JobView.at(str(tmp_path)) as job:
+        logs = gate_run.read_rank_logs(job, 4, 10)
     assert [(e["rank"], e["local_rank"], e["stream"]) for e in logs] == [
         (4, 0, "stderr"), (4, 0, "stdout"), (5, 1, "stderr"), (5, 1, "stdout")]
     first = logs[1]
@@ -117,11 +119,12 @@ def test_rank_logs_are_tails_of_torchruns_per_rank_files(tmp_path):
 
 
 def test_a_long_rank_log_keeps_nccls_transport_line_from_init_and_its_tail(tmp_path):
-    directory = tmp_path / "run_abc" / "attempt_0" / "0"
+    directory = tmp_path / "torchrun-logs" / "run_abc" / "attempt_0" / "0"
     directory.mkdir(parents=True)
     init = "n1:40:40 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:198.18.200.1<0>\n"
     (directory / "stderr.log").write_text(init + "NCCL INFO channel chatter\n" * 5000 + "RuntimeError: the end\n")
-    text = gate_run.read_rank_logs(str(tmp_path), 0, 32768)[0]["text"]
+    with JobView.at(str(tmp_path)) as job:
+        text = gate_run.read_rank_logs(job, 0, 32768)[0]["text"]
     assert text.startswith(init) and text.endswith("RuntimeError: the end\n")
     assert "bytes cut ...]" in text and len(text.encode()) <= 32768 + 64
 

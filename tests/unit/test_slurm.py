@@ -4,6 +4,7 @@ recording stand-in for scontrol and sinfo."""
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 
@@ -266,6 +267,13 @@ def test_node_inventory_is_this_node_over_the_local_connection():
     assert inventory == {"all": {"children": {"cluster": {"hosts": {"gpu07": {
         "ansible_connection": "local", "ansible_python_interpreter": "/venv/bin/python",
         "preflight_training_python": "/opt/t/python"}}}}}}
+    # The checkout's own interpreter as the training Python: the hooks' own user is the job user, named.
+    own = psl.node_inventory("gpu07", "/venv/bin/python", {"preflight_training_python": "/venv/bin/python"})
+    hostvars = own["all"]["children"]["cluster"]["hosts"]["gpu07"]
+    assert hostvars["preflight_job_user"] == pwd.getpwuid(os.geteuid()).pw_name
+    named = psl.node_inventory("gpu07", "/venv/bin/python", {"preflight_training_python": "/venv/bin/python",
+                                                             "preflight_job_user": "trainer"})
+    assert named["all"]["children"]["cluster"]["hosts"]["gpu07"]["preflight_job_user"] == "trainer"
 
 
 def test_node_name_from_slurmd_else_short_hostname():

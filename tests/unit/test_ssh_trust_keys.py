@@ -8,7 +8,6 @@ import pwd
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 
 import pytest
@@ -53,6 +52,7 @@ def fake_proc(root, port=22, inode="4242", cmdline=None, exe="/usr/sbin/sshd", p
     os.symlink("socket:[%s]" % inode, os.path.join(str(root), "proc/%d/fd/3" % pid))
     os.symlink(exe, os.path.join(str(root), "proc/%d/exe" % pid))
     write(root, "/proc/%d/comm" % pid, os.path.basename(exe) + "\n")
+    write(root, "/proc/%d/status" % pid, "Name:\t%s\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n" % os.path.basename(exe))
     write(root, "/proc/%d/cmdline" % pid, cmdline if cmdline is not None else
           "sshd: /usr/sbin/sshd -D -f /srv/sshd/sshd_config -h /srv/sshd/extra_key [listener] 0 of 10-100 startups")
     # Another process with sockets of its own, and a kernel thread without descriptors.
@@ -315,12 +315,9 @@ def test_the_reader_never_reads_through_a_symlinked_ssh_dir(tmp_path):
 
 
 @pytest.fixture
-def sandbox():
+def sandbox(public_dir):
     """A root tree every user can traverse (pytest's tmp_path is 0700: other users could not)."""
-    path = tempfile.mkdtemp(prefix="pf-ssh-trust-keys-", dir="/tmp")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    return public_dir
 
 
 def nobody():
