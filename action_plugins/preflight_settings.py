@@ -20,6 +20,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 from cluster_preflight.action import ControllerAction
 from cluster_preflight import capabilities as registry
+from cluster_preflight import engine
 from cluster_preflight.cluster import run_started
 from cluster_preflight.settings_check import SWITCH, host_problems, number_problems, unknown_variables
 
@@ -58,6 +59,18 @@ class ActionModule(ControllerAction):
             return found
         errors.extend(found)
         return []
+
+    def _first_engine(self, task_vars, defaults, own):
+        """The engine the run's first node names (one engine for the whole run, cluster_preflight/engine)."""
+        hosts = task_vars.get("ansible_play_hosts_all") or []
+        if not hosts or hosts[0] == task_vars.get("inventory_hostname"):
+            return engine.engine_of(own)
+        try:
+            first = task_vars["hostvars"][hosts[0]]
+            value = first[engine.SETTING] if engine.SETTING in first else defaults.get(engine.SETTING)
+        except (KeyError, AnsibleError):
+            value = defaults.get(engine.SETTING)
+        return engine.engine_of({engine.SETTING: value})
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -102,7 +115,9 @@ class ActionModule(ControllerAction):
         warnings = self._unknown(task_vars, settings, errors)
         if not errors:
             errors.extend(_problem(registry.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
-                          for item in registry.validate_run(settings[registry.RUN_ROLE]))
+                          for item in registry.validate_run(settings[registry.RUN_ROLE]) + engine.problems(
+                              settings[registry.RUN_ROLE], task_vars.get("inventory_hostname"),
+                              self._first_engine(task_vars, all_defaults, settings[registry.RUN_ROLE]), os.environ))
             for name in wanted:
                 for item in registry.get(name).validate(settings[name]):
                     errors.append(_problem(name, item["name"], item["found"], item["expected"], item["fix"]))

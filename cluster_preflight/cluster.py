@@ -17,6 +17,7 @@ import socket
 import time
 
 from cluster_preflight import capabilities as registry
+from cluster_preflight import engine
 from cluster_preflight import registers
 
 
@@ -125,6 +126,8 @@ class ClusterView(object):
         self.forks = int(task_vars.get("ansible_forks") or 5)
         self._hostvars = task_vars.get("hostvars") or {}
         self._cache = {}
+        # register -> every node's result of one engine step (cluster_preflight/engine): read once, not per node.
+        self._by_node = {}
         self.settings, self.nodes = {}, {}
         for host in self.hosts:
             loaded = self.result(host, registers.SETTINGS) or {}
@@ -134,12 +137,19 @@ class ClusterView(object):
     def result(self, host, name):
         key = (host, registers.known(name))
         if key not in self._cache:
-            try:
-                host_vars = self._hostvars[host]
-                value = host_vars[name] if name in host_vars else None
-            except KeyError:
-                value = None
-            self._cache[key] = plain(value) if value is not None else None
+            wrapped = self._by_node.get(name)
+            if wrapped is None:
+                try:
+                    host_vars = self._hostvars[host]
+                    value = host_vars[name] if name in host_vars else None
+                except KeyError:
+                    value = None
+                if not engine.is_by_node(value):
+                    self._cache[key] = plain(value) if value is not None else None
+                    return self._cache[key]
+                # Registered once for every node (run_once): the same value on each, made plain once.
+                wrapped = self._by_node[name] = plain(value)
+            self._cache[key] = engine.node_result(wrapped, host)
         return self._cache[key]
 
     def outcome(self, host, name):

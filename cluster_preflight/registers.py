@@ -27,6 +27,8 @@ LOCALIZE_GPU = "allreduce_localize_gpu"
 RETEST_FIRST = "allreduce_retest_first"
 RETEST_SECOND = "allreduce_retest_second"
 CONFIRM = "allreduce_confirm"
+LOCALIZE_LOCK = "allreduce_localize_lock"
+UNLOCK = "preflight_unlock"
 FINAL = "preflight_final"
 LOCAL = "preflight_local"
 APPLY = "preflight_apply"
@@ -51,6 +53,8 @@ REGISTERS = {
     RETEST_SECOND: ("allreduce (node), the retest's second step", "a named node's run alone over lo"),
     LOCALIZE_GPU: ("allreduce (node), GPU pair slots", "the GPU pair launches of a named node"),
     CONFIRM: ("allreduce (node), confirmation run", "the all-node run over the nodes left"),
+    LOCALIZE_LOCK: ("preflight_lock renew (node), each localisation round", "the run lock held for the round"),
+    UNLOCK: ("preflight_lock (node), the run's last call", "the run lock released"),
     FINAL: ("preflight_decide stage=final", "every decider's checks"),
     LOCAL: ("preflight_decide stage=local", "node-local checks (healthcheck.yml)"),
     APPLY: ("preflight_apply (bring-up rescue)", "a capability that could not be applied on a node"),

@@ -21,6 +21,7 @@ from cluster_preflight.allreduce_versions import version_checks
 from preflight_node.checks import CheckError, decision, error, put
 from preflight_node.port_probe import retry_slack
 from cluster_preflight.cluster import ClusterView, without_gc
+from cluster_preflight.engine import engine_of
 from cluster_preflight.pairs import DEFAULT_DEGREE, DEFAULT_FULL_MESH_MAX, peers_by_host
 from cluster_preflight import localize
 from cluster_preflight.run_lock import lock_args, renewal
@@ -61,7 +62,10 @@ def stage_inputs(view):
                      if not (view.result(host, registers.SETTINGS) or {}).get("ok"))
     blockers = ["invalid settings on %s (see each node's <capability>.inputs check)" % ", ".join(invalid)] \
         if invalid else []
-    return decision(blockers=blockers, invalid_hosts=invalid, lock={} if invalid else lock_args(view))
+    # One engine for the run (preflight.yml includes its node stages; every node's setting agrees or it is invalid).
+    run = (view.settings.get(view.hosts[0]) or {}).get(registry.RUN_ROLE) if view.hosts else None
+    return decision(blockers=blockers, invalid_hosts=invalid, lock={} if invalid else lock_args(view),
+                    engine=engine_of(run))
 
 
 def stage_plan(view, probes=True):

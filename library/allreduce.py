@@ -314,35 +314,13 @@ interrupted:
   type: str
 """
 
-import socket
-import uuid
-
 from ansible.module_utils.basic import AnsibleModule
 # The run itself is in module_utils/preflight_node/gate_run.py.
-from ansible.module_utils.preflight_node.gate_run import ARGUMENT_SPEC, bounded_run, check_params, start_in_background
-from ansible.module_utils.preflight_node.lock import hold_for_call
+from ansible.module_utils.preflight_node.gate_run import MODULE_SPEC, module_main
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(ARGUMENT_SPEC, lock=dict(type="dict", default={})),
-                           supports_check_mode=True)
-    params = module.params
-    problems = check_params(params)
-    if problems:
-        module.fail_json(msg="; ".join(problems))
-    # The run lock covers the launch (its hard bound) before anything starts.
-    hold_for_call(module, params["lock"])
-
-    # Findings name the node as the inventory does (the role prefix), its hostname otherwise.
-    host = params["role"] or socket.gethostname().split(".")[0]
-    marker = uuid.uuid4().hex
-    if params["background"]:
-        results_file = start_in_background(params, host, marker)
-        module.exit_json(changed=False, started=1, finished=0, results_file=results_file)
-    outcome = bounded_run(params, host, marker)
-    if outcome.get("failed"):
-        module.fail_json(**outcome)
-    module.exit_json(changed=False, **outcome)
+    module_main(AnsibleModule(argument_spec=MODULE_SPEC, supports_check_mode=True))
 
 
 if __name__ == "__main__":

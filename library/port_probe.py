@@ -244,73 +244,12 @@ elapsed:
   type: float
 """
 
-import ipaddress
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.lock import hold_for_call
-from ansible.module_utils.preflight_node.port_probe import probe
-
-
-def _validate(module):
-    params = module.params
-    try:
-        ipaddress.IPv4Address(params["listen_addr"])
-    except ValueError:
-        module.fail_json(msg="listen_addr %r is not an IPv4 address (expected for example 198.18.1.1 or 0.0.0.0)"
-                         % params["listen_addr"])
-    if not 1 <= params["port"] <= 65535:
-        module.fail_json(msg="port %d is out of range, expected 1-65535" % params["port"])
-    if params["window"] <= 0 or params["window"] > 600:
-        module.fail_json(msg="window %s is out of range, expected more than 0 and at most 600 seconds"
-                         % params["window"])
-    if params["connect_timeout"] <= 0:
-        module.fail_json(msg="connect_timeout %s must be more than 0 seconds" % params["connect_timeout"])
-    if not params["node_name"] or any(ch.isspace() for ch in params["node_name"]):
-        module.fail_json(msg="node_name %r must be a non-empty name without spaces" % params["node_name"])
-    seen = set()
-    for peer in params["peers"]:
-        name, addr = peer["name"], peer["addr"]
-        if not name or any(ch.isspace() for ch in name):
-            module.fail_json(msg="peer name %r must be a non-empty name without spaces" % name)
-        try:
-            ipaddress.IPv4Address(addr)
-        except ValueError:
-            module.fail_json(msg="peer %s has addr %r, expected an IPv4 address (names are not resolved so "
-                                 "the probe stays bounded in time)" % (name, addr))
-        if name in seen:
-            module.fail_json(msg="peer %s is listed twice in peers" % name)
-        seen.add(name)
+from ansible.module_utils.preflight_node.port_probe import ARGUMENT_SPEC, module_main
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            listen_addr=dict(type="str", required=True),
-            port=dict(type="int", default=6000),
-            node_name=dict(type="str", required=True),
-            peers=dict(type="list", elements="dict", default=[], options=dict(
-                name=dict(type="str", required=True),
-                addr=dict(type="str", required=True),
-            )),
-            window=dict(type="float", default=8.0),
-            connect_timeout=dict(type="float", default=2.0),
-            listen=dict(type="bool", default=True),
-            check_in_use_only=dict(type="bool", default=False),
-            proc_root=dict(type="path", default="/proc"),
-            inbound=dict(type="list", elements="str"),
-            retry=dict(type="bool", default=False),
-            lock=dict(type="dict", default={}),
-        ),
-        supports_check_mode=True,
-    )
-    _validate(module)
-    params = module.params
-    hold_for_call(module, params["lock"])
-    result = probe(params["listen_addr"], params["port"], params["node_name"], params["peers"],
-                   window=params["window"], connect_timeout=params["connect_timeout"], listen=params["listen"],
-                   check_in_use_only=params["check_in_use_only"], proc_root=params["proc_root"],
-                   inbound=params["inbound"], retry=params["retry"])
-    module.exit_json(changed=False, **result)
+    module_main(AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True))
 
 
 if __name__ == "__main__":

@@ -73,22 +73,13 @@ lock:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.lock import release, renew
+from ansible.module_utils.preflight_node.lock import MODULE_SPEC, module_main
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(dir=dict(type="path"), run_id=dict(type="str"),
-                                              renew=dict(type="dict")),
-                           required_one_of=[("run_id", "renew")], required_together=[("dir", "run_id")],
-                           mutually_exclusive=[("run_id", "renew")], supports_check_mode=True)
-    if module.params["renew"]:
-        held = renew(module.params["renew"])
-        if held["state"] == "lost":
-            module.fail_json(msg="the run lock on this node is another run's now: %s" % held["why"], lock=held,
-                             released=False, path=held["path"], why=held["why"])
-        module.exit_json(changed=False, lock=held, released=False, path=held["path"], why=held.get("why") or "")
-    result = release({"dir": module.params["dir"], "run_id": module.params["run_id"]})
-    module.exit_json(changed=False, **result)
+    module_main(AnsibleModule(argument_spec=MODULE_SPEC, required_one_of=[("run_id", "renew")],
+                              required_together=[("dir", "run_id")], mutually_exclusive=[("run_id", "renew")],
+                              supports_check_mode=True))
 
 
 if __name__ == "__main__":

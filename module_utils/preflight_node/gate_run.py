@@ -15,11 +15,13 @@ import re
 import pwd
 import shutil
 import signal
+import socket
 import stat
 import time
+import uuid
 
 from .checks import failed, passed, warned
-from .lock import RUN_ENV
+from .lock import RUN_ENV, hold_for_call
 from .ops import as_user, user_environment
 from .scratch import Scratch, read_log, read_rank_files, read_rank_logs
 from .trust import untrusted
@@ -37,7 +39,7 @@ _SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*(?:\[[^\
 
 
 def build_argv(params, worker_path, out_dir, role, log_dir):
-    argv = [
+    return [
         params["python"], "-m", "torch.distributed.run",
         "--role", "%s:" % role, "--tee", "3",
         # torchrun's default is a torchelastic_* directory in /tmp, never removed.
@@ -49,7 +51,12 @@ def build_argv(params, worker_path, out_dir, role, log_dir):
         "--master-port", str(params["master_port"]),
         "--max-restarts", "0",
         "--rdzv-conf", "timeout=%d" % max(1, int(params["timeout"])),
-        worker_path,
+        worker_path] + worker_args(params, out_dir)
+
+
+def worker_args(params, out_dir):
+    """The worker's own arguments (after its path), whoever starts it: torchrun, or a Slurm task."""
+    argv = [
         "--out", out_dir,
         "--backend", params["backend"],
         "--timeout", str(params["timeout"]),
@@ -184,6 +191,8 @@ def summarize_ranks(params, rank_files, exitcodes, stacks, timed_out, refused=No
 
 def _ranks_failure(params, host, rc, timed_out, bad):
     """``(found, fix)`` of the ``ranks`` check of a run whose ranks ``bad`` did not all finish."""
+    # What started the ranks: torchrun (the ssh engine), or Slurm's tasks (``launcher``, the srun engine).
+    launcher = params.get("launcher") or "torchrun"
     described = []
     for r in bad:
         text = "rank %d (local %d) %s at stage %s" % (r["rank"], r["local_rank"], r["status"], r["stage"])
@@ -207,18 +216,18 @@ def _ranks_failure(params, host, rc, timed_out, bad):
                "it (link speed, shaping, errors, MTU on the path the collectives use; NCCL's transport for nccl)")
     elif timed_out:
         found = "no result after the %.0f s hard timeout on %s; %s" % (
-            params["hard_timeout"], host, "; ".join(described) or "torchrun never started the ranks")
+            params["hard_timeout"], host, "; ".join(described) or "%s never started the ranks" % launcher)
         fix = ("read the hang stacks in the run directory (py-spy dump per rank); a rank stuck in init means "
                "it cannot reach %s:%d (firewall, wrong interface, master down); a rank stuck in a collective "
                "points at its peer or the network" % (params["master_addr"], params["master_port"]))
     elif any(r.get("refused") for r in bad):
-        found = "torchrun exited %s on %s; %s" % (rc, host, "; ".join(described))
+        found = "%s exited %s on %s; %s" % (launcher, rc, host, "; ".join(described))
         fix = ("the job's user replaced the gate's result files on %s while its ranks ran (links or other files "
                "where the ranks write): look at what the training Python %s runs as that user (a "
                "sitecustomize, a .pth file, a wrapper script); the gate never reads through them"
                % (host, params["python"]))
     else:
-        found = "torchrun exited %s on %s; %s" % (rc, host, "; ".join(described) or "no rank started")
+        found = "%s exited %s on %s; %s" % (launcher, rc, host, "; ".join(described) or "no rank started")
         fix = ("read this node's log in the run directory for the first failing rank's traceback; if the "
                "ranks never started check that %s imports torch and that port %d is free on the master"
                % (params["python"], params["master_port"]))
@@ -565,3 +574,27 @@ def start_in_background(params, host, marker):
         _write_json(results_file, outcome)
     finally:
         os._exit(0)
+
+
+# The allreduce module's options (library/allreduce.py): the run's, and the run lock it renews for its bound.
+MODULE_SPEC = dict(ARGUMENT_SPEC, lock=dict(type="dict", default={}))
+
+
+def module_main(module):
+    """The allreduce module's body over ``module`` (an AnsibleModule)."""
+    params = module.params
+    problems = check_params(params)
+    if problems:
+        module.fail_json(msg="; ".join(problems))
+    # The run lock covers the launch (its hard bound) before anything starts.
+    hold_for_call(module, params["lock"])
+    # Findings name the node as the inventory does (the role prefix), its hostname otherwise.
+    host = params["role"] or socket.gethostname().split(".")[0]
+    marker = uuid.uuid4().hex
+    if params["background"]:
+        results_file = start_in_background(params, host, marker)
+        module.exit_json(changed=False, started=1, finished=0, results_file=results_file)
+    outcome = bounded_run(params, host, marker)
+    if outcome.get("failed"):
+        module.fail_json(**outcome)
+    module.exit_json(changed=False, **outcome)

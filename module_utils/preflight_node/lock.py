@@ -300,3 +300,18 @@ def hold_for_call(module, args):
         module.fail_json(msg="this run no longer holds %s: %s took it over after this run's lease expired; nothing "
                              "was run" % (socket.gethostname().split(".")[0], held["why"]), lock=held, busy=held)
     return held
+
+
+# The preflight_lock module's options (library/preflight_lock.py): release this run's lease, or renew it.
+MODULE_SPEC = dict(dir=dict(type="path"), run_id=dict(type="str"), renew=dict(type="dict"))
+
+
+def module_main(module):
+    """The preflight_lock module's body over ``module``: renew (``renew``) or release (``dir``, ``run_id``)."""
+    if module.params["renew"]:
+        held = renew(module.params["renew"])
+        if held["state"] == "lost":
+            module.fail_json(msg="the run lock on this node is another run's now: %s" % held["why"], lock=held,
+                             released=False, path=held["path"], why=held["why"])
+        module.exit_json(changed=False, lock=held, released=False, path=held["path"], why=held.get("why") or "")
+    module.exit_json(changed=False, **release({"dir": module.params["dir"], "run_id": module.params["run_id"]}))

@@ -12,11 +12,13 @@ what the whole mesh says about each node is the controller's, ``cluster_prefligh
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import threading
 import time
 
 from .arp import classify_errno, errno_name, link_layer_silent
+from .lock import hold_for_call
 from .net import describe_holder, find_port_holder
 from .port_checks import listen_check, reach_check
 
@@ -378,3 +380,68 @@ def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.
         "checks": checks,
         "elapsed": round(time.monotonic() - started, 3),
     }
+
+
+# The options of the port_probe module (library/port_probe.py), and of the srun engine's port mesh step.
+ARGUMENT_SPEC = dict(
+    listen_addr=dict(type="str", required=True),
+    port=dict(type="int", default=6000),
+    node_name=dict(type="str", required=True),
+    peers=dict(type="list", elements="dict", default=[], options=dict(
+        name=dict(type="str", required=True),
+        addr=dict(type="str", required=True),
+    )),
+    window=dict(type="float", default=8.0),
+    connect_timeout=dict(type="float", default=2.0),
+    listen=dict(type="bool", default=True),
+    check_in_use_only=dict(type="bool", default=False),
+    proc_root=dict(type="path", default="/proc"),
+    inbound=dict(type="list", elements="str"),
+    retry=dict(type="bool", default=False),
+    lock=dict(type="dict", default={}),
+)
+
+
+def params_problem(params):
+    """What the argument spec cannot say about the port_probe options ``params``: a message, or ""."""
+    try:
+        ipaddress.IPv4Address(params["listen_addr"])
+    except ValueError:
+        return ("listen_addr %r is not an IPv4 address (expected for example 198.18.1.1 or 0.0.0.0)"
+                % params["listen_addr"])
+    if not 1 <= params["port"] <= 65535:
+        return "port %d is out of range, expected 1-65535" % params["port"]
+    if params["window"] <= 0 or params["window"] > 600:
+        return "window %s is out of range, expected more than 0 and at most 600 seconds" % params["window"]
+    if params["connect_timeout"] <= 0:
+        return "connect_timeout %s must be more than 0 seconds" % params["connect_timeout"]
+    if not params["node_name"] or any(ch.isspace() for ch in params["node_name"]):
+        return "node_name %r must be a non-empty name without spaces" % params["node_name"]
+    seen = set()
+    for peer in params["peers"]:
+        name, addr = peer["name"], peer["addr"]
+        if not name or any(ch.isspace() for ch in name):
+            return "peer name %r must be a non-empty name without spaces" % name
+        try:
+            ipaddress.IPv4Address(addr)
+        except ValueError:
+            return ("peer %s has addr %r, expected an IPv4 address (names are not resolved so the probe stays "
+                    "bounded in time)" % (name, addr))
+        if name in seen:
+            return "peer %s is listed twice in peers" % name
+        seen.add(name)
+    return ""
+
+
+def module_main(module):
+    """The port_probe module's body over ``module`` (an AnsibleModule, or the srun engine's step module)."""
+    params = module.params
+    problem = params_problem(params)
+    if problem:
+        module.fail_json(msg=problem)
+    hold_for_call(module, params["lock"])
+    result = probe(params["listen_addr"], params["port"], params["node_name"], params["peers"],
+                   window=params["window"], connect_timeout=params["connect_timeout"], listen=params["listen"],
+                   check_in_use_only=params["check_in_use_only"], proc_root=params["proc_root"],
+                   inbound=params["inbound"], retry=params["retry"])
+    module.exit_json(changed=False, **result)
