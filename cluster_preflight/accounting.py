@@ -125,6 +125,14 @@ def _input_checks(host, settings_result):
     return checks
 
 
+REACH_FIX = {
+    "over SSH": "check that %(host)s is up, its sshd runs, the inventory address is right and no firewall drops port "
+                "22; then re-run the preflight (its peers were not blamed)",
+    "to Slurm": "check that %(host)s is up and its slurmd answers (scontrol show node %(host)s; slurmd's log on the "
+                "node), then re-run the preflight in a new allocation (its peers were not blamed)",
+}
+
+
 def _stage_checks(host, records, stages):
     """``preflight.reachable`` and ``preflight.<stage>`` from the node's task results; a node module
     that could not start gets the fix for its cause (``preflight_task_start``)."""
@@ -136,7 +144,8 @@ def _stage_checks(host, records, stages):
         state, message = task_outcome(result)
         what = registry.STAGE_WHAT[stage]
         if state == "unreachable" and unreachable is None:
-            unreachable = (stage, message)
+            # How the node was reached: over SSH (the ssh engine), or through Slurm (the srun engine's "via").
+            unreachable = (stage, message, (result or {}).get("via") or "over SSH")
         elif state == "failed":
             checks[(RUN, stage)] = failed(
                 "%s failed on %s while %s: %s" % (stage, host, what, message[:600]),
@@ -145,12 +154,11 @@ def _stage_checks(host, records, stages):
                 "read the play output for %s; a timeout means the node is overloaded or hung (check it with "
                 "uptime and dmesg); then re-run" % host)
     if unreachable:
-        stage, message = unreachable
+        stage, message, via = unreachable
         checks[(RUN, "reachable")] = failed(
-            "%s stopped answering over SSH while %s: %s" % (host, registry.STAGE_WHAT[stage], message[:400]),
-            "the node answers over SSH at every stage of the run",
-            "check that %s is up, its sshd runs, the inventory address is right and no firewall drops port 22; "
-            "then re-run the preflight (its peers were not blamed)" % host)
+            "%s stopped answering %s while %s: %s" % (host, via, registry.STAGE_WHAT[stage], message[:400]),
+            "the node answers %s at every stage of the run" % via,
+            (REACH_FIX.get(via) or REACH_FIX["over SSH"]) % {"host": host})
     else:
         checks[(RUN, "reachable")] = passed("%s answered at every stage it took part in" % host,
                                             "the node answers over SSH at every stage of the run")

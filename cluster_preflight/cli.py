@@ -12,6 +12,7 @@ import sys
 import threading
 
 from . import history_cli, known_hosts, playbooks, summary
+from .engine import ENGINES, SETTING as ENGINE_SETTING
 from .printable import printable
 from .progress import Progress
 from .verdict_file import age_problem, parse_age
@@ -76,9 +77,13 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     for name, text in RUN_COMMANDS.items():
-        _run_options(commands.add_parser(name, help=text, description=text + ". Other options go to "
-                                         "ansible-playbook as they are (-v, --forks N, -e @vars.yml).",
-                                         allow_abbrev=False))
+        sub = commands.add_parser(name, help=text, description=text + ". Other options go to "
+                                  "ansible-playbook as they are (-v, --forks N, -e @vars.yml).", allow_abbrev=False)
+        _run_options(sub)
+        if name == "gate":
+            sub.add_argument("--engine", choices=ENGINES, help="how the gate reaches its nodes (preflight_engine): "
+                             "ssh, a module over each node's connection (the default); srun, one Slurm step per "
+                             "node call, inside an allocation of the inventory's nodes (docs/scale.md)")
     sub = commands.add_parser("baseline", help=BASELINE_HELP, allow_abbrev=False, description=BASELINE_HELP +
                               ". By default from the latest gate of this inventory's cluster that passed (in "
                               "--results-dir); --from names runs, --run-gate runs the gate now (options as gate).")
@@ -124,6 +129,9 @@ def parse_args(argv):
             args.extravars.update(pairs)
     if getattr(args, "inventory", None):
         args.inventory = args.inventory[0] if len(args.inventory) == 1 else args.inventory
+    if getattr(args, "engine", None):
+        # One setting, whichever way it is given: the run's settings check it (srun outside an allocation: exit 4).
+        args.extravars[ENGINE_SETTING] = args.engine
     return args, passthrough
 
 

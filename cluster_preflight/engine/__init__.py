@@ -10,9 +10,9 @@ module's result, ``failed`` with ``msg``, or ``unreachable`` with ``msg``.  The 
 and every output do not know which engine ran.
 
 * ``ssh`` (the default, the only one for the embedded default and for clusters without a scheduler):
-  ``playbooks/gate_ssh.yml``.  Each call is an Ansible task of a node module (``library/``) on every node it
+  ``playbooks/tasks/gate_ssh.yml``.  Each call is an Ansible task of a node module (``library/``) on every node it
   concerns, over that node's connection, its result registered per node.
-* ``srun``: ``playbooks/gate_srun.yml``, inside a Slurm allocation.  Each call is one controller task
+* ``srun``: ``playbooks/tasks/gate_srun.yml``, inside a Slurm allocation.  Each call is one controller task
   (``preflight_srun``, ``cluster_preflight/engine/srun.py``) that runs one Slurm step over every node it concerns,
   the same node-side code in each task (``module_utils/preflight_node/srun_task.py``); the task registers every
   node's result at once (:data:`BY_NODE`) and :class:`cluster_preflight.cluster.ClusterView` hands each node its own

@@ -14,6 +14,7 @@ from cluster_preflight.cluster import ClusterView
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 YAML_FILES = sorted(glob.glob(os.path.join(ROOT, "playbooks", "*.yml"))
+                    + glob.glob(os.path.join(ROOT, "playbooks", "tasks", "*.yml"))
                     + glob.glob(os.path.join(ROOT, "roles", "*", "tasks", "*.yml")))
 PYTHON_FILES = sorted(glob.glob(os.path.join(ROOT, "cluster_preflight", "**", "*.py"), recursive=True)
                       + glob.glob(os.path.join(ROOT, "action_plugins", "*.py")))

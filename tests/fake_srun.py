@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""A stand-in for ``srun`` in the unit tests of the srun engine's step runner (cluster_preflight/engine/step.py):
+it starts the step's command once per task on this machine, as Slurm would on each node (``SLURMD_NODENAME``,
+``SLURM_LOCALID``, ``SLURM_PROCID``, ``SLURM_NTASKS``), hands each task its own copy of standard input and
+forwards their output line by line.  The bed's tests run the real Slurm (tests/slurm_bed.py); this one plays what
+the bed cannot make happen on demand:
+
+* ``FAKE_SRUN_DOWN=node,...``: Slurm cannot launch there; the others are started, then the step is aborted with
+  the words srun 22.05 uses (``Task launch for StepId=... failed on node ...``);
+* ``FAKE_SRUN_SILENT=node``: that node's tasks stop (SIGSTOP) once started, as a node that died holds its tasks'
+  connections open;
+* ``FAKE_SRUN_LOG=path``: its own argv, one JSON line per run.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+
+def _option(argv, name):
+    for item in argv:
+        if item.startswith(name + "="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def _expand(text):
+    import hostlist  # pylint: disable=import-outside-toplevel
+    return hostlist.expand_hostlist(text)
+
+
+def main():
+    argv = sys.argv[1:]
+    if os.environ.get("FAKE_SRUN_LOG"):
+        with open(os.environ["FAKE_SRUN_LOG"], "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(argv) + "\n")
+    nodes = _expand(_option(argv, "--nodelist"))
+    tasks = int(_option(argv, "--ntasks-per-node") or 1)
+    command = argv[next(index for index, item in enumerate(argv) if not item.startswith("--")):]
+    data = sys.stdin.buffer.read()
+    down = set(filter(None, os.environ.get("FAKE_SRUN_DOWN", "").split(",")))
+    silent = os.environ.get("FAKE_SRUN_SILENT", "")
+    lock = threading.Lock()
+    procs = []
+    for index, node in enumerate(node for node in nodes if node not in down):
+        for local in range(tasks):
+            env = dict(os.environ, SLURMD_NODENAME=node, SLURM_LOCALID=str(local),
+                       SLURM_PROCID=str(index * tasks + local), SLURM_NTASKS=str(tasks * len(nodes)))
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)  # pylint: disable=consider-using-with
+            procs.append((node, proc))
+            threading.Thread(target=_feed, args=(proc, data), daemon=True).start()
+            threading.Thread(target=_forward, args=(proc, lock, node == silent), daemon=True).start()
+    if down:
+        time.sleep(0.5)
+        for node in sorted(down):
+            print("srun: error: Task launch for StepId=7.3 failed on node %s: Communication connection failure"
+                  % node, file=sys.stderr, flush=True)
+        print("srun: error: Application launch failed: Communication connection failure", file=sys.stderr)
+        for _node, proc in procs:
+            proc.kill()
+        print("srun: Job step aborted", file=sys.stderr, flush=True)
+        return 233
+    signal.signal(signal.SIGINT, lambda *_: [proc.kill() for _node, proc in procs])
+    for _node, proc in procs:
+        while proc.poll() is None:
+            time.sleep(0.05)
+    return 0
+
+
+def _feed(proc, data):
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except OSError:
+        pass
+
+
+def _forward(proc, lock, silence):
+    for line in iter(proc.stdout.readline, b""):
+        with lock:
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+        if silence:
+            os.kill(proc.pid, signal.SIGSTOP)
+            return
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""The engine choice (cluster_preflight/engine) and the srun engine's calls (cluster_preflight/engine/srun.py,
+ranks.py): refused outside an allocation or for a node it does not hold; one register for every node read per
+node; each call's nodes, arguments and step; a node's all-reduce result from its ranks' records; both engines'
+playbooks covering the same node calls.  The steps run through a recording runner here; tests/multinode/
+test_srun_engine_multinode.py runs them on the bed's real Slurm."""
+
+import glob
+import json
+import os
+import zlib
+
+import pytest
+import yaml
+
+from cluster_preflight import engine, registers
+from cluster_preflight.cluster import ClusterView
+from cluster_preflight.engine import allocation, ranks, srun
+from preflight_node.gate_run import ARGUMENT_SPEC
+from preflight_node.srun_task import node_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ALLOC = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-03]"}
+SRUN = {"preflight_engine": "srun", "preflight_srun_dir": "/run/cluster-preflight", "preflight_srun_archive": "",
+        "preflight_srun_python": "/usr/bin/python3", "preflight_srun_args": []}
+
+
+def test_srun_outside_an_allocation_is_refused_with_found_expected_and_fix():
+    [problem] = engine.problems(SRUN, "gpu01", "srun", {})
+    assert problem["name"] == "preflight_engine" and "outside a Slurm allocation" in problem["found"]
+    assert "salloc" in problem["fix"] and "--engine srun" in problem["fix"] and "preflight_engine: ssh" in problem["fix"]
+
+
+def test_srun_for_a_node_the_allocation_does_not_hold_is_refused_naming_it():
+    assert engine.problems(SRUN, "gpu02", "srun", ALLOC) == []
+    [problem] = engine.problems(SRUN, "gpu07", "srun", ALLOC)
+    assert "gpu07 is not a node of allocation 42 (its nodes: gpu[01-03])" in problem["found"]
+    assert allocation.allocation(ALLOC)["nodes"] == ["gpu01", "gpu02", "gpu03"]
+    assert allocation.allocation({"SLURM_NODELIST": "a,b", "SLURM_JOB_ID": "1"})["nodes"] == ["a", "b"]
+
+
+def test_one_engine_per_run_and_srun_settings_that_leave_the_steps_to_the_engine():
+    assert engine.problems({"preflight_engine": "ssh"}, "n1", "ssh", {}) == []
+    [mixed] = engine.problems({"preflight_engine": "ssh"}, "n2", "srun", {})
+    assert mixed["found"] == "ssh on n2, srun on the first node of the run"
+    bad = engine.problems(dict(SRUN, preflight_srun_args=["--nodelist=x", "--gpus-per-node=8", "oops"],
+                               preflight_srun_python="python3"), "gpu01", "srun", ALLOC)
+    assert sorted(item["found"] for item in bad) == ["--nodelist=x", "oops", "python3"]
+
+
+def test_a_register_of_every_node_is_read_once_and_each_node_gets_its_own():
+    reads = []
+
+    class Vars(dict):
+        def __getitem__(self, key):
+            reads.append(key)
+            return dict.__getitem__(self, key)
+
+    value = engine.by_node("facts", {"n1": {"facts": {"x": 1}}, "n2": {"unreachable": True, "msg": "gone"}})
+    hostvars = {host: Vars({registers.FACTS: value}) for host in ("n1", "n2", "n3")}
+    view = ClusterView({"ansible_play_hosts_all": ["n1", "n2", "n3"], "hostvars": hostvars})
+    assert view.result("n1", registers.FACTS) == {"facts": {"x": 1}}
+    assert view.outcome("n2", registers.FACTS) == ("unreachable", "gone")
+    assert view.outcome("n3", registers.FACTS)[0] == "skipped"
+    assert reads.count(registers.FACTS) == 1
+    assert view.lost(["facts"]) == {"n2": "unreachable while reading its facts: gone"}
+
+
+def _allreduce_module_keys():
+    with open(os.path.join(ROOT, "roles", "allreduce", "vars", "main.yml"), encoding="utf-8") as handle:
+        return set(yaml.safe_load(handle)["allreduce_module_args"])
+
+
+def test_a_launch_plan_becomes_the_same_allreduce_options_as_the_ssh_engine_s():
+    assert set(srun.ALLREDUCE_KEYS) | {"worker_source"} == _allreduce_module_keys()
+    assert set(srun.ALLREDUCE_KEYS) <= set(ARGUMENT_SPEC) | {"lock"}
+    params = srun.allreduce_params({"python": "/p", "nnodes": 2, "run_as": "", "socket_ifname": "eth0",
+                                    "wait_timeout": 9, "poll": 0.1}, "WORKER")
+    assert params == {"python": "/p", "nnodes": 2, "socket_ifname": "eth0", "lock": {}, "worker_source": "WORKER"}
+
+
+def _tasks(path):
+    with open(path, encoding="utf-8") as handle:
+        for item in yaml.safe_load(handle) or []:
+            yield item
+            yield from item.get("block") or []
+
+
+def _registers(paths):
+    return {task["register"] for path in paths for task in _tasks(path) if "register" in task}
+
+
+def test_both_engines_register_every_node_call_and_srun_s_calls_are_the_playbook_s():
+    ssh = _registers([os.path.join(ROOT, "playbooks", "tasks", "gate_ssh.yml")] +
+                     glob.glob(os.path.join(ROOT, "roles", "*", "tasks", "*.yml")))
+    srun_files = [os.path.join(ROOT, "playbooks", "tasks", name) for name in ("gate_srun.yml", "gate_srun_round.yml")]
+    calls = {call.register for call in engine.NODE_CALLS}
+    assert calls <= ssh
+    # The srun engine collects the all-node run with the probes (one call): no register of its own for the launch.
+    assert calls - {registers.ALLREDUCE_JOB} <= _registers(srun_files)
+    pairs = {(task["preflight_srun"]["call"], task["register"]) for path in srun_files for task in _tasks(path)
+             if "preflight_srun" in task}
+    assert pairs == {(call, register) for call, (_run, register) in srun.CALLS.items()}
+    for path in srun_files:
+        for task in _tasks(path):
+            if "preflight_srun" in task:
+                assert task.get("run_once") is True, task["name"]
+
+
+def _launch_args(node_rank, nnodes=2, nproc=2):
+    return {"python": "/venv/bin/python", "nnodes": nnodes, "node_rank": node_rank, "nproc_per_node": nproc,
+            "master_addr": "198.18.0.1", "master_port": 6000, "backend": "gloo", "timeout": 30, "hard_timeout": 120,
+            "stack_budget": 20, "sizes": [1024], "iters": 1, "warmup": 0, "min_busbw_gbps": 0, "role": "n%d" % node_rank,
+            "env": {}, "keep_scratch": False, "selftest_fault": "none", "selftest_rank": -1, "wait_timeout": 200}
+
+
+def _record(rank, local, status="ok", rc=0):
+    entry = {"rank": rank, "local_rank": local, "stage": "done" if status == "ok" else "init", "status": status,
+             "correct": status == "ok", "correctness": None,
+             "bandwidth": [{"size_bytes": 1024, "busbw_gbps": 1.5, "algbw_gbps": 1.0, "time_us": 1.0}],
+             "versions": {"torch": "2.13.0"}, "error": None if status == "ok" else "RuntimeError: peer gone",
+             "exitcode": rc, "pid": 10 + rank, "uid": 0}
+    return {"rank": entry, "rank_log": {"rank": rank, "local_rank": local, "stream": "stdout", "attempt": 0,
+                                        "name": "rank%d.stdout.log" % rank, "bytes": 3, "truncated": False,
+                                        "text": "hi\n"},
+            "log": "hi\nthere\n", "rc": rc, "timed_out": False, "elapsed": 2.5, "stack_seconds": 0.0, "world_size": 4,
+            "hostname": "n1", "argv": ["/venv/bin/python", "w.py"], "py_spy_refused": [], "py_spy": None,
+            "run_as": {"name": "root", "uid": 0}}
+
+
+def test_a_node_s_all_reduce_result_is_built_from_its_ranks_records_as_the_module_s():
+    result = ranks.node_result("n1", _launch_args(1), {0: _record(2, 0), 1: _record(3, 1)})
+    assert [entry["rank"] for entry in result["ranks"]] == [2, 3]
+    assert result["checks"]["ranks"]["status"] == "pass" and result["checks"]["bandwidth"]["status"] == "pass"
+    assert result["log"].splitlines() == ["[n1:0]:hi", "[n1:0]:there", "[n1:1]:hi", "[n1:1]:there"]
+    assert [item["name"] for item in result["rank_logs"]] == ["rank2.stdout.log", "rank3.stdout.log"]
+    assert result["launcher"] == ranks.LAUNCHER and result["torchrun_rc"] == 0
+
+
+def test_a_rank_without_a_record_is_missing_and_a_node_whose_ranks_all_were_lost_is_unreachable():
+    lost = {"unreachable": True, "msg": "n1: no word from its task for 21 s"}
+    result = ranks.node_result("n1", _launch_args(0), {0: _record(0, 0), 1: lost})
+    missing = result["ranks"][1]
+    assert missing["status"] == "missing" and "no word" in missing["error"] and "unreachable" in missing["error"]
+    assert result["checks"]["ranks"]["status"] == "fail" and "srun (Slurm's tasks) exited" in \
+        result["checks"]["ranks"]["found"]
+    assert ranks.node_result("n1", _launch_args(0), {0: lost, 1: lost}) == dict(lost, changed=False)
+    assert ranks.node_result("n1", _launch_args(0), {})["via"] == "to Slurm"
+    refused = {"failed": True, "msg": "run_as bob: no such user on this node"}
+    assert ranks.node_result("n1", _launch_args(0), {0: refused, 1: refused})["failed"]
+
+
+class Recorder(object):
+    """A step runner that records each step and answers from ``answer(call, node, local, args)``."""
+
+    def __init__(self, answer):
+        self.answer, self.steps = answer, []
+
+    def __call__(self, argv, data, expected, bound, env=None):
+        import json
+        import zlib
+        payload = json.loads(zlib.decompress(data))
+        self.steps.append({"argv": argv, "payload": payload, "expected": expected, "bound": bound})
+        results = {}
+        for node, local in expected:
+            args = dict(payload["common"], **payload["nodes"].get(node, {}))
+            answer = self.answer(payload["call"], node, local, args)
+            if answer is not None:
+                results[(node, local)] = answer
+        lost = {task: "no word from its task for 21 s" for task in expected if task not in results}
+        return {"results": results, "damaged": {}, "lost": lost, "launch_failed": {}, "task_errors": {},
+                "overdue": [], "rc": 0, "stderr": [], "other": [], "elapsed": 0.1}
+
+
+def _view(hosts, **registered):
+    settings = {"ok": True, "settings": {"preflight": dict(SRUN, preflight_srun_archive="/shared/node.pyz")},
+                "read_args": {"nic_discovery": {}}, "job": {"user": "", "named": False, "python": "/p"},
+                "selftest_error": "", "facts_timeout": 60, "probes_timeout": 120}
+    hostvars = {host: dict({registers.SETTINGS: settings}, **{name: value for name, value in registered.items()})
+                for host in hosts}
+    return ClusterView({"ansible_play_hosts_all": hosts, "hostvars": hostvars})
+
+
+def test_the_facts_call_is_one_step_of_every_node_with_its_readers_job_and_lock():
+    inputs = {"ok": True, "lock": {"dir": "/run/cluster-preflight", "run_id": "ctl:1:2"}}
+    view = _view(["n1", "n2"], **{registers.INPUTS: inputs})
+    runner = Recorder(lambda call, node, local, args: {"facts": {"node": node}, "errors": {}, "elapsed": {},
+                                                       "job_user": {}, "args": args})
+    value = srun.run_call("facts", view, environ=ALLOC, runner=runner)
+    [one] = runner.steps
+    assert one["argv"][-3:] == ["/usr/bin/python3", "/shared/node.pyz", "facts"]
+    assert one["payload"]["common"]["lock"] == inputs["lock"] and one["payload"]["nodes"] == {}
+    assert value[engine.BY_NODE]["n2"]["facts"] == {"node": "n2"} and value["call"] == "facts"
+    assert value[engine.BY_NODE]["n1"]["args"]["capabilities"] == {"nic_discovery": {}}
+
+
+def test_the_all_node_run_starts_in_the_background_and_the_probes_call_collects_it(monkeypatch, tmp_path):
+    gate = {"launch": True, "args_by_host": {"n1": _launch_args(0), "n2": _launch_args(1)}}
+    launch = {"gate": gate, "reachable": ["n1", "n2"], "probes_lock": {"run_id": "r"}}
+    plan = {"probe_args_by_host": {"n1": {"core_dumps": {"a": 1}, "fabric": {"b": 2}}, "n2": {"core_dumps": {"a": 1}}}}
+    registered = {registers.PLAN: plan, registers.LAUNCH: launch,
+                  registers.FACTS: {"facts": {}, "job_user": {"how": "named"}}}
+    started = []
+
+    def start(argv, data, directory, env=None):
+        started.append((argv, json.loads(zlib.decompress(data))))
+        return {"pid": 1, "start": "1", "dir": directory, "started": 1000.0, "proc": None}
+
+    monkeypatch.setattr(srun.step, "start", start)
+    value = srun.run_call("launch", _view(["n1", "n2"], **registered), environ=ALLOC)[engine.BY_NODE]
+    [(argv, payload)] = started
+    assert "--ntasks-per-node=2" in argv and argv[-1] == "rank" and payload["common"]["worker_source"]
+    handle = value["n1"]["step"]
+    assert value["n2"]["step"] == handle and handle["deadline"] == 1000.0 + srun.launch_bound(gate["args_by_host"])
+
+    def collect(found_handle, expected, deadline):
+        assert found_handle == handle and deadline == handle["deadline"]
+        assert sorted(expected) == [("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)]
+        # n2's ranks fell silent: the node is unreachable, as one that stops answering over SSH mid-run.
+        return {"results": {("n1", 0): _record(0, 0), ("n1", 1): _record(1, 1)}, "damaged": {},
+                "lost": {("n2", 0): "no word", ("n2", 1): "no word"}, "launch_failed": {}, "task_errors": {},
+                "overdue": [], "rc": None, "stderr": [], "other": [], "elapsed": 3.0}
+
+    monkeypatch.setattr(srun.step, "collect", collect)
+    runner = Recorder(lambda call, node, local, args: {"probes": {name: node for name in args["capabilities"]},
+                                                       "errors": {}, "elapsed": {}})
+    registered[registers.ALLREDUCE_JOB] = engine.by_node("launch", value)
+    value = srun.run_call("probes", _view(["n1", "n2"], **registered), environ=ALLOC, runner=runner)[engine.BY_NODE]
+    assert [sorted({node for node, _local in item["expected"]}) for item in runner.steps] == [["n1", "n2"], ["n1"]]
+    early, late = runner.steps
+    assert node_args(early["payload"], "n1")["capabilities"] == {"core_dumps": {"a": 1}}
+    assert node_args(late["payload"], "n1")["capabilities"] == {"fabric": {"b": 2}}
+    assert early["payload"]["common"]["job"]["resolved"] == {"how": "named"}
+    assert value["n1"]["probes"] == {"core_dumps": "n1", "fabric": "n1"}
+    assert value["n1"]["job"]["checks"]["ranks"]["status"] == "pass"
+    assert value["n2"]["unreachable"] and "no word" in value["n2"]["msg"]
+
+
+def test_the_confirmation_run_excludes_the_named_nodes_and_gpu_pairs_run_slot_by_slot():
+    confirm = {"n1": _launch_args(0), "n3": _launch_args(1)}
+    slots = {"n2": [dict(_launch_args(0, 1), env={"CUDA_VISIBLE_DEVICES": "0,1"}),
+                    dict(_launch_args(0, 1), env={"CUDA_VISIBLE_DEVICES": "2,3"})]}
+    view = _view(["n1", "n2", "n3"], **{registers.LOCALIZE: {"confirm_args_by_host": confirm,
+                                                              "gpu_slots_by_host": slots}})
+    runner = Recorder(lambda call, node, local, args: _record(args["node_rank"] * 2 + local, local))
+    srun.run_call("confirm", view, environ=ALLOC, runner=runner)
+    assert "--exclude=n2" in runner.steps[0]["argv"] and "--nodelist=n[1,3]" in runner.steps[0]["argv"]
+    runner.steps = []
+    value = srun.run_call("localize_gpu", view, environ=ALLOC, runner=runner)[engine.BY_NODE]
+    assert [item["payload"]["common"]["env"] for item in runner.steps] == [{"CUDA_VISIBLE_DEVICES": "0,1"},
+                                                                          {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert len(value["n2"]["results"]) == 2
+
+
+@pytest.mark.parametrize("why,kind", [("Communication connection failure", "unreachable"),
+                                      ("No such file or directory", "failed")])
+def test_a_node_sbcast_cannot_reach_is_unreachable_and_a_missing_directory_is_a_failure(why, kind, monkeypatch):
+    view = _view(["n1", "n2"])
+    view.settings["n1"]["preflight"]["preflight_srun_archive"] = ""
+
+    class Done(object):
+        returncode = 233
+        stderr = "sbcast: error: REQUEST_FILE_BCAST(n2): %s\n" % why
+
+    monkeypatch.setattr(srun.subprocess, "run", lambda argv, **kwargs: Done())
+    found = srun.Srun(view, environ=ALLOC).send_archive(["n1", "n2"])
+    assert list(found) == ["n2"] and found["n2"].get(kind)
+    if kind == "failed":
+        assert "preflight_srun_dir" in found["n2"]["msg"]
+
+
+def test_a_node_slurm_could_not_reach_is_accounted_as_one_ssh_could_not_reach_in_slurm_s_words():
+    from verdict_build_helpers import UNREACHABLE, build, every_capability_passes, gate, records
+    lost = srun.unreachable("Slurm could not start its task on n2: Communication connection failure")
+    verdict = build(["n1", "n2", "n3"], {"n1": records(), "n2": records(facts=lost), "n3": records(facts=UNREACHABLE)},
+                    [{"checks_by_host": every_capability_passes(["n1"])}, gate()])
+    assert verdict["unreachable_hosts"] == ["n2", "n3"] and verdict["failed_hosts"] == ["n2", "n3"]
+    by_slurm, by_ssh = (verdict["nodes"][host]["checks"]["preflight.reachable"] for host in ("n2", "n3"))
+    assert by_slurm["status"] == by_ssh["status"] == "fail"
+    assert by_slurm["found"].startswith("n2 stopped answering to Slurm while reading its facts: Slurm could not")
+    assert "slurmd" in by_slurm["fix"] and "scontrol show node n2" in by_slurm["fix"]
+    assert by_ssh["found"].startswith("n3 stopped answering over SSH") and "sshd" in by_ssh["fix"]
