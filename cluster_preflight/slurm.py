@@ -432,9 +432,47 @@ def apply(actions, runner=run, scontrol="scontrol", dry_run=False):
     return done
 
 
-def reconcile(report, runner=run, sinfo="sinfo", scontrol="scontrol", dry_run=False, nodes=None, since=None):
-    """Read Slurm, plan against ``report`` (``since``: see :func:`plan`) and apply: ``(actions, results)``."""
+# scripts/slurm-drain's cap when none is given: a share of the verdict's nodes, and never fewer than this many.
+DEFAULT_MAX_DRAIN = ("10%", 4)
+
+
+def drain_cap(text, total):
+    """The most nodes one run may drain: ``text`` is a count (``20``) or a share of the run's ``total`` nodes
+    (``10%``, rounded up, at least 1); ValueError names a value that is neither."""
+    text = str(text).strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1])
+            if not 0 <= share <= 100:
+                raise ValueError
+            return max(1, int(-(-share * total // 100))) if share else 0
+        count = int(text)
+        if count < 0:
+            raise ValueError
+        return count
+    except ValueError:
+        raise ValueError("--max-drain %r is neither a count of nodes (20) nor a share of them (10%%)" % text)
+
+
+def capped(actions, cap):
+    """``(actions, over)``: when more nodes would be drained than ``cap``, none is (each stays as it is, saying
+    why) and ``over`` says so; resumes are kept.  Many nodes failing at once is a cause they share (a switch, an
+    image, a configuration, the gate itself), which draining them all would hide and cost a cluster."""
+    drains = [item for item in actions if item["action"] == "drain"]
+    if cap is None or len(drains) <= cap:
+        return actions, ""
+    over = ("%d nodes failed, more than the %d one run may drain (--max-drain): none was drained; a cause that many "
+            "nodes share is likely (a switch, an image, a configuration): read the verdict, then drain by hand or "
+            "re-run with a higher --max-drain" % (len(drains), cap))
+    return [dict(item, action="keep", why="failed, not drained: over the drain cap (%d of at most %d)" % (
+        len(drains), cap)) if item["action"] == "drain" else item for item in actions], over
+
+
+def reconcile(report, runner=run, sinfo="sinfo", scontrol="scontrol", dry_run=False, nodes=None, since=None,
+              max_drain=None):
+    """Read Slurm, plan against ``report`` (``since``: see :func:`plan`; ``max_drain``: :func:`capped`) and apply:
+    ``(actions, results)``."""
     nodes = list(nodes if nodes is not None else report.get("hosts") or [])
     current = read_states(nodes, runner, sinfo, scontrol)
-    actions = [item for item in plan(report, current, since) if item["node"] in nodes]
+    actions, _over = capped([item for item in plan(report, current, since) if item["node"] in nodes], max_drain)
     return actions, apply(actions, runner, scontrol, dry_run)
