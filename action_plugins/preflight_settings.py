@@ -34,9 +34,16 @@ def _problem(role, name, found, expected, fix):
 
 
 class ActionModule(ControllerAction):
-    _VALID_ARGS = frozenset(("capabilities", "local_probes"))
+    _VALID_ARGS = frozenset(("capabilities", "local_probes", "all_nodes"))
 
     def _role_files(self, role):
+        """``(defaults, argument spec options)`` of ``role``, each file read once per task."""
+        cache = self.__dict__.setdefault("_role_cache", {})
+        if role not in cache:
+            cache[role] = self._read_role_files(role)
+        return cache[role]
+
+    def _read_role_files(self, role):
         base = os.path.join(ROLES, role)
         defaults = self._loader.load_from_file(os.path.join(base, "defaults", "main.yml"),
                                                trusted_as_template=True) or {}
@@ -75,6 +82,30 @@ class ActionModule(ControllerAction):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
+        if boolean(self._task.args.get("all_nodes", False)):
+            result.update(engine.by_node("settings", self._every_node(task_vars)), changed=False)
+        else:
+            result.update(self._one(task_vars))
+        return result
+
+    def _every_node(self, task_vars):
+        """Every targeted node's result, in this one task (each role's files read once): a node's variables are
+        its own (inventory, group and extra variables) over the play's (groups, hostvars, playbook_dir)."""
+        hosts = list(task_vars.get("ansible_play_hosts_all") or [])
+        hostvars = task_vars.get("hostvars")
+        own = hostvars.raw_get(task_vars.get("inventory_hostname")) if hostvars is not None else {}
+        play = {key: value for key, value in task_vars.items() if key not in own}
+        results, first = {}, None
+        for host in hosts:
+            node_vars = dict(play, **(hostvars.raw_get(host) if hostvars is not None else {}))
+            results[host] = self._one(node_vars, first)
+            if first is None:
+                first = engine.engine_of((results[host].get("settings") or {}).get(registry.RUN_ROLE))
+        return results
+
+    def _one(self, task_vars, first_engine=None):
+        """One node's result (``task_vars``: its variables); ``first_engine``: the run's first node's engine."""
+        result = {}
         wanted = list(self._task.args.get("capabilities") or registry.NAMES)
         roles = [registry.RUN_ROLE] + [name for name in wanted if name != registry.RUN_ROLE]
         errors = []
@@ -117,7 +148,8 @@ class ActionModule(ControllerAction):
             errors.extend(_problem(registry.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
                           for item in registry.validate_run(settings[registry.RUN_ROLE]) + engine.problems(
                               settings[registry.RUN_ROLE], task_vars.get("inventory_hostname"),
-                              self._first_engine(task_vars, all_defaults, settings[registry.RUN_ROLE]), os.environ))
+                              first_engine or self._first_engine(task_vars, all_defaults, settings[registry.RUN_ROLE]),
+                              os.environ))
             for name in wanted:
                 for item in registry.get(name).validate(settings[name]):
                     errors.append(_problem(name, item["name"], item["found"], item["expected"], item["fix"]))

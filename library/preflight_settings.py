@@ -33,6 +33,13 @@ options:
     description: Also return the arguments of the node-local probes (RV(local_probes)), for C(healthcheck.yml).
     type: bool
     default: false
+  all_nodes:
+    description:
+      - Load every targeted node's settings in this one task (run it once) and return each node's result under
+        C(preflight_by_node), registered for every node at once; the decisions read each node's own
+        (C(cluster_preflight/engine)). The srun engine's runs do, where nothing else runs per node.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full

@@ -279,3 +279,46 @@ def test_a_node_slurm_could_not_reach_is_accounted_as_one_ssh_could_not_reach_in
     assert by_slurm["found"].startswith("n2 stopped answering to Slurm while reading its facts: Slurm could not")
     assert "slurmd" in by_slurm["fix"] and "scontrol show node n2" in by_slurm["fix"]
     assert by_ssh["found"].startswith("n3 stopped answering over SSH") and "sshd" in by_ssh["fix"]
+
+
+def _settings_action(args):
+    import importlib.util
+    import sys
+    from unittest import mock
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    spec = importlib.util.spec_from_file_location("preflight_settings_action",
+                                                  os.path.join(ROOT, "action_plugins", "preflight_settings.py"))
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    loader = DataLoader()
+    task = mock.MagicMock(args=args, async_val=0, check_mode=False, diff=False)
+    return plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), loader, Templar(loader), mock.MagicMock()), \
+        sys.executable
+
+
+class HostVars(dict):
+    """What ``hostvars`` gives an action: each node's own variables, untemplated (``raw_get``)."""
+
+    def raw_get(self, host):
+        return self[host]
+
+
+def test_settings_of_every_node_in_one_task_are_each_node_s_own(monkeypatch):
+    """The srun engine loads every node's settings in one task: each node's own variables (not the first node's),
+    one register for all, read per node; the same refusal per node as one task per node gives."""
+    monkeypatch.setattr(os, "environ", dict(os.environ, **ALLOC))
+    action, python = _settings_action({"all_nodes": True})
+    own = {host: {"inventory_hostname": host, "preflight_engine": "srun", "preflight_training_python": python}
+           for host in ("gpu01", "gpu02", "gpu07")}
+    own["gpu02"]["allreduce_timeout"] = 45
+    play = {"ansible_play_hosts_all": list(own), "groups": {"all": list(own), "cluster": list(own)},
+            "hostvars": HostVars(own)}
+    result = action.run(task_vars=dict(play, **own["gpu01"]))
+    view = ClusterView({"ansible_play_hosts_all": list(own), "hostvars": {host: {registers.SETTINGS: result}
+                                                                            for host in own}})
+    timeouts = {host: view.settings[host]["allreduce"]["allreduce_timeout"] for host in own}
+    assert timeouts == {"gpu01": 30, "gpu02": 45, "gpu07": 30}
+    assert [host for host in own if (view.result(host, registers.SETTINGS) or {}).get("ok")] == ["gpu01", "gpu02"]
+    [problem] = view.result("gpu07", registers.SETTINGS)["errors"]
+    assert "gpu07 is not a node of allocation 42" in problem["found"]
