@@ -357,12 +357,12 @@ def localize_lock(engine, view):
     return engine.node_call("lock", {host: {"renew": lock} for host in held}, 60 + SLACK)
 
 
-def launches(key, register):
+def launches(key):
     """A localisation step (its planned launches: ``allreduce_localize[key]``) as one step of ranks."""
     def run(engine, view):
         args = _first(view, registers.LOCALIZE).get(key) or {}
         return engine.rank_call(args, launch_bound(args))
-    run.__doc__ = "The localisation step %s (register %s)." % (key, register)
+    run.__doc__ = "The localisation step planned in %s, one step of ranks." % key
     return run
 
 
@@ -393,26 +393,26 @@ def unlock(engine, view):
                             60 + SLACK)
 
 
-# The action's ``call`` -> (what it runs, the register its results go to: playbooks/tasks/gate_srun.yml).
+# Each node call of the interface (cluster_preflight/engine NODE_CALLS: its register) -> what this engine runs for it.
 CALLS = {
-    "facts": (facts, registers.FACTS),
-    "port_mesh": (port_mesh, registers.PORT_MESH_PROBE),
-    "single": (single, registers.SINGLE),
-    "launch": (launch, registers.ALLREDUCE_JOB),
-    "probes": (probes, registers.PROBES),
-    "localize_lock": (localize_lock, registers.LOCALIZE_LOCK),
-    "localize_first": (launches("first_args_by_host", registers.LOCALIZE_FIRST), registers.LOCALIZE_FIRST),
-    "localize_second": (launches("second_args_by_host", registers.LOCALIZE_SECOND), registers.LOCALIZE_SECOND),
-    "localize_gpu": (localize_gpu, registers.LOCALIZE_GPU),
-    "retest_first": (launches("retest_first_args_by_host", registers.RETEST_FIRST), registers.RETEST_FIRST),
-    "retest_second": (launches("retest_second_args_by_host", registers.RETEST_SECOND), registers.RETEST_SECOND),
-    "confirm": (confirm, registers.CONFIRM),
-    "unlock": (unlock, registers.UNLOCK),
+    "facts": facts,
+    "port_mesh": port_mesh,
+    "single": single,
+    "launch": launch,
+    "probes": probes,
+    "localize_lock": localize_lock,
+    "localize_first": launches("first_args_by_host"),
+    "localize_second": launches("second_args_by_host"),
+    "localize_gpu": localize_gpu,
+    "retest_first": launches("retest_first_args_by_host"),
+    "retest_second": launches("retest_second_args_by_host"),
+    "confirm": confirm,
+    "unlock": unlock,
 }
 
 
 def run_call(call, view, environ=None, runner=None):
     """The register value of node call ``call`` over the cluster (:func:`cluster_preflight.engine.by_node`)."""
     engine = Srun(view, environ, runner)
-    results = CALLS[call][0](engine, view)
+    results = CALLS[call](engine, view)
     return dict(by_node(call, results), steps=engine.steps)

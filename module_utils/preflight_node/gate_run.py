@@ -500,30 +500,36 @@ def _scratch_dir_problems(path):
     return []
 
 
-def bounded_run(params, host, marker):
-    """The whole gate on this node, interruptible: the module's result, or ``failed`` with ``msg``."""
-    role = host
+def guarded(params, marker, work, signals=(signal.SIGTERM, signal.SIGHUP)):
+    """``(result, Interrupted or None, seconds)`` of ``work(scratch)`` in a scratch directory of its own (made for
+    the job's user, removed after, also when this process is killed outright), interruptible by ``signals``."""
     started = time.monotonic()
-    result, interrupted = None, None
-    with interruptible():
-        scratch = None
+    result, interrupted, scratch = None, None, None
+    with interruptible(signals):
         try:
             account = as_user(params["run_as"])[0] if params["run_as"] and params["run_as"] != _me() else None
             scratch = Scratch(params["scratch_dir"], account)
             # The guard cleans up if this process is killed outright (SIGKILL).
             with Guard(marker, cleanup=[] if params["keep_scratch"] else [scratch.path]):
                 try:
-                    result = run_gate(params, host, role, scratch, marker)
+                    result = work(scratch)
                 finally:
                     _remove(scratch, params["keep_scratch"])
         except Interrupted as exc:
             interrupted = exc
             # The signal may have cut the removal above short; another one cannot interrupt this.
             _remove(scratch, params["keep_scratch"])
+    return result, interrupted, time.monotonic() - started
+
+
+def bounded_run(params, host, marker):
+    """The whole gate on this node, interruptible: the module's result, or ``failed`` with ``msg``."""
+    result, interrupted, seconds = guarded(params, marker, lambda scratch: run_gate(params, host, host, scratch,
+                                                                                   marker))
     if interrupted:
         return {"failed": True, "interrupted": interrupted.signal_name, "hostname": host,
                 "msg": "the all-reduce on %s was interrupted by %s after %.1f s; its process tree was killed"
-                       % (host, interrupted.signal_name, time.monotonic() - started)}
+                       % (host, interrupted.signal_name, seconds)}
     return result
 
 

@@ -20,18 +20,16 @@ record; the controller assembles a node's result from its ranks' records (``clus
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
-import time
 import uuid
 
-from .gate_run import (WORKER_NAME, _me, _watchers, build_env, check_params, find_py_spy, summarize_ranks,
+from .gate_run import (WORKER_NAME, _me, _watchers, build_env, check_params, find_py_spy, guarded, summarize_ranks,
                        worker_args)
 from .lock import hold_for_call
 from .ops import as_user
-from .proc import Guard, Interrupted, interruptible, run_bounded
-from .scratch import Scratch, head_and_tail, read_log, read_rank_files
+from .proc import run_bounded
+from .scratch import head_and_tail, read_log, read_rank_files
 
 LOG_NAME = "rank.log"
 
@@ -96,36 +94,16 @@ def run_rank(params, host, local_rank, scratch, marker):
 
 
 def bounded_rank(params, host, local_rank, marker):
-    """:func:`run_rank`, interruptible (the step ended by the controller): the record, or ``failed`` with
-    ``msg``."""
-    started = time.monotonic()
-    record, interrupted, scratch = None, None, None
-    with interruptible((signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
-        try:
-            account = as_user(params["run_as"])[0] if params["run_as"] and params["run_as"] != _me() else None
-            scratch = Scratch(params["scratch_dir"], account)
-            with Guard(marker, cleanup=[] if params["keep_scratch"] else [scratch.path]):
-                try:
-                    record = run_rank(params, host, local_rank, scratch, marker)
-                finally:
-                    _remove(scratch, params["keep_scratch"])
-        except Interrupted as exc:
-            interrupted = exc
-            _remove(scratch, params["keep_scratch"])
+    """:func:`run_rank` in a scratch directory of its own, interruptible (the step ended by the controller): the
+    record, or ``failed`` with ``msg``."""
+    record, interrupted, seconds = guarded(params, marker, lambda scratch: run_rank(params, host, local_rank, scratch,
+                                                                                  marker),
+                                           signals=(signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
     if interrupted:
         return {"failed": True, "interrupted": interrupted.signal_name, "hostname": host,
                 "msg": "rank %d on %s was interrupted by %s after %.1f s (its step was ended); its process tree "
-                       "was killed" % (identity(params, local_rank)[0], host, interrupted.signal_name,
-                                       time.monotonic() - started)}
+                       "was killed" % (identity(params, local_rank)[0], host, interrupted.signal_name, seconds)}
     return record
-
-
-def _remove(scratch, keep):
-    if scratch is None:
-        return
-    scratch.close()
-    if not keep:
-        shutil.rmtree(scratch.path, ignore_errors=True)
 
 
 def module_main(module):

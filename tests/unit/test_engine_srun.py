@@ -99,7 +99,8 @@ def test_both_engines_register_every_node_call_and_srun_s_calls_are_the_playbook
     assert calls - {registers.ALLREDUCE_JOB} <= _registers(srun_files)
     pairs = {(task["preflight_srun"]["call"], task["register"]) for path in srun_files for task in _tasks(path)
              if "preflight_srun" in task}
-    assert pairs == {(call, register) for call, (_run, register) in srun.CALLS.items()}
+    assert pairs == {(call.name, call.register) for call in engine.NODE_CALLS}
+    assert set(srun.CALLS) == set(engine.BY_NAME)
     for path in srun_files:
         for task in _tasks(path):
             if "preflight_srun" in task:
