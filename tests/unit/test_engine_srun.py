@@ -323,3 +323,13 @@ def test_settings_of_every_node_in_one_task_are_each_node_s_own(monkeypatch):
     assert [host for host in own if (view.result(host, registers.SETTINGS) or {}).get("ok")] == ["gpu01", "gpu02"]
     [problem] = view.result("gpu07", registers.SETTINGS)["errors"]
     assert "gpu07 is not a node of allocation 42" in problem["found"]
+
+
+def test_gate_engine_is_the_preflight_engine_setting_and_only_the_gate_takes_it():
+    from cluster_preflight import cli
+    args, passthrough = cli.parse_args(["gate", "--engine", "srun", "-e", "allreduce_timeout=20"])
+    assert args.extravars == {"allreduce_timeout": "20", "preflight_engine": "srun"} and passthrough == []
+    assert "preflight_engine" not in cli.parse_args(["gate"])[0].extravars
+    with pytest.raises(cli.UsageError, match="invalid choice: 'mpi'"):
+        cli.parse_args(["gate", "--engine", "mpi"])
+    assert "--engine" in cli.parse_args(["healthcheck", "--engine", "srun"])[1]
