@@ -207,3 +207,20 @@ def test_the_archive_is_the_node_layer_and_the_same_bytes_for_the_same_code(tmp_
     for line in lines:
         collector.feed(line)
     assert collector.results[("n9", 0)]["why"] == "no lease on this node"
+
+
+def test_a_task_refuses_to_run_node_code_another_account_could_have_changed(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    path = shared / "node.pyz"
+    archive.write(str(path))
+    done = subprocess.run([sys.executable, str(path), "lock"], input=zlib.compress(json.dumps(
+        {"call": "lock", "common": {"dir": str(tmp_path), "run_id": "r"}, "nodes": {}}).encode()),
+        capture_output=True, timeout=60, env=dict(os.environ, SLURMD_NODENAME="n9", SLURM_LOCALID="0"), check=True)
+    collector = step.Collector([("n9", 0)])
+    for line in done.stdout.decode().splitlines():
+        collector.feed(line)
+    result = collector.results[("n9", 0)]
+    assert result["failed"] and "refused to run the node code" in result["msg"] and "writable by other" in result["msg"]
+    assert not os.path.exists(os.path.join(str(tmp_path), "cluster-preflight.n9.lease"))
