@@ -98,9 +98,11 @@ def _free_port(address):
 class SlurmCluster(UpDown):
     """slurmctld + one slurmd per node of ``bed`` + munged; see the module docstring."""
 
-    def __init__(self, bed, ready_timeout=60):
+    def __init__(self, bed, ready_timeout=60, cpus=1):
         self.bed = bed
         self.ready_timeout = ready_timeout
+        # CPUs declared per node: a step with K tasks per node needs K (the bed's nodes share the host's cores).
+        self.cpus = int(cpus)
         self.dir = None
         self.conf = None
         self._procs = []
@@ -137,7 +139,7 @@ class SlurmCluster(UpDown):
         self._wait(lambda: os.path.exists(self.munge_socket), "munged did not create its socket", "munged.out")
         ctl_addr = "198.18.%d.254" % self.bed.slot
         self.ctl_name = "pfctl%s" % tag
-        nodes = "\n".join("NodeName=%s NodeAddr=%s CPUs=1 State=UNKNOWN" % (node.name, node.address)
+        nodes = "\n".join("NodeName=%s NodeAddr=%s CPUs=%d State=UNKNOWN" % (node.name, node.address, self.cpus)
                           for node in self.bed.nodes)
         self.conf = os.path.join(self.dir, "slurm.conf")
         with open(self.conf, "w", encoding="utf-8") as handle:
@@ -151,14 +153,35 @@ class SlurmCluster(UpDown):
         for node in self.bed.nodes:
             os.makedirs(os.path.join(self.dir, "spool", node.name), mode=0o700)
             self._node_cgroup(node)
-            log = open(os.path.join(self.dir, "slurmd-launch-%s.out" % node.name), "ab")  # pylint: disable=consider-using-with
-            try:
-                self._procs.append(("slurmd " + node.name, self.bed.spawn(
-                    node, [_which("slurmd"), "-D", "-f", self.conf, "-N", node.name],
-                    stdout=log, stderr=log, env=self.env())))
-            finally:
-                log.close()
+            self._start_slurmd(node)
         self._wait(self._all_idle, "not every slurmd registered idle", "slurmctld.log")
+
+    def _start_slurmd(self, node):
+        log = open(os.path.join(self.dir, "slurmd-launch-%s.out" % node.name), "ab")  # pylint: disable=consider-using-with
+        try:
+            self._procs.append(("slurmd " + node.name, self.bed.spawn(
+                node, [_which("slurmd"), "-D", "-f", self.conf, "-N", node.name], stdout=log, stderr=log,
+                env=self.env())))
+        finally:
+            log.close()
+
+    def stop_slurmd(self, node):
+        """Kill the node's slurmd (and the steps it runs), as ``systemctl stop slurmd`` would end it; the node
+        itself runs on."""
+        for pid in self._node_daemons(node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for name, proc in list(self._procs):
+            if name == "slurmd " + node.name:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+                self._procs.remove((name, proc))
+
+    def start_slurmd(self, node, timeout=120):
+        """Start the node's slurmd again and wait until Slurm has it idle (a node down for a while returns as
+        ``ReturnToService=2`` allows)."""
+        self._start_slurmd(node)
+        self.wait_state(node.name, lambda state: state["state"].upper().rstrip("*") == "IDLE", timeout=timeout)
 
     def _node_cgroup(self, node):
         """slurmd initialises its cgroup plugin whatever ProctrackType says, and a bed node's /sys is the
@@ -297,7 +320,7 @@ class SlurmCluster(UpDown):
             return ""
 
 
-def slurm_fixture(request, bed):
+def slurm_fixture(request, bed, cpus=1):
     """A SlurmCluster on ``bed`` for a fixture, torn down with the fixture's scope (skips, with the
     reason, where Slurm is not installed)."""
     import pytest  # pylint: disable=import-outside-toplevel
@@ -305,7 +328,7 @@ def slurm_fixture(request, bed):
     reason = unavailable_reason()
     if reason:
         pytest.skip("Slurm unavailable: %s" % reason)
-    cluster = SlurmCluster(bed)
+    cluster = SlurmCluster(bed, cpus=cpus)
     request.addfinalizer(cluster.down)
     cluster.up()
     return cluster
