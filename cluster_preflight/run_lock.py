@@ -23,6 +23,7 @@ import os
 
 from cluster_preflight import capabilities as registry
 from cluster_preflight.cluster import live_runs, run_identity
+from cluster_preflight.engine import engine_of
 from preflight_node.checks import RUN, blocked, passed, warned
 from preflight_node.lock import LOCK_DIR, when
 
@@ -45,7 +46,9 @@ def lock_args(view):
     gate = (view.settings.get(first) or {}).get("allreduce") or {}
     facts = float(run.get("preflight_facts_timeout") or 60)
     longest = max(facts, float(run.get("preflight_probes_timeout") or 120) + _launch_bound(gate)) + CONNECT_BOUND
-    batches = int(math.ceil(len(view.hosts) / float(max(1, view.forks))))
+    # The srun engine reaches every node in one Slurm step: no fork batches.
+    forks = len(view.hosts) if engine_of(run) == "srun" else view.forks
+    batches = int(math.ceil(len(view.hosts) / float(max(1, forks))))
     grace = run.get("preflight_lock_grace")
     slack = float(DEFAULT_GRACE if grace is None else grace) + 2 * (batches - 1) * longest
     run_id, pid, start = run_identity()

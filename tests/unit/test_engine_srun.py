@@ -333,3 +333,16 @@ def test_gate_engine_is_the_preflight_engine_setting_and_only_the_gate_takes_it(
     with pytest.raises(cli.UsageError, match="invalid choice: 'mpi'"):
         cli.parse_args(["gate", "--engine", "mpi"])
     assert "--engine" in cli.parse_args(["healthcheck", "--engine", "srun"])[1]
+
+
+def test_with_the_srun_engine_a_lease_waits_for_no_fork_batch():
+    from cluster_preflight.run_lock import lock_args
+
+    class View(object):
+        hosts, forks = ["n%d" % index for index in range(10)], 5
+        settings = {host: {"preflight": {"preflight_engine": "srun"}, "allreduce": {}}
+                    for host in ["n%d" % index for index in range(10)]}
+
+    assert lock_args(View())["slack"] == 120
+    View.settings = {host: {"preflight": {"preflight_engine": "ssh"}, "allreduce": {}} for host in View.hosts}
+    assert lock_args(View())["slack"] > 120
