@@ -9,6 +9,7 @@ and stage whether it ran, was skipped, failed or found the node unreachable.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import gc
 import json
@@ -128,6 +129,8 @@ class ClusterView(object):
         self._cache = {}
         # register -> every node's result of one engine step (cluster_preflight/engine): read once, not per node.
         self._by_node = {}
+        # host -> its variables as stored (registered results included), fetched once.
+        self._vars = {}
         self.settings, self.nodes = {}, {}
         for host in self.hosts:
             loaded = self.result(host, registers.SETTINGS) or {}
@@ -139,11 +142,7 @@ class ClusterView(object):
         if key not in self._cache:
             wrapped = self._by_node.get(name)
             if wrapped is None:
-                try:
-                    host_vars = self._hostvars[host]
-                    value = host_vars[name] if name in host_vars else None
-                except KeyError:
-                    value = None
+                value = self._registered(host, name)
                 if not engine.is_by_node(value):
                     self._cache[key] = plain(value) if value is not None else None
                     return self._cache[key]
@@ -151,6 +150,19 @@ class ClusterView(object):
                 wrapped = self._by_node[name] = plain(value)
             self._cache[key] = engine.node_result(wrapped, host)
         return self._cache[key]
+
+    def _registered(self, host, name):
+        """What ``host`` registered as ``name`` (None: nothing), as it was stored.  A registered result is data a task
+        returned, never a template, so it is read without rendering (``hostvars``' ``raw_get``): rendering a
+        register that holds every node's result (the srun engine's) cost every decision a copy per node."""
+        if host not in self._vars:
+            raw_get = getattr(self._hostvars, "raw_get", None)
+            try:
+                found = raw_get(host) if raw_get is not None else self._hostvars[host]
+            except KeyError:
+                found = None
+            self._vars[host] = found if isinstance(found, collections.abc.Mapping) else {}
+        return self._vars[host].get(name)
 
     def outcome(self, host, name):
         """``(state, message)`` of a node's registered result (see :func:`outcome`)."""

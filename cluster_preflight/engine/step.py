@@ -85,7 +85,9 @@ def srun_argv(nodes, call, python, archive, tasks=1, bound=60, exclude=(), extra
             "--export=PATH=%s,LANG=C,LC_ALL=C" % TASK_PATH]
     if exclude:
         argv.append("--exclude=%s" % hostlist.collect_hostlist(list(exclude)))
-    return argv + list(extra) + [python, archive, call]
+    # Isolated and without site packages: nothing of the node's site directories or environment is imported (the
+    # node layer needs the standard library only), and a task starts in a fraction of the time.
+    return argv + list(extra) + [python, "-I", "-S", archive, call]
 
 
 class Collector(object):

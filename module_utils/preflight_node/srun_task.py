@@ -2,7 +2,8 @@
 """One task of a srun engine step (node layer): the same node-side code an Ansible module runs, its result printed.
 
 The srun engine (``cluster_preflight/engine/srun.py``) runs every node call of the gate as one Slurm step over the
-nodes it concerns: each task is ``<python> <archive> <call>``, where the archive is this package zipped with a
+nodes it concerns: each task is ``<python> -I -S <archive> <call>`` (isolated, no site packages: the node layer needs
+the standard library only), where the archive is this package zipped with a
 ``__main__`` (``cluster_preflight/engine/archive.py``), sent to the node's own directory with ``sbcast``.  The task:
 
 * reads the step's arguments from standard input (srun hands every task the same stream): ``{call, common,
@@ -107,18 +108,27 @@ class StepModule(object):
         return None
 
 
-def _calls():
-    """call -> (argument spec, body(module)), imported here so a failure to import is the task's result."""
+def _body(call):
+    """``(argument spec, body(module))`` of ``call``, importing only what that call runs (a rank's task loads no
+    reader), so a failure to import is the task's result."""
     # pylint: disable=import-outside-toplevel
-    from . import gate_run, lock, port_probe, probes, rank_run, readers
-    from .calls import FACTS_CALL_SPEC, PROBES_CALL_SPEC, node_call
-    return {
-        "facts": (FACTS_CALL_SPEC, lambda module: node_call(module, readers, "read", "facts")),
-        "probes": (PROBES_CALL_SPEC, lambda module: node_call(module, probes, "probe", "probes")),
-        "port_probe": (port_probe.ARGUMENT_SPEC, port_probe.module_main),
-        "lock": (lock.MODULE_SPEC, lock.module_main),
-        "rank": (dict(gate_run.MODULE_SPEC), rank_run.module_main),
-    }
+    if call in ("facts", "probes"):
+        from .calls import FACTS_CALL_SPEC, PROBES_CALL_SPEC, node_call
+        if call == "facts":
+            from . import readers
+            return FACTS_CALL_SPEC, lambda module: node_call(module, readers, "read", "facts")
+        from . import probes
+        return PROBES_CALL_SPEC, lambda module: node_call(module, probes, "probe", "probes")
+    if call == "port_probe":
+        from . import port_probe
+        return port_probe.ARGUMENT_SPEC, port_probe.module_main
+    if call == "lock":
+        from . import lock
+        return lock.MODULE_SPEC, lock.module_main
+    if call == "rank":
+        from . import gate_run, rank_run
+        return dict(gate_run.MODULE_SPEC), rank_run.module_main
+    raise KeyError("no node call %r (facts, probes, port_probe, lock, rank)" % call)
 
 
 def node_args(payload, node):
@@ -143,7 +153,7 @@ def origin_problem(path):
 def run(call, params):
     """The result of ``call`` with ``params`` on this node (never raises)."""
     try:
-        spec, body = _calls()[call]
+        spec, body = _body(call)
         body(StepModule(spec, params))
         return {"failed": True, "msg": "the %s body returned without a result" % call}
     except StepExit as done:

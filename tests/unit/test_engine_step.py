@@ -37,7 +37,7 @@ def test_the_values_every_node_shares_go_once_and_each_node_adds_its_own():
 def test_the_srun_line_names_its_nodes_tasks_bound_and_leaves_no_controller_environment():
     argv = step.srun_argv(["n1", "n2", "n3"], "rank", "/usr/bin/python3", "/run/x.pyz", tasks=2, bound=300,
                           exclude=["n4"], extra=["--gpus-per-node=8"])
-    assert argv[0] == "srun" and argv[-3:] == ["/usr/bin/python3", "/run/x.pyz", "rank"]
+    assert argv[0] == "srun" and argv[-5:] == ["/usr/bin/python3", "-I", "-S", "/run/x.pyz", "rank"]
     for option in ("--nodes=3", "--nodelist=n[1-3]", "--ntasks-per-node=2", "--ntasks=6", "--overlap",
                    "--kill-on-bad-exit=0", "--time=7", "--exclude=n4", "--gpus-per-node=8", "--cpu-bind=none"):
         assert option in argv
