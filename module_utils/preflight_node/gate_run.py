@@ -18,7 +18,7 @@ import signal
 import stat
 import time
 
-from .checks import failed, passed, warned
+from .checks import failed, not_applicable, passed, warned
 from .lock import RUN_ENV
 from .ops import as_user, user_environment
 from .scratch import Scratch, read_log, read_rank_files, read_rank_logs
@@ -248,7 +248,14 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
                                        "exact all-reduce result")
     # The largest size is the one gated (the sizes may be given in any order).
     rows = [max(r["bandwidth"], key=lambda row: row.get("size_bytes") or 0) for r in ranks if r.get("bandwidth")]
-    if rows:
+    if rows and int(params.get("nnodes") or 1) * int(params.get("nproc_per_node") or 1) == 1:
+        # One rank moves no data between ranks: its "all-reduce" is a copy on one device, so any busbw (or a floor
+        # compared with it) would claim a link that was never measured.
+        largest = max(rows, key=lambda row: row.get("size_bytes") or 0)
+        checks["bandwidth"] = not_applicable(
+            "one rank on %s (world size 1): the all-reduce crossed no link (algbw %.3f GB/s at %d bytes is a copy on "
+            "one device); busbw not measured" % (host, largest.get("algbw_gbps") or 0, largest.get("size_bytes") or 0))
+    elif rows:
         slowest = min(rows, key=lambda row: row["busbw_gbps"])
         found = "busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes on %s" % (
             slowest["busbw_gbps"], slowest["algbw_gbps"], slowest["size_bytes"], host)

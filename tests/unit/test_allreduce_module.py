@@ -92,6 +92,17 @@ def test_bandwidth_minimum_gates(tmp_path):
     assert checks["bandwidth"]["status"] == "pass"
 
 
+def test_one_rank_measures_no_bandwidth():
+    """World size 1 (one GPU): the all-reduce is a copy on one device; a busbw or a floor compared with it would claim
+    a link that carried nothing."""
+    ranks = [{"rank": 0, "local_rank": 0, "status": "ok", "correct": True, "correctness": {"wrong": 0},
+              "bandwidth": [{"size_bytes": 1 << 30, "busbw_gbps": 38503.9, "algbw_gbps": 38503.9}]}]
+    checks = gate_run.node_checks(base_params(nproc_per_node=1, min_busbw_gbps=100.0), "gpu1", 0, False, 1.0, ranks)
+    assert checks["bandwidth"]["status"] == "not_applicable"
+    assert "world size 1" in checks["bandwidth"]["found"] and "busbw not measured" in checks["bandwidth"]["found"]
+    assert checks["correctness"]["status"] == "pass"
+
+
 def test_argv_and_env_keep_every_file_in_scratch():
     params = base_params(socket_ifname="eth1", env={"NCCL_DEBUG": "INFO"})
     argv = gate_run.build_argv(params, "/s/w.py", "/s/ranks", "n1", "/s/torchrun-logs")
