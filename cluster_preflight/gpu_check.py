@@ -232,7 +232,7 @@ def gate_step(steps, args):
                  "preflight_master_port": _free_port()}
     if args.job_user:
         extravars["preflight_job_user"] = args.job_user
-    if not os.path.isdir("/run/lock"):
+    if not os.path.isdir("/run"):
         extravars["preflight_lock_dir"] = os.path.join(folder, "lock")
         os.makedirs(extravars["preflight_lock_dir"], mode=0o700, exist_ok=True)
     if extra_path:
