@@ -18,7 +18,7 @@ from . import registry
 from . import core_dumps_probe, fabric_probe, kernel_debug_probe, ssh_trust_probe  # noqa: F401
 
 # Capability name -> the node module holding its ``probe``, in verdict order.
-PROBES = {name: globals()[name + "_probe"] for name in registry.probes_for("preflight")}
+PROBES = registry.bind(registry.probes_for("preflight"), globals(), "_probe", "probes.py")
 
 
 def get(name):

@@ -18,7 +18,7 @@ from . import (allreduce, core_dumps, debug_tools, fabric, gpu_health, iommu, ke
                nic_discovery, ssh_trust)
 
 # Capability name -> the node module holding its ``read``, in verdict order.
-READERS = {name: globals()[name] for name in registry.readers_for("preflight")}
+READERS = registry.bind(registry.readers_for("preflight"), globals(), "", "readers.py")
 
 
 def get(name):

@@ -130,3 +130,14 @@ def bringup_steps(names):
     wanted = set(names)
     return [{"name": item.name, "what": "%s (%s)." % (item.bringup[0], item.name), "how": "%s." % item.bringup[1]}
             for item in CAPABILITIES if item.bringup and item.name in wanted]
+
+
+def bind(names, imported, suffix, where):
+    """``{name: module}``: the node module ``<name><suffix>`` of each capability in ``names``, from ``imported`` (the
+    names ``where`` imported, its ``globals()``); ImportError naming each one ``where`` does not import by name,
+    which Ansible would not ship with the call."""
+    missing = [name + suffix for name in names if name + suffix not in imported]
+    if missing:
+        raise ImportError("module_utils/preflight_node/%s does not import %s: add it to its import line (Ansible "
+                          "ships with a node call only the modules it imports by name)" % (where, ", ".join(missing)))
+    return {name: imported[name + suffix] for name in names}

@@ -151,6 +151,13 @@ def test_the_node_calls_import_by_name_every_half_the_registry_declares():
                for bound in (readers.READERS, probes.PROBES) for name, module in bound.items())
 
 
+def test_a_half_a_node_call_does_not_import_by_name_is_named_at_import():
+    with pytest.raises(ImportError, match=r"readers.py does not import gpu_health: add it to its import line"):
+        registry.bind(("nic_discovery", "gpu_health"), {"nic_discovery": readers}, "", "readers.py")
+    with pytest.raises(ImportError, match=r"probes.py does not import fabric_probe"):
+        registry.bind(("fabric",), {"fabric": readers}, "_probe", "probes.py")
+
+
 # --- the playbooks keep no list of their own ------------------------------------------------------------------
 
 PLAYBOOK_YAML = ("*.yml", "playbooks/*.yml", "roles/*/tasks/*.yml", "roles/*/defaults/*.yml", "roles/*/vars/*.yml",
