@@ -16,7 +16,6 @@ import os
 
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.parsing.convert_bool import boolean
 
 from cluster_preflight.action import ControllerAction
 from cluster_preflight import capabilities as registry
@@ -33,7 +32,7 @@ def _problem(role, name, found, expected, fix):
 
 
 class ActionModule(ControllerAction):
-    _VALID_ARGS = frozenset(("capabilities", "local_probes"))
+    _VALID_ARGS = frozenset(("capabilities", "kind"))
 
     def _role_files(self, role):
         base = os.path.join(ROLES, role)
@@ -62,9 +61,11 @@ class ActionModule(ControllerAction):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        wanted = list(self._task.args.get("capabilities") or registry.NAMES)
-        roles = [registry.RUN_ROLE] + [name for name in wanted if name != registry.RUN_ROLE]
-        errors = []
+        kind = self._task.args.get("kind") or "preflight"
+        if kind not in registry.KINDS:
+            raise AnsibleError("preflight_settings: kind %r is not one of %s" % (kind, ", ".join(registry.KINDS)))
+        wanted, errors = _wanted(self._task.args.get("capabilities"), kind)
+        roles = [registry.RUN_ROLE] + wanted
         loaded, all_defaults = {}, {}
         for role in roles:
             try:
@@ -112,18 +113,17 @@ class ActionModule(ControllerAction):
         read_args = {}
         if not errors:
             for name in wanted:
-                module = registry.get(name)
-                args = module.read_args(settings[name], node) if hasattr(module, "read_args") else None
+                args = registry.get(name).read_args(settings[name], node) if name in registry.readers_for(kind) \
+                    else None
                 if args is not None:
                     read_args[name] = args
         local_probes = {}
-        if not errors and boolean(self._task.args.get("local_probes", False)):
+        if not errors and kind == "healthcheck":
             # A node-local run (healthcheck.yml): the probes that need no peer, run in the reader call.
             alone = {"hosts": [node["name"]], "nodes": {node["name"]: node}}
             for name in wanted:
-                module = registry.get(name)
-                if name in registry.LOCAL_NAMES and hasattr(module, "probe_args"):
-                    args = module.probe_args(settings[name], node, alone)
+                if name in registry.probes_for(kind):
+                    args = registry.get(name).probe_args(settings[name], node, alone)
                     if args is not None:
                         local_probes[name] = args
         run = settings.get(registry.RUN_ROLE) or {}
@@ -131,6 +131,7 @@ class ActionModule(ControllerAction):
         result.update(job=registry.job_user_wanted(run, node, python), changed=False,
                       ok=not errors, errors=errors, input_warnings=warnings, settings=settings, node=node, read_args=read_args,
                       local_probes=local_probes, capabilities=wanted, started=run_started(),
+                      bringup=registry.bringup_steps(wanted) if kind == "bringup" else [],
                       healthcheck_budget=run.get("preflight_healthcheck_budget") or 30,
                       selftest_error=run.get("preflight_selftest_error") or "",
                       facts_timeout=run.get("preflight_facts_timeout") or 60,
@@ -139,6 +140,24 @@ class ActionModule(ControllerAction):
             result["msg"] = "invalid settings on %s: %s" % (task_vars.get("inventory_hostname"), "; ".join(
                 "%s=%s (expected %s)" % (item["name"], item["found"], item["expected"]) for item in errors))
         return result
+
+
+# The variable that names the capabilities of a run of each kind, when its playbook reads one.
+LIST_VARIABLES = {"bringup": "preflight_bringup_capabilities", "healthcheck": "preflight_local_capabilities"}
+
+
+def _wanted(given, kind):
+    """The capabilities to load, in the order given (a list, or a comma-separated text as ``-e`` passes it), and a
+    problem for each name that a run of ``kind`` does not apply; the registry's for ``kind`` when none is given."""
+    known = registry.names_for(kind)
+    if isinstance(given, str):
+        given = [item.strip() for item in given.split(",") if item.strip()]
+    wanted = [str(name) for name in (given or known)]
+    errors = [_problem(registry.RUN_ROLE, LIST_VARIABLES.get(kind, "capabilities"), name,
+                       "one of %s (what a %s run applies: module_utils/preflight_node/registry.py)"
+                       % (", ".join(known), kind), "name only those, or leave the variable unset for all of them")
+              for name in wanted if name not in known]
+    return [name for name in dict.fromkeys(wanted) if name in known], errors
 
 
 def _variable_in(message, spec):

@@ -12,6 +12,7 @@ them once the gate's results are in and calls :func:`decide_all`.  Each differen
 from __future__ import annotations
 
 import collections
+import functools
 import os
 
 from preflight_node.checks import blocked, check, failed, passed, skipped
@@ -104,11 +105,25 @@ def _loaded(path, cache):
     return cache[path]
 
 
-# The capabilities whose checks measure a field, by its first part: a failure there (or of the run itself) is why
-# the field was not measured, never the profile.
-MEASURED_BY = {"gpu": ("gpu_health",), "rdma": ("fabric",), "torch": ("allreduce",), "nccl": ("allreduce", "port_mesh"),
-               "allreduce": ("allreduce", "port_mesh", "nic_discovery")}
+# The capabilities whose checks measure the fields the all-reduce runs give, by a field's first part (the others'
+# are those whose ``profile_fields`` return it: :func:`measured_by`).
+RUN_MEASURED_BY = {"torch": ("allreduce",), "nccl": ("allreduce", "port_mesh"),
+                   "allreduce": ("allreduce", "port_mesh", "nic_discovery")}
 RUN = "preflight"
+
+
+@functools.lru_cache(maxsize=None)
+def measured_by():
+    """The capabilities whose checks measure a field, by its first part: a failure there (or of the run itself) is
+    why the field was not measured, never the profile.  A capability with ``profile_fields`` measures the fields it
+    returns (``gpu_health``: ``gpu``, ``fabric``: ``rdma``)."""
+    from cluster_preflight import capabilities  # pylint: disable=import-outside-toplevel  (it loads this module)
+    found = dict(RUN_MEASURED_BY)
+    for module in capabilities.ORDER:
+        if hasattr(module, "profile_fields"):
+            for prefix in dict.fromkeys(field.split(".")[0] for field in module.profile_fields(None)):
+                found[prefix] = found.get(prefix, ()) + (module.CAPABILITY,)
+    return found
 
 
 def failures_of(checks):
@@ -128,7 +143,7 @@ def _unmeasured(host, field, expected, path, failures):
     """A field the profile holds that this run did not measure on ``host``: blocked by the failure that kept it
     from being measured when there is one (fix that; the profile is right), else by its check not running."""
     wanted = "%s = %s (profile %s)" % (field, expected, path)
-    sources = MEASURED_BY.get(field.split(".")[0], ())
+    sources = measured_by().get(field.split(".")[0], ())
     cause = [name for name in failures if name.split(".")[0] in sources + (RUN,)] or list(failures)
     if cause:
         return check("skipped", "%s was not measured on %s: blocked by %s" % (field, host, ", ".join(cause)),

@@ -18,14 +18,15 @@ from verdict_build_helpers import build, records
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _settings(**task_vars):
-    """preflight_settings run for one node with ``task_vars`` (as -e or the inventory gives them)."""
+def _settings(_args=None, **task_vars):
+    """preflight_settings run for one node with ``task_vars`` (as -e or the inventory gives them) and the task's
+    arguments ``_args``."""
     spec = importlib.util.spec_from_file_location("preflight_settings_action",
                                                   os.path.join(ROOT, "action_plugins", "preflight_settings.py"))
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
     loader = DataLoader()
-    task = mock.MagicMock(args={}, async_val=0, check_mode=False, diff=False)
+    task = mock.MagicMock(args=dict(_args or {}), async_val=0, check_mode=False, diff=False)
     action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), loader, Templar(loader), mock.MagicMock())
     host = task_vars.pop("inventory_hostname", "node01")
     base = {"inventory_hostname": host, "groups": {"all": [host], "cluster": [host]},
