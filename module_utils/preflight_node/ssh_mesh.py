@@ -220,7 +220,7 @@ def _pdsh(ops, pdsh_bin, hosts, user, connect_timeout, timeout):
         argv += ["-l", user]
     argv += ["-w", ",".join(hosts), "date"]
     # Host keys checked as for every other ssh of the audit: a command-line option beats any ssh_config, so a
-    # user's or the site's "StrictHostKeyChecking no" never turns the pdsh leg into a trust-on-first-use.
+    # ssh_config of the user or the site that switches host-key checking off never turns the pdsh leg into a trust-on-first-use.
     env = {"PDSH_RCMD_TYPE": "ssh",
            "PDSH_SSH_ARGS_APPEND": "-o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=%d "
                                    "-o UpdateHostKeys=no" % int(connect_timeout)}

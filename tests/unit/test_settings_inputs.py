@@ -103,7 +103,7 @@ def test_an_inventory_name_that_is_no_file_name_stops_the_run(host):
     assert "not usable as a file name" in _errors(result)["inventory_hostname"]["found"]
 
 
-@pytest.mark.parametrize("host", ["node01", "gpu-a1.example.com", "10.0.0.7", "fe80::1", "localhost", "n_1"])
+@pytest.mark.parametrize("host", ["node01", "gpu-a1.example.com", "198.18.0.7", "fe80::1", "localhost", "n_1"])
 def test_usual_host_names_and_addresses_are_file_names(host):
     assert _settings(inventory_hostname=host)["ok"]
 
