@@ -164,7 +164,8 @@ class ActionModule(ControllerAction):
         if loaded:
             # Only what this run loaded applies (bring-up of a chosen few capabilities).
             capabilities = tuple(name for name in capabilities if name in loaded)
-        records = {host: {registry.STAGE_REGISTERS[stage]: view.result(host, registry.STAGE_REGISTERS[stage])
+        # Read, never kept: the verdict is made of what the accounting writes from them (printable_tree copies it).
+        records = {host: {registry.STAGE_REGISTERS[stage]: view.registered(host, registry.STAGE_REGISTERS[stage])
                           for stage in stages} for host in view.hosts}
         results_dir, run_id = run_place(args)
         if not run_id or run_id == "latest" or "/" in run_id or run_id.startswith("."):

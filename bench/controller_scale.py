@@ -213,7 +213,7 @@ def verdict_of(hosts, task_vars, workdir, count, times):
     with without_gc():
         view = ClusterView(task_vars)
         decisions = [view.result(hosts[0], name) or {} for name in decision_names]
-        records = {host: {registry.STAGE_REGISTERS[name]: view.result(host, registry.STAGE_REGISTERS[name])
+        records = {host: {registry.STAGE_REGISTERS[name]: view.registered(host, registry.STAGE_REGISTERS[name])
                           for name in stages} for host in hosts}
         run_dir = os.path.join(results_dir, "run")
         verdict = printable_tree(build_verdict(hosts, records, decisions, capabilities, stages, "run", run_dir))
@@ -239,7 +239,8 @@ def verdict_of(hosts, task_vars, workdir, count, times):
     times["report"] = time.perf_counter() - started
     assert not warnings, warnings
     started = time.perf_counter()
-    lines = summary_plugin.summary_lines(load(os.path.join(run_dir, filename)), os.path.join(run_dir, filename))
+    with without_gc():  # as the summary callback reads it
+        lines = summary_plugin.summary_lines(load(os.path.join(run_dir, filename)), os.path.join(run_dir, filename))
     times["summary"] = time.perf_counter() - started
     assert len(lines) > count
     return verdict

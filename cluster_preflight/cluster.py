@@ -191,13 +191,14 @@ class ClusterView(object):
         """A node's registered result ``name`` as plain data (a copy of its own), or None."""
         key = (host, registers.known(name))
         if key not in self._cache:
-            value = self._registered(host, name)
+            value = self.registered(host, name)
             self._cache[key] = plain(value) if value is not None else None
         return self._cache[key]
 
-    def _registered(self, host, name):
-        """The registered value itself, read once: what :meth:`outcome` needs is in its top-level keys, so a
-        node's whole result (its settings, facts, the probes' rows) is copied only when it is read."""
+    def registered(self, host, name):
+        """The registered value itself (not copied: only to be read), or None.  What :meth:`outcome` and the
+        verdict's accounting need is in its top-level keys, so a node's whole result (its settings, facts, the
+        probes' rows) is copied only where a decision reads it (:meth:`result`)."""
         key = (host, registers.known(name))
         if key not in self._raw:
             try:
@@ -210,13 +211,13 @@ class ClusterView(object):
     def field(self, host, name, key, copy=True):
         """One top-level field of a node's registered result ``name`` (a copy of its own unless ``copy`` is
         false: then the registered value itself, only to be read), or None."""
-        value = self._registered(host, name)
+        value = self.registered(host, name)
         value = value.get(key) if isinstance(value, dict) else None
         return plain(value) if copy and value is not None else value
 
     def outcome(self, host, name):
         """``(state, message)`` of a node's registered result (see :func:`outcome`)."""
-        return outcome(self._registered(host, name))
+        return outcome(self.registered(host, name))
 
     def lost(self, stages):
         """``{host: reason}`` of nodes unreachable, or whose task failed or timed out, in ``stages``."""

@@ -47,11 +47,29 @@ def printable(text, lines=False):
 def printable_tree(value):
     """A copy of ``value`` (JSON-like: dicts, lists, strings, numbers) with every string, keys included, made
     :func:`printable` (line breaks kept: a found text may hold a stack)."""
+    kind = type(value)
+    if kind is dict:
+        # The verdict's own shape, walked without a call per string or number (a large cluster's verdict holds
+        # millions): text that needs nothing is kept as it is.
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str or _CONTROLS.search(key):
+                key = printable_tree(key) if isinstance(key, str) else key
+            kind = type(item)
+            out[key] = (item if not _CONTROLS.search(item) else printable(item, lines=True)) if kind is str \
+                else item if kind in _NUMBERS else printable_tree(item)
+        return out
+    if kind is list:
+        return [(item if not _CONTROLS.search(item) else printable(item, lines=True)) if type(item) is str
+                else item if type(item) in _NUMBERS else printable_tree(item) for item in value]
     if isinstance(value, str):
-        return str(value) if not _CONTROLS.search(value) else printable(value, lines=True)
+        return printable(value, lines=True)
     if isinstance(value, dict):
         return {printable_tree(key) if isinstance(key, str) else key: printable_tree(item)
                 for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [printable_tree(item) for item in value]
     return value
+
+
+_NUMBERS = frozenset((int, float, bool, type(None)))
