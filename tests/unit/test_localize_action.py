@@ -6,33 +6,12 @@ nodes left, reconciled with the all-node run."""
 import pytest
 
 from cluster_preflight import localize as loc
-from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, base_args, hosts, localise, ranks, status
+from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, action_module as _action, base_args, hosts, \
+    localise, ranks, status, task_vars as _task_vars
 
 
 # --------------------------------------------------------------------------
 # The action's glue: registered results in, rounds planned, a healthy run skipped
-
-
-def _action():
-    import importlib.util  # pylint: disable=import-outside-toplevel
-    import os  # pylint: disable=import-outside-toplevel
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_localize.py")
-    spec = importlib.util.spec_from_file_location("preflight_localize_action", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _task_vars(names, jobs):
-    settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
-                "allreduce_master_port": PORT, "allreduce_localize": True}
-    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
-    hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings},
-                                              "node": {"name": host, "node_addr": "198.18.200.%d" % index}},
-                       "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},
-                       "preflight_probes": {"job": jobs[host]}}
-                for index, host in enumerate(names)}
-    return {"ansible_play_hosts_all": names, "hostvars": hostvars}
 
 
 def test_action_skips_a_healthy_run_and_plans_a_slow_one():
