@@ -260,14 +260,26 @@ def advance(view, previous):
     return plan_next(state, planned["round"] + 1)
 
 
+LAUNCH_KEYS = ("first_args_by_host", "second_args_by_host", "retest_first_args_by_host",
+               "retest_second_args_by_host")
+
+
 def with_round_lock(view, outcome):
-    """``outcome`` with the lock every node the run holds renews for the round it plans (those sitting it out
-    too); unchanged once done, or without a run lock."""
+    """``outcome`` with the lock every node the run holds renews for the round it plans: its launches carry it
+    (the first renews it), and ``lock`` for the nodes with no launch in the round's first step, which renew it
+    in a call of their own (``roles/allreduce/tasks/localize_round.yml``); unchanged once done, or without a run
+    lock."""
     outcome = {key: value for key, value in outcome.items() if key != "lock"}
     if not view.hosts or not outcome.get("needed") or outcome.get("done"):
         return outcome
     lock = round_lock((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock"), outcome)
-    return dict(outcome, lock=lock) if lock else outcome
+    if not lock:
+        return outcome
+    outcome.update({key: {host: dict(args, lock=lock) for host, args in (outcome.get(key) or {}).items()}
+                    for key in LAUNCH_KEYS if key in outcome})
+    outcome["gpu_slots_by_host"] = {host: [dict(args, lock=lock) for args in slots or []]
+                                    for host, slots in (outcome.get("gpu_slots_by_host") or {}).items()}
+    return dict(outcome, lock=lock)
 
 
 class ActionModule(ControllerAction):

@@ -42,6 +42,10 @@ LOOPBACK_IFNAME = "lo"
 # Elements of the correctness all-reduce of a pair or single-node launch (256 KiB; the all-node and the
 # confirmation runs check 4 MiB): still exact, and a throttled pair does not spend its round on it.
 ROUND_CHECK_ELEMENTS = 1 << 16
+# A round's launch is judged by how it ended (its ranks' status, busbw and error), never by its stacks, which
+# nothing shows: it takes none, and a failed or slow one ends as soon as it is seen (the all-node and the
+# confirmation runs keep their stack budget: their hung ranks' stacks are in the run directory).
+ROUND_STACK_BUDGET = 0
 EXPECTED = ("every node completes an all-reduce with a node proven good, and alone over lo, with busbw above the "
             "floors (absolute per backend, and relative to the median pair)")
 
@@ -266,7 +270,8 @@ def group_args(base_args_by_host, hosts, master_addr, port, floor):
 def pair_args(base_args_by_host, pair, master_addr, port, floor=None):
     """The two hosts' ``allreduce`` arguments for a pair launch (the all-node plan's shape)."""
     args = group_args(base_args_by_host, list(pair), master_addr, port, floor or {})
-    return {host: dict(item, check_elements=ROUND_CHECK_ELEMENTS) for host, item in args.items()}
+    return {host: dict(item, check_elements=ROUND_CHECK_ELEMENTS, stack_budget=ROUND_STACK_BUDGET)
+            for host, item in args.items()}
 
 
 def loopback_args(base, port, floor=None):
@@ -275,7 +280,7 @@ def loopback_args(base, port, floor=None):
     return _args(base, nnodes=1, node_rank=0, master_addr=LOOPBACK_ADDR, master_port=port,
                  socket_ifname=LOOPBACK_IFNAME, env=env, min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1,
                  bandwidth_deadline=_deadline(base, base["nproc_per_node"], floor or {}),
-                 check_elements=ROUND_CHECK_ELEMENTS)
+                 check_elements=ROUND_CHECK_ELEMENTS, stack_budget=ROUND_STACK_BUDGET)
 
 
 def derived_port(master_port, serial):
