@@ -23,6 +23,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 from cluster_preflight.action import ControllerAction
 from cluster_preflight import gpu_pairs
+from cluster_preflight import groups
 from cluster_preflight import capabilities as registry
 from cluster_preflight import localize
 from cluster_preflight import registers
@@ -37,6 +38,8 @@ STEP_REGISTERS = (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND)
 GPU_REGISTER = registers.LOCALIZE_GPU
 RETEST_REGISTERS = (registers.RETEST_FIRST, registers.RETEST_SECOND)
 CONFIRM_REGISTER = registers.CONFIRM
+# Iterations of localize.yml's rounds at least: three node rounds, the retest, three GPU rounds.
+STEPS_MAX = localize.MAX_ROUNDS + 1 + localize.MAX_ROUNDS
 
 
 def _node_result(view, host, register, pick=None):
@@ -85,7 +88,8 @@ def start(view):
              "gpus_by_host": {host: (view.capability_facts("allreduce", [host]).get(host) or {}).get("gpus") or []
                               for host in hosts},
              "retest": bool(run.get("preflight_retest_allreduce", True)), "started": time.time()}
-    return plan_next(state, 1)
+    # The include's iterations: the pair rounds, then the retest and the GPU pairs, or the group rounds.
+    return dict(plan_next(state, 1), steps_max=max(STEPS_MAX, localize.MAX_ROUNDS + groups.max_rounds(len(hosts))))
 
 
 def plan_next(state, round_no):
@@ -115,6 +119,43 @@ def finish(state):
         summary, checks_by_host = retest.apply(summary, checks_by_host, state["hosts"], state["rounds"],
                                                state["floor"], verdicts)
         summary["retest"]["enabled"] = True
+    if "group_rounds" not in state and groups.applies(state["hosts"], summary):
+        # Every pair passed and yet the all-node run did not: a fault that shows only in a large group.
+        return plan_groups(dict(state, group_rounds=[], node_conclusion=[summary, checks_by_host]))
+    return after_nodes(state, summary, checks_by_host)
+
+
+def plan_groups(state):
+    """The next group round (``cluster_preflight/groups.py``), or the groups' conclusion folded into the pair
+    rounds' (then the GPU pairs and the confirmation run follow, as after the pair rounds)."""
+    serial = sum(len(item["launches"]) for item in state["rounds"] + state["group_rounds"] +
+                 ([state["retest_round"]] if state.get("retest_round") else []))
+    planned = groups.plan(state["hosts"], state["group_rounds"], state["base_args_by_host"], state["addr_by_host"],
+                          state["master_port"], serial, state["floor"])
+    if not planned["launches"]:
+        summary, checks_by_host = groups.with_groups(*state["node_conclusion"], *groups.conclude(
+            state["hosts"], state["group_rounds"], state["floor"]))
+        summary["elapsed_seconds"] = round(time.time() - state["started"], 1)
+        return after_nodes(dict(state, phase="nodes"), summary, checks_by_host)
+    state = dict(state, phase="groups", planned={"round": planned["round"], "launches": planned["launches"]})
+    return {"needed": True, "done": False, "round": planned["round"], "first_args_by_host": planned["steps"][0],
+            "second_args_by_host": planned["steps"][1], "gpu_slots_by_host": {}, "state": state}
+
+
+def advance_groups(view, state):
+    """Fold a group round's results in (registered like a pair round's) and plan the next one."""
+    planned = state["planned"]
+    results_by_step = [{}, {}]
+    for launch in planned["launches"]:
+        for host in launch["hosts"]:
+            results_by_step[launch["step"]][host] = _node_result(view, host, STEP_REGISTERS[launch["step"]])
+    state = dict(state, group_rounds=state["group_rounds"] + [localize.record(planned, results_by_step)])
+    state.pop("planned", None)
+    return plan_groups(state)
+
+
+def after_nodes(state, summary, checks_by_host):
+    """After the node rounds (and the groups): the GPU pairs of a node named for a node fault, or the end."""
     # A node named for a node fault (it fails alone over lo too) with two GPUs or more: which GPU?
     nodes = [host for host in summary["bad"] if summary["kinds"].get(host) == "node"] if state.get("gpu_pairs") else []
     gpu = {host: {"gpus": state["gpus_by_host"].get(host) or [], "rounds": []} for host in nodes
@@ -248,6 +289,8 @@ def advance(view, previous):
         return advance_gpus(view, state)
     if state.get("phase") == "retest":
         return advance_retest(view, state)
+    if state.get("phase") == "groups":
+        return advance_groups(view, state)
     planned = state["planned"]
     results_by_step = [{}, {}]
     for launch in planned["launches"]:

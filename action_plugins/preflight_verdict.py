@@ -64,6 +64,10 @@ def bound_seconds(view, plan, launch, localize=None):
         # The retest of the nodes named for a slow or failed run: a pair, then a run alone, each bounded alike.
         if (((localize or {}).get("localize") or {}).get("retest") or {}).get("enabled"):
             parts.append(RETEST_STEPS * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
+        # The group rounds that ran (every pair passed): each step bounded like a launch.
+        steps = [1 + max([launch.get("step") or 0 for launch in item["launches"]] or [0])
+                 for item in (((localize or {}).get("localize") or {}).get("groups") or {}).get("rounds") or []]
+        parts.append(sum(steps) * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
         # The confirmation run over the nodes left, bounded like the all-node run.
         parts.append(gate_args[0]["wait_timeout"] + CONNECT_BOUND)
     return int(sum(parts) + CONNECT_BOUND * 6)

@@ -9,12 +9,13 @@ and who is named.  docs/scale.md says how this compares with group testing."""
 
 import pytest
 
-from cluster_preflight import registers
+from cluster_preflight import groups, registers
 from cluster_preflight.cluster import ClusterView
 from localize_helpers import action_module, answer, hosts, ranks, task_vars
 
 STEPS = {None: (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND), "nodes": (registers.LOCALIZE_FIRST,
                                                                                 registers.LOCALIZE_SECOND),
+         "groups": (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND),
          "retest": (registers.RETEST_FIRST, registers.RETEST_SECOND)}
 
 
@@ -99,3 +100,21 @@ def test_the_round_plan_grows_with_the_nodes_and_the_rounds_do_not():
     launches = [[len(item["launches"]) for item in done["localize"]["rounds"]] for done in (small, large)]
     assert launches == [[500, 4], [2000, 4]]  # round 2: two pairs with a node proven good, two runs alone
     assert small_calls == large_calls
+
+
+@pytest.mark.parametrize("count", [8, 1000])
+def test_a_fault_only_a_group_shows_is_named_by_the_group_rounds(count):
+    # Every pair passes (a node that fails only with two peers or more): round 1 proves every node good, then the
+    # group rounds halve the suspects, every group as large as the half that failed.
+    names = hosts(count)
+    done, calls = drive(names, {"hosts": [names[5]], "kind": "group"})
+    summary = done["localize"]
+    assert summary["rounds_run"] == 1 and summary["bad"] == [names[5]] and summary["kinds"] == {names[5]: "group"}
+    assert summary["groups"]["named"] == names[5] and summary["groups"]["rounds_run"] <= groups.max_rounds(count)
+    assert calls == 1 + summary["groups"]["rounds_run"]
+    assert summary["good"] == sorted(host for host in names if host != names[5])
+    assert done["checks_by_host"][names[5]]["allreduce"]["localize"]["status"] == "fail"
+    assert sorted(done["confirm_args_by_host"]) == sorted(host for host in names if host != names[5])
+    # The include runs enough iterations for the pair rounds and the group rounds.
+    assert action_module().start(ClusterView(task_vars(names, {host: {"ranks": ranks(ok=False)} for host in names}))
+                                 )["steps_max"] >= 1 + groups.max_rounds(count)
