@@ -38,8 +38,8 @@ STEP_REGISTERS = (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND)
 GPU_REGISTER = registers.LOCALIZE_GPU
 RETEST_REGISTERS = (registers.RETEST_FIRST, registers.RETEST_SECOND)
 CONFIRM_REGISTER = registers.CONFIRM
-# Iterations of localize.yml's rounds at least: three node rounds, the retest, three GPU rounds.
-STEPS_MAX = localize.MAX_ROUNDS + 1 + localize.MAX_ROUNDS
+# Steps of the rounds at least: three node rounds, the retest's two, three GPU rounds.
+STEPS_MAX = localize.MAX_ROUNDS + 2 + localize.MAX_ROUNDS
 
 
 def _node_result(view, host, register, pick=None):
@@ -88,7 +88,7 @@ def start(view):
              "gpus_by_host": {host: (view.capability_facts("allreduce", [host]).get(host) or {}).get("gpus") or []
                               for host in hosts},
              "retest": bool(run.get("preflight_retest_allreduce", True)), "started": time.time()}
-    # The include's iterations: the pair rounds, then the retest and the GPU pairs, or the group rounds.
+    # The most steps the rounds may take: the pair rounds, the retest and the GPU pairs, or the group rounds.
     return dict(plan_next(state, 1), steps_max=max(STEPS_MAX, localize.MAX_ROUNDS + groups.max_rounds(len(hosts))))
 
 
@@ -169,25 +169,47 @@ def after_nodes(state, summary, checks_by_host):
 
 
 def plan_retest(state, hosts, good):
-    """The retest step over ``hosts`` (named by the rounds for a slow or failed run), with nodes of ``good``."""
+    """The retest over ``hosts`` (named by the rounds for a slow or failed run), with nodes of ``good``: its first
+    step (each node's pair with a node proven good; alone over lo where none was free).  Its run alone follows
+    only where the pair passed (:func:`advance_retest`): a failed pair fails the retest whatever the run alone does."""
     serial = sum(len(item["launches"]) for item in state["rounds"])
     planned = retest.plan(hosts, good, state["base_args_by_host"], state["addr_by_host"], state["master_port"],
                           serial, state["floor"])
-    state = dict(state, phase="retest", planned={"round": planned["round"], "launches": planned["launches"]})
+    state = dict(state, phase="retest", planned={"round": planned["round"], "launches": planned["launches"]},
+                 retest_steps=[planned["steps"][0], planned["steps"][1]], retest_step=0)
     return {"needed": True, "done": False, "round": planned["round"], "first_args_by_host": {},
             "second_args_by_host": {}, "gpu_slots_by_host": {}, "retest_first_args_by_host": planned["steps"][0],
-            "retest_second_args_by_host": planned["steps"][1], "state": state}
+            "retest_second_args_by_host": {}, "state": state}
 
 
 def advance_retest(view, state):
-    """Fold the retest step's results in and conclude (the GPU pairs and the confirmation run follow)."""
-    planned = state["planned"]
-    results_by_step = [{}, {}]
+    """Fold a retest step's results in.  After the first, the runs alone of the nodes whose pair passed are the
+    second step; the others' are dropped (their retest failed).  Then conclude (the GPU pairs and the confirmation
+    run follow)."""
+    planned, step = state["planned"], state.get("retest_step", 0)
+    results = dict(state.get("retest_results") or {})
     for launch in planned["launches"]:
-        for host in launch["hosts"]:
-            results_by_step[launch["step"]][host] = _node_result(view, host, RETEST_REGISTERS[launch["step"]])
-    state = dict(state, phase="nodes", retest_round=localize.record(planned, results_by_step))
-    state.pop("planned", None)
+        if launch["step"] == step:
+            for host in launch["hosts"]:
+                results["%d:%s" % (step, host)] = _node_result(view, host, RETEST_REGISTERS[step])
+    by_step = [{key.split(":", 1)[1]: value for key, value in results.items() if key.startswith("%d:" % index)}
+               for index in (0, 1)]
+    if step == 0:
+        first = dict(planned, launches=[launch for launch in planned["launches"] if launch["step"] == 0])
+        verdicts = retest.judge(state["rounds"], localize.record(first, by_step), state["floor"],
+                                localize.judge(state["hosts"], state["rounds"], state["floor"])[2])
+        due = [launch for launch in planned["launches"] if launch["step"] == 1
+               and (verdicts.get(launch["hosts"][0]) or {}).get("passed")]
+        planned = dict(planned, launches=[launch for launch in planned["launches"] if launch["step"] == 0] + due)
+        if due:
+            second = {launch["hosts"][0]: state["retest_steps"][1][launch["hosts"][0]] for launch in due}
+            state = dict(state, planned=planned, retest_step=1, retest_results=results)
+            return {"needed": True, "done": False, "round": planned["round"], "first_args_by_host": {},
+                    "second_args_by_host": {}, "gpu_slots_by_host": {}, "retest_first_args_by_host": {},
+                    "retest_second_args_by_host": second, "state": state}
+    state = dict(state, phase="nodes", retest_round=localize.record(planned, by_step))
+    for key in ("planned", "retest_steps", "retest_step", "retest_results"):
+        state.pop(key, None)
     return finish(state)
 
 
@@ -325,6 +347,17 @@ def with_round_lock(view, outcome):
     return dict(outcome, lock=lock)
 
 
+def counted(previous, outcome):
+    """``outcome`` with the steps planned so far.  ``localize_round.yml`` includes itself until the localisation is
+    done, so a plan past ``steps_max`` (a defect) ends it here, as an error every node is given: the run goes on to
+    its verdict, never around in rounds."""
+    steps = int(previous.get("steps") or 0) + 1
+    limit = int(previous.get("steps_max") or STEPS_MAX)
+    if not outcome.get("done") and steps >= limit:
+        raise RuntimeError("the localisation planned more than its %d steps" % limit)
+    return dict(outcome, steps=steps, steps_max=limit)
+
+
 class ActionModule(ControllerAction):
     _VALID_ARGS = frozenset(("start", "confirm"))
 
@@ -343,8 +376,8 @@ class ActionModule(ControllerAction):
                     outcome = fold_confirm(view, previous) if previous.get("confirm_args_by_host") else previous
                 else:
                     previous = view.result(view.hosts[0], REGISTER) or {}
-                    outcome = previous if previous.get("done") or "state" not in previous else advance(
-                        view, previous)
+                    outcome = previous if previous.get("done") or "state" not in previous else counted(
+                        previous, advance(view, previous))
                 outcome = with_round_lock(view, outcome)
         except Exception as exc:  # pylint: disable=broad-except
             # A defect here must not cost the verdict: every node gets the error, the run goes on to it.

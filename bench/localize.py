@@ -26,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,9 +57,17 @@ def gate(bed, results_dir, gate_vars, log=None):
     argv = [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "preflight.yml", "-i", bed.inventory_path,
             "-e", json.dumps(gate_vars), "-e", "preflight_results_dir=%s" % results_dir]
     start = time.perf_counter()
-    with open(log or os.devnull, "wb") as out:
-        subprocess.run(argv, cwd=ROOT, env=bed.ansible_env(), stdout=out, stderr=subprocess.STDOUT, timeout=1800,
-                       check=False)
+    with open(log or os.devnull, "w", encoding="utf-8") as out, subprocess.Popen(
+            argv, cwd=ROOT, env=bed.ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        watchdog = threading.Timer(1800, proc.kill)
+        watchdog.start()
+        try:
+            # Each line with the seconds since the start: where a gate's time goes.
+            for line in proc.stdout:
+                out.write("[%7.1fs] %s" % (time.perf_counter() - start, line.decode(errors="replace")))
+            proc.wait(timeout=60)
+        finally:
+            watchdog.cancel()
     elapsed = time.perf_counter() - start
     with open(os.path.join(results_dir, "latest", "verdict.json"), encoding="utf-8") as handle:
         return elapsed, json.load(handle)

@@ -75,9 +75,15 @@ round:
   type: int
 steps_max:
   description:
-    - With O(start), the iterations C(localize.yml) gives the rounds - three node rounds, the retest and three GPU
-      rounds, or the node rounds and the group rounds C(cluster_preflight/groups.py) can take for this many nodes.
-  returned: with O(start) when needed
+    - The most steps the localisation may plan - three node rounds, the retest's two steps and three GPU rounds, or
+      the node rounds and the group rounds C(cluster_preflight/groups.py) can take for this many nodes.
+      C(localize_round.yml) includes itself until C(done); a plan past this ends the localisation with
+      C(allreduce.localize_error) on every node (a defect), so the run always reaches its verdict.
+  returned: when needed
+  type: int
+steps:
+  description: The steps planned so far.
+  returned: after the first round, when needed
   type: int
 first_args_by_host:
   description: Node to C(allreduce) arguments of the round's first step (pairs, and loopback runs of idle nodes).
