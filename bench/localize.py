@@ -89,6 +89,7 @@ def main():
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--fault", choices=sorted(THROTTLES), default="mild")
     parser.add_argument("--logs", help="a directory for every gate's output (the time each task took)")
+    parser.add_argument("--keep", action="store_true", help="keep the gates' run directories (printed at the end)")
     args = parser.parse_args()
     if args.logs:
         os.makedirs(args.logs, exist_ok=True)
@@ -97,7 +98,10 @@ def main():
         with Testbed(nodes=args.nodes) as bed:
             run_bench(args, bed, workdir)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep:
+            print("run directories kept in %s" % workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_bench(args, bed, workdir):

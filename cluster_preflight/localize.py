@@ -263,7 +263,8 @@ def group_args(base_args_by_host, hosts, master_addr, port, floor):
         base = base_args_by_host[host]
         out[host] = _args(base, nnodes=len(hosts), node_rank=rank, master_addr=master_addr, master_port=port,
                           min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1,
-                          bandwidth_deadline=_deadline(base, len(hosts) * base["nproc_per_node"], floor))
+                          bandwidth_deadline=_deadline(base, len(hosts) * base["nproc_per_node"], floor),
+                          bandwidth_grace=float(floor.get("grace", 0)))
     return out
 
 
@@ -280,7 +281,8 @@ def loopback_args(base, port, floor=None):
     return _args(base, nnodes=1, node_rank=0, master_addr=LOOPBACK_ADDR, master_port=port,
                  socket_ifname=LOOPBACK_IFNAME, env=env, min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1,
                  bandwidth_deadline=_deadline(base, base["nproc_per_node"], floor or {}),
-                 check_elements=ROUND_CHECK_ELEMENTS, stack_budget=ROUND_STACK_BUDGET)
+                 bandwidth_grace=float((floor or {}).get("grace", 0)), check_elements=ROUND_CHECK_ELEMENTS,
+                 stack_budget=ROUND_STACK_BUDGET)
 
 
 def derived_port(master_port, serial):

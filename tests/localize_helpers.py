@@ -20,7 +20,7 @@ def hosts(count):
 def base_args(names):
     return {host: {"python": "/usr/bin/python3", "nnodes": len(names), "node_rank": index, "nproc_per_node": 2,
                    "master_addr": "198.18.200.0", "master_port": PORT, "backend": "gloo", "timeout": 30,
-                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1, "bandwidth_deadline": 0, "check_elements": 0,
+                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1, "bandwidth_deadline": 0, "bandwidth_grace": 10.0, "check_elements": 0,
                    "min_busbw_gbps": 0, "socket_ifname": "eth0", "role": host, "run_as": "", "env": {"A": "1"},
                    "keep_scratch": False, "selftest_fault": "none", "selftest_rank": -1, "wait_timeout": 200}
             for index, host in enumerate(names)}
