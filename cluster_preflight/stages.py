@@ -57,8 +57,7 @@ def _put(checks_by_host, host, capability, checks):
 def stage_inputs(view):
     """Every node's settings must be valid before anything runs on any node.  Also this run's lock (the
     ``lock`` argument of the gate's node calls, ``module_utils/preflight_node/lock.py``)."""
-    invalid = sorted(host for host in view.hosts
-                     if not (view.result(host, registers.SETTINGS) or {}).get("ok"))
+    invalid = sorted(host for host in view.hosts if not view.field(host, registers.SETTINGS, "ok", copy=False))
     blockers = ["invalid settings on %s (see each node's <capability>.inputs check)" % ", ".join(invalid)] \
         if invalid else []
     return decision(blockers=blockers, invalid_hosts=invalid, lock={} if invalid else lock_args(view))

@@ -59,6 +59,8 @@ def build_argv(params, worker_path, out_dir, role, log_dir):
     ]
     if params.get("bandwidth_deadline"):
         argv += ["--bandwidth-deadline", str(params["bandwidth_deadline"])]
+        if params.get("bandwidth_grace") is not None:
+            argv += ["--bandwidth-grace", str(params["bandwidth_grace"])]
     if params.get("check_elements"):
         argv += ["--check-elements", str(params["check_elements"])]
     if params["selftest_fault"] != "none":
@@ -424,6 +426,7 @@ ARGUMENT_SPEC = dict(
     iters=dict(type="int", default=5),
     warmup=dict(type="int", default=2),
     bandwidth_deadline=dict(type="float", default=0),
+    bandwidth_grace=dict(type="float"),
     check_elements=dict(type="int", default=0),
     min_busbw_gbps=dict(type="float", default=0),
     role=dict(type="str"),

@@ -112,6 +112,15 @@ def test_argv_and_env_keep_every_file_in_scratch():
     assert env["TMPDIR"] == "/s" and env["NCCL_SOCKET_IFNAME"] == "=eth1" and env["NCCL_DEBUG"] == "INFO"
 
 
+def test_a_bandwidth_grace_goes_to_the_worker_with_its_deadline():
+    argv = gate_run.build_argv(base_params(bandwidth_deadline=10.0, bandwidth_grace=3.0), "/s/w.py", "/s/ranks", "n1",
+                               "/s/torchrun-logs")
+    assert argv[argv.index("--bandwidth-deadline") + 1] == "10.0" and argv[argv.index("--bandwidth-grace") + 1] == "3.0"
+    # No deadline, no grace: the stage is bounded by the hard timeout only.
+    argv = gate_run.build_argv(base_params(bandwidth_grace=3.0), "/s/w.py", "/s/ranks", "n1", "/s/torchrun-logs")
+    assert "--bandwidth-deadline" not in argv and "--bandwidth-grace" not in argv
+
+
 def test_rank_logs_are_tails_of_torchruns_per_rank_files(tmp_path):
     for local, text in ((0, "a" * 100), (1, "hello")):
         directory = tmp_path / "torchrun-logs" / "run_abc" / "attempt_0" / str(local)
