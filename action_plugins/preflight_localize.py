@@ -23,6 +23,7 @@ from ansible.module_utils.parsing.convert_bool import boolean
 
 from cluster_preflight.action import ControllerAction
 from cluster_preflight import gpu_pairs
+from cluster_preflight import groups
 from cluster_preflight import capabilities as registry
 from cluster_preflight import localize
 from cluster_preflight import registers
@@ -37,6 +38,8 @@ STEP_REGISTERS = (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND)
 GPU_REGISTER = registers.LOCALIZE_GPU
 RETEST_REGISTERS = (registers.RETEST_FIRST, registers.RETEST_SECOND)
 CONFIRM_REGISTER = registers.CONFIRM
+# Steps of the rounds at least: three node rounds, the retest's two, three GPU rounds.
+STEPS_MAX = localize.MAX_ROUNDS + 2 + localize.MAX_ROUNDS
 
 
 def _node_result(view, host, register, pick=None):
@@ -85,7 +88,8 @@ def start(view):
              "gpus_by_host": {host: (view.capability_facts("allreduce", [host]).get(host) or {}).get("gpus") or []
                               for host in hosts},
              "retest": bool(run.get("preflight_retest_allreduce", True)), "started": time.time()}
-    return plan_next(state, 1)
+    # The most steps the rounds may take: the pair rounds, the retest and the GPU pairs, or the group rounds.
+    return dict(plan_next(state, 1), steps_max=max(STEPS_MAX, localize.MAX_ROUNDS + groups.max_rounds(len(hosts))))
 
 
 def plan_next(state, round_no):
@@ -115,6 +119,43 @@ def finish(state):
         summary, checks_by_host = retest.apply(summary, checks_by_host, state["hosts"], state["rounds"],
                                                state["floor"], verdicts)
         summary["retest"]["enabled"] = True
+    if "group_rounds" not in state and groups.applies(state["hosts"], summary):
+        # Every pair passed and yet the all-node run did not: a fault that shows only in a large group.
+        return plan_groups(dict(state, group_rounds=[], node_conclusion=[summary, checks_by_host]))
+    return after_nodes(state, summary, checks_by_host)
+
+
+def plan_groups(state):
+    """The next group round (``cluster_preflight/groups.py``), or the groups' conclusion folded into the pair
+    rounds' (then the GPU pairs and the confirmation run follow, as after the pair rounds)."""
+    serial = sum(len(item["launches"]) for item in state["rounds"] + state["group_rounds"] +
+                 ([state["retest_round"]] if state.get("retest_round") else []))
+    planned = groups.plan(state["hosts"], state["group_rounds"], state["base_args_by_host"], state["addr_by_host"],
+                          state["master_port"], serial, state["floor"])
+    if not planned["launches"]:
+        summary, checks_by_host = groups.with_groups(*state["node_conclusion"], *groups.conclude(
+            state["hosts"], state["group_rounds"], state["floor"]))
+        summary["elapsed_seconds"] = round(time.time() - state["started"], 1)
+        return after_nodes(dict(state, phase="nodes"), summary, checks_by_host)
+    state = dict(state, phase="groups", planned={"round": planned["round"], "launches": planned["launches"]})
+    return {"needed": True, "done": False, "round": planned["round"], "first_args_by_host": planned["steps"][0],
+            "second_args_by_host": planned["steps"][1], "gpu_slots_by_host": {}, "state": state}
+
+
+def advance_groups(view, state):
+    """Fold a group round's results in (registered like a pair round's) and plan the next one."""
+    planned = state["planned"]
+    results_by_step = [{}, {}]
+    for launch in planned["launches"]:
+        for host in launch["hosts"]:
+            results_by_step[launch["step"]][host] = _node_result(view, host, STEP_REGISTERS[launch["step"]])
+    state = dict(state, group_rounds=state["group_rounds"] + [localize.record(planned, results_by_step)])
+    state.pop("planned", None)
+    return plan_groups(state)
+
+
+def after_nodes(state, summary, checks_by_host):
+    """After the node rounds (and the groups): the GPU pairs of a node named for a node fault, or the end."""
     # A node named for a node fault (it fails alone over lo too) with two GPUs or more: which GPU?
     nodes = [host for host in summary["bad"] if summary["kinds"].get(host) == "node"] if state.get("gpu_pairs") else []
     gpu = {host: {"gpus": state["gpus_by_host"].get(host) or [], "rounds": []} for host in nodes
@@ -128,25 +169,47 @@ def finish(state):
 
 
 def plan_retest(state, hosts, good):
-    """The retest step over ``hosts`` (named by the rounds for a slow or failed run), with nodes of ``good``."""
+    """The retest over ``hosts`` (named by the rounds for a slow or failed run), with nodes of ``good``: its first
+    step (each node's pair with a node proven good; alone over lo where none was free).  Its run alone follows
+    only where the pair passed (:func:`advance_retest`): a failed pair fails the retest whatever the run alone does."""
     serial = sum(len(item["launches"]) for item in state["rounds"])
     planned = retest.plan(hosts, good, state["base_args_by_host"], state["addr_by_host"], state["master_port"],
                           serial, state["floor"])
-    state = dict(state, phase="retest", planned={"round": planned["round"], "launches": planned["launches"]})
+    state = dict(state, phase="retest", planned={"round": planned["round"], "launches": planned["launches"]},
+                 retest_steps=[planned["steps"][0], planned["steps"][1]], retest_step=0)
     return {"needed": True, "done": False, "round": planned["round"], "first_args_by_host": {},
             "second_args_by_host": {}, "gpu_slots_by_host": {}, "retest_first_args_by_host": planned["steps"][0],
-            "retest_second_args_by_host": planned["steps"][1], "state": state}
+            "retest_second_args_by_host": {}, "state": state}
 
 
 def advance_retest(view, state):
-    """Fold the retest step's results in and conclude (the GPU pairs and the confirmation run follow)."""
-    planned = state["planned"]
-    results_by_step = [{}, {}]
+    """Fold a retest step's results in.  After the first, the runs alone of the nodes whose pair passed are the
+    second step; the others' are dropped (their retest failed).  Then conclude (the GPU pairs and the confirmation
+    run follow)."""
+    planned, step = state["planned"], state.get("retest_step", 0)
+    results = dict(state.get("retest_results") or {})
     for launch in planned["launches"]:
-        for host in launch["hosts"]:
-            results_by_step[launch["step"]][host] = _node_result(view, host, RETEST_REGISTERS[launch["step"]])
-    state = dict(state, phase="nodes", retest_round=localize.record(planned, results_by_step))
-    state.pop("planned", None)
+        if launch["step"] == step:
+            for host in launch["hosts"]:
+                results["%d:%s" % (step, host)] = _node_result(view, host, RETEST_REGISTERS[step])
+    by_step = [{key.split(":", 1)[1]: value for key, value in results.items() if key.startswith("%d:" % index)}
+               for index in (0, 1)]
+    if step == 0:
+        first = dict(planned, launches=[launch for launch in planned["launches"] if launch["step"] == 0])
+        verdicts = retest.judge(state["rounds"], localize.record(first, by_step), state["floor"],
+                                localize.judge(state["hosts"], state["rounds"], state["floor"])[2])
+        due = [launch for launch in planned["launches"] if launch["step"] == 1
+               and (verdicts.get(launch["hosts"][0]) or {}).get("passed")]
+        planned = dict(planned, launches=[launch for launch in planned["launches"] if launch["step"] == 0] + due)
+        if due:
+            second = {launch["hosts"][0]: state["retest_steps"][1][launch["hosts"][0]] for launch in due}
+            state = dict(state, planned=planned, retest_step=1, retest_results=results)
+            return {"needed": True, "done": False, "round": planned["round"], "first_args_by_host": {},
+                    "second_args_by_host": {}, "gpu_slots_by_host": {}, "retest_first_args_by_host": {},
+                    "retest_second_args_by_host": second, "state": state}
+    state = dict(state, phase="nodes", retest_round=localize.record(planned, by_step))
+    for key in ("planned", "retest_steps", "retest_step", "retest_results"):
+        state.pop(key, None)
     return finish(state)
 
 
@@ -248,6 +311,8 @@ def advance(view, previous):
         return advance_gpus(view, state)
     if state.get("phase") == "retest":
         return advance_retest(view, state)
+    if state.get("phase") == "groups":
+        return advance_groups(view, state)
     planned = state["planned"]
     results_by_step = [{}, {}]
     for launch in planned["launches"]:
@@ -260,14 +325,37 @@ def advance(view, previous):
     return plan_next(state, planned["round"] + 1)
 
 
+LAUNCH_KEYS = ("first_args_by_host", "second_args_by_host", "retest_first_args_by_host",
+               "retest_second_args_by_host")
+
+
 def with_round_lock(view, outcome):
-    """``outcome`` with the lock every node the run holds renews for the round it plans (those sitting it out
-    too); unchanged once done, or without a run lock."""
+    """``outcome`` with the lock every node the run holds renews for the round it plans: its launches carry it
+    (the first renews it), and ``lock`` for the nodes with no launch in the round's first step, which renew it
+    in a call of their own (``roles/allreduce/tasks/localize_round.yml``); unchanged once done, or without a run
+    lock."""
     outcome = {key: value for key, value in outcome.items() if key != "lock"}
     if not view.hosts or not outcome.get("needed") or outcome.get("done"):
         return outcome
     lock = round_lock((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock"), outcome)
-    return dict(outcome, lock=lock) if lock else outcome
+    if not lock:
+        return outcome
+    outcome.update({key: {host: dict(args, lock=lock) for host, args in (outcome.get(key) or {}).items()}
+                    for key in LAUNCH_KEYS if key in outcome})
+    outcome["gpu_slots_by_host"] = {host: [dict(args, lock=lock) for args in slots or []]
+                                    for host, slots in (outcome.get("gpu_slots_by_host") or {}).items()}
+    return dict(outcome, lock=lock)
+
+
+def counted(previous, outcome):
+    """``outcome`` with the steps planned so far.  ``localize_round.yml`` includes itself until the localisation is
+    done, so a plan past ``steps_max`` (a defect) ends it here, as an error every node is given: the run goes on to
+    its verdict, never around in rounds."""
+    steps = int(previous.get("steps") or 0) + 1
+    limit = int(previous.get("steps_max") or STEPS_MAX)
+    if not outcome.get("done") and steps >= limit:
+        raise RuntimeError("the localisation planned more than its %d steps" % limit)
+    return dict(outcome, steps=steps, steps_max=limit)
 
 
 class ActionModule(ControllerAction):
@@ -288,8 +376,8 @@ class ActionModule(ControllerAction):
                     outcome = fold_confirm(view, previous) if previous.get("confirm_args_by_host") else previous
                 else:
                     previous = view.result(view.hosts[0], REGISTER) or {}
-                    outcome = previous if previous.get("done") or "state" not in previous else advance(
-                        view, previous)
+                    outcome = previous if previous.get("done") or "state" not in previous else counted(
+                        previous, advance(view, previous))
                 outcome = with_round_lock(view, outcome)
         except Exception as exc:  # pylint: disable=broad-except
             # A defect here must not cost the verdict: every node gets the error, the run goes on to it.

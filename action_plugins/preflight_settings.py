@@ -34,7 +34,7 @@ def _problem(role, name, found, expected, fix):
 
 
 class ActionModule(ControllerAction):
-    _VALID_ARGS = frozenset(("capabilities", "local_probes", "all_nodes"))
+    _VALID_ARGS = frozenset(("capabilities", "kind", "all_nodes"))
 
     def _role_files(self, role):
         """``(defaults, argument spec options)`` of ``role``, each file read once per task."""
@@ -82,13 +82,16 @@ class ActionModule(ControllerAction):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
+        kind = self._task.args.get("kind") or "preflight"
+        if kind not in registry.KINDS:
+            raise AnsibleError("preflight_settings: kind %r is not one of %s" % (kind, ", ".join(registry.KINDS)))
         if boolean(self._task.args.get("all_nodes", False)):
-            result.update(engine.by_node("settings", self._every_node(task_vars)), changed=False)
+            result.update(engine.by_node("settings", self._every_node(task_vars, kind)), changed=False)
         else:
-            result.update(self._one(task_vars))
+            result.update(self._one(task_vars, kind))
         return result
 
-    def _every_node(self, task_vars):
+    def _every_node(self, task_vars, kind):
         """Every targeted node's result, in this one task (each role's files read once): a node's variables are
         its own (inventory, group and extra variables) over the play's (groups, hostvars, playbook_dir)."""
         hosts = list(task_vars.get("ansible_play_hosts_all") or [])
@@ -98,17 +101,16 @@ class ActionModule(ControllerAction):
         results, first = {}, None
         for host in hosts:
             node_vars = dict(play, **(hostvars.raw_get(host) if hostvars is not None else {}))
-            results[host] = self._one(node_vars, first)
+            results[host] = self._one(node_vars, kind, first)
             if first is None:
                 first = engine.engine_of((results[host].get("settings") or {}).get(registry.RUN_ROLE))
         return results
 
-    def _one(self, task_vars, first_engine=None):
+    def _one(self, task_vars, kind, first_engine=None):
         """One node's result (``task_vars``: its variables); ``first_engine``: the run's first node's engine."""
         result = {}
-        wanted = list(self._task.args.get("capabilities") or registry.NAMES)
-        roles = [registry.RUN_ROLE] + [name for name in wanted if name != registry.RUN_ROLE]
-        errors = []
+        wanted, errors = _wanted(self._task.args.get("capabilities"), kind)
+        roles = [registry.RUN_ROLE] + wanted
         loaded, all_defaults = {}, {}
         for role in roles:
             try:
@@ -159,18 +161,17 @@ class ActionModule(ControllerAction):
         read_args = {}
         if not errors:
             for name in wanted:
-                module = registry.get(name)
-                args = module.read_args(settings[name], node) if hasattr(module, "read_args") else None
+                args = registry.get(name).read_args(settings[name], node) if name in registry.readers_for(kind) \
+                    else None
                 if args is not None:
                     read_args[name] = args
         local_probes = {}
-        if not errors and boolean(self._task.args.get("local_probes", False)):
+        if not errors and kind == "healthcheck":
             # A node-local run (healthcheck.yml): the probes that need no peer, run in the reader call.
             alone = {"hosts": [node["name"]], "nodes": {node["name"]: node}}
             for name in wanted:
-                module = registry.get(name)
-                if name in registry.LOCAL_NAMES and hasattr(module, "probe_args"):
-                    args = module.probe_args(settings[name], node, alone)
+                if name in registry.probes_for(kind):
+                    args = registry.get(name).probe_args(settings[name], node, alone)
                     if args is not None:
                         local_probes[name] = args
         run = settings.get(registry.RUN_ROLE) or {}
@@ -178,6 +179,7 @@ class ActionModule(ControllerAction):
         result.update(job=registry.job_user_wanted(run, node, python), changed=False,
                       ok=not errors, errors=errors, input_warnings=warnings, settings=settings, node=node, read_args=read_args,
                       local_probes=local_probes, capabilities=wanted, started=run_started(),
+                      bringup=registry.bringup_steps(wanted) if kind == "bringup" else [],
                       healthcheck_budget=run.get("preflight_healthcheck_budget") or 30,
                       selftest_error=run.get("preflight_selftest_error") or "",
                       facts_timeout=run.get("preflight_facts_timeout") or 60,
@@ -186,6 +188,24 @@ class ActionModule(ControllerAction):
             result["msg"] = "invalid settings on %s: %s" % (task_vars.get("inventory_hostname"), "; ".join(
                 "%s=%s (expected %s)" % (item["name"], item["found"], item["expected"]) for item in errors))
         return result
+
+
+# The variable that names the capabilities of a run of each kind, when its playbook reads one.
+LIST_VARIABLES = {"bringup": "preflight_bringup_capabilities", "healthcheck": "preflight_local_capabilities"}
+
+
+def _wanted(given, kind):
+    """The capabilities to load, in the order given (a list, or a comma-separated text as ``-e`` passes it), and a
+    problem for each name that a run of ``kind`` does not apply; the registry's for ``kind`` when none is given."""
+    known = registry.names_for(kind)
+    if isinstance(given, str):
+        given = [item.strip() for item in given.split(",") if item.strip()]
+    wanted = [str(name) for name in (given or known)]
+    errors = [_problem(registry.RUN_ROLE, LIST_VARIABLES.get(kind, "capabilities"), name,
+                       "one of %s (what a %s run applies: module_utils/preflight_node/registry.py)"
+                       % (", ".join(known), kind), "name only those, or leave the variable unset for all of them")
+              for name in wanted if name not in known]
+    return [name for name in dict.fromkeys(wanted) if name in known], errors
 
 
 def _variable_in(message, spec):

@@ -64,6 +64,10 @@ def bound_seconds(view, plan, launch, localize=None):
         # The retest of the nodes named for a slow or failed run: a pair, then a run alone, each bounded alike.
         if (((localize or {}).get("localize") or {}).get("retest") or {}).get("enabled"):
             parts.append(RETEST_STEPS * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
+        # The group rounds that ran (every pair passed): each step bounded like a launch.
+        steps = [1 + max([launch.get("step") or 0 for launch in item["launches"]] or [0])
+                 for item in (((localize or {}).get("localize") or {}).get("groups") or {}).get("rounds") or []]
+        parts.append(sum(steps) * (gate_args[0]["wait_timeout"] + CONNECT_BOUND))
         # The confirmation run over the nodes left, bounded like the all-node run.
         parts.append(gate_args[0]["wait_timeout"] + CONNECT_BOUND)
     return int(sum(parts) + CONNECT_BOUND * 6)
@@ -164,7 +168,8 @@ class ActionModule(ControllerAction):
         if loaded:
             # Only what this run loaded applies (bring-up of a chosen few capabilities).
             capabilities = tuple(name for name in capabilities if name in loaded)
-        records = {host: {registry.STAGE_REGISTERS[stage]: view.result(host, registry.STAGE_REGISTERS[stage])
+        # Read, never kept: the verdict is made of what the accounting writes from them (printable_tree copies it).
+        records = {host: {registry.STAGE_REGISTERS[stage]: view.registered(host, registry.STAGE_REGISTERS[stage])
                           for stage in stages} for host in view.hosts}
         results_dir, run_id = run_place(args)
         if not run_id or run_id == "latest" or "/" in run_id or run_id.startswith("."):

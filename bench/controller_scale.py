@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Controller cost at scale: the decisions and the verdict over synthetic clusters, no SSH.
 
-Builds what 10, 100, 1000 and 4000 nodes would have registered (every capability's facts,
-probe results, port mesh results, all-reduce ranks), runs the controller's steps as the
-play does (preflight_decide inputs, plan, launch, final; the verdict, written to a temporary
-run directory) and prints the seconds each takes and the growth per node.  Target: <= 10 s
-for 1000 nodes, near-linear growth.  Use the project's venv:
-    .venv/bin/python bench/controller_scale.py [--sizes 10,100,1000,4000]
+Builds what 1,000 to 10,000 nodes would have registered (every capability's facts, probe results,
+port mesh results, all-reduce ranks), runs the controller's steps as the play does and prints the
+seconds of each: ``preflight_decide`` inputs, plan, launch and final; the localisation's start
+(``localize``: the all-node run passed, nothing to localise); the verdict task (``verdict``: the
+verdict built; ``outputs``: the run directory with verdict.json, JUnit, Prometheus and the host
+lists; ``report``: the run history and report.html); and what the summary callback prints from the
+verdict file (``summary``).  The last column is the linearity: the time per node at each size over
+the time per node at ``--reference`` nodes (run first when not among the sizes).  Targets: <= 10 s
+for 10,000 nodes from inputs to verdict, linear (the ratio near 1).  ``--clock cpu`` times this process's CPU
+seconds instead of wall seconds (a shared machine).  Use the project's venv:
+    .venv/bin/python bench/controller_scale.py [--sizes 4000,10000] [--reference 1000] [--clock cpu]
 """
 
 import argparse
@@ -28,16 +33,30 @@ from cluster_preflight import capabilities as registry  # noqa: E402
 from preflight_node import probes as node_probes  # noqa: E402
 from preflight_node import readers as node_halves  # noqa: E402
 from cluster_preflight.pairs import peers_by_host  # noqa: E402
-from cluster_preflight.cluster import without_gc  # noqa: E402
+from cluster_preflight.cluster import ClusterView, without_gc  # noqa: E402
 from cluster_preflight.accounting import build_verdict, failure_lines, write_run_dir  # noqa: E402
+from cluster_preflight.outputs import launch_names, write_outputs  # noqa: E402
+from cluster_preflight.printable import printable_tree  # noqa: E402
+from cluster_preflight.report import after_verdict  # noqa: E402
+from cluster_preflight.verdict_file import load  # noqa: E402
 from capability_helpers import role_settings  # noqa: E402
 from fake_ops import LocalOps  # noqa: E402
 from fake_sysfs import cluster_node  # noqa: E402
 
-spec = importlib.util.spec_from_file_location("preflight_decide", os.path.join(ROOT, "action_plugins",
-                                                                              "preflight_decide.py"))
-decide_plugin = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(decide_plugin)
+
+
+def plugin(directory, name):
+    """An action or callback plugin's module, loaded from its file as Ansible does."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, directory, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+decide_plugin = plugin("action_plugins", "preflight_decide")
+localize_plugin = plugin("action_plugins", "preflight_localize")
+verdict_plugin = plugin("action_plugins", "preflight_verdict")
+summary_plugin = plugin("callback_plugins", "preflight_summary")
 
 
 def settings_of_every_capability():
@@ -117,14 +136,23 @@ def build_cluster(count, settings, template, core_probe):
     return hosts, hostvars, task_vars, core_probe
 
 
+STAGES = ("inputs", "plan", "launch", "final", "localize", "verdict", "outputs", "report", "summary")
+# The steps the target is about: the decisions and the verdict.
+TARGET = STAGES[:STAGES.index("verdict") + 1]
+# What the steps are timed with: wall seconds, or this process's CPU seconds (--clock cpu: the same work, less
+# of what other processes on a shared machine take from it).
+CLOCK = [time.perf_counter]
+
+
 def run_size(count, settings, template, core_probe, workdir):
+    """Seconds per step of one synthetic cluster of ``count`` nodes, as the play runs them."""
     hosts, hostvars, task_vars, core_probe = build_cluster(count, settings, template, core_probe)
     times = {}
 
     def stage(name, register):
-        started = time.perf_counter()
+        started = CLOCK[0]()
         result = decide_plugin.decide(name, task_vars)
-        times[name] = time.perf_counter() - started
+        times[name] = CLOCK[0]() - started
         for host in hosts:
             hostvars[host][register] = result
         return result
@@ -132,14 +160,35 @@ def run_size(count, settings, template, core_probe, workdir):
     stage("inputs", "preflight_inputs")
     plan = stage("plan", "preflight_plan")
     assert plan["ok"], plan["blockers"]
+    register_mesh(hosts, hostvars, plan)
+    launch = stage("launch", "preflight_launch")
+    assert launch["ok"], launch["blockers"]
+    register_probes(hosts, hostvars, settings, core_probe)
+    final = stage("final", "preflight_final")
+    assert final["allreduce"]["status"] == "pass", final["allreduce"]
+    started = CLOCK[0]()
+    with without_gc():  # as the localisation action runs it: the all-node run passed, nothing to localise
+        localized = localize_plugin.start(ClusterView(task_vars))
+    times["localize"] = CLOCK[0]() - started
+    assert not localized["needed"], localized
+    for host in hosts:
+        hostvars[host]["allreduce_localize"] = localized
+    verdict = verdict_of(hosts, task_vars, workdir, count, times)
+    return times, verdict
+
+
+def register_mesh(hosts, hostvars, plan):
+    """Every node's port mesh result: every planned peer open."""
     for host in hosts:
         args = plan["port_mesh"]["args_by_host"].get(host)
         rows = [{"source": host, "destination": peer["name"], "addr": peer["addr"], "port": 6000, "result": "open",
                  "detail": "open"} for peer in (args or {}).get("peers", [])]
         hostvars[host]["port_mesh_probe"] = {"results": rows, "checks": {"port_listen": {
             "status": "pass", "found": "listening", "expected": "listening", "fix": ""}}}
-    launch = stage("launch", "preflight_launch")
-    assert launch["ok"], launch["blockers"]
+
+
+def register_probes(hosts, hostvars, settings, core_probe):
+    """Every node's probes call: the core crash, the ssh mesh to its planned peers, its rank of the all-reduce."""
     pairing = peers_by_host(hosts, settings[registry.RUN_ROLE]["preflight_mesh_full_max"],
                             settings[registry.RUN_ROLE]["preflight_mesh_degree"])
     for index, host in enumerate(hosts):
@@ -152,54 +201,91 @@ def run_size(count, settings, template, core_probe, workdir):
                                                 "userknownhostsfile": [], "identityfile": []} for peer in peers},
                "pdsh": {"state": "off"}}
         job = {"ranks": [{"rank": index, "local_rank": 0, "status": "ok", "stage": "done", "correct": True,
-                          "bandwidth": [], "error": None}],
+                          "bandwidth": [{"size_bytes": 4194304, "busbw_gbps": 1.5, "algbw_gbps": 0.75,
+                                         "time_us": 5000.0}], "error": None}],
                "checks": {"ranks": {"status": "pass", "found": "ok", "expected": "ok", "fix": ""}}, "log": ""}
         hostvars[host]["preflight_probes"] = {"probes": {"core_dumps": core_probe, "ssh_trust": ssh}, "errors": {},
                                              "job": job}
-    final = stage("final", "preflight_final")
-    started = time.perf_counter()
-    with without_gc():  # as the verdict action runs it
-        verdict = verdict_of(hosts, hostvars, workdir, count)
-    times["verdict"] = time.perf_counter() - started
-    assert final["allreduce"]["status"] == "pass", final["allreduce"]
-    return times, verdict
 
 
-def verdict_of(hosts, hostvars, workdir, count):
-    records = {host: {registry.STAGE_REGISTERS[name]: hostvars[host].get(registry.STAGE_REGISTERS[name])
-                      for name in ("settings", "facts", "port_mesh", "launch", "probes")} for host in hosts}
-    decisions = [hostvars[hosts[0]][name] for name in ("preflight_inputs", "preflight_plan", "preflight_launch",
-                                                         "preflight_final")]
-    verdict = build_verdict(hosts, records, decisions, registry.NAMES,
-                            ("settings", "facts", "port_mesh", "launch", "probes"), "bench", workdir)
-    failure_lines(verdict)
-    write_run_dir(verdict, {}, workdir, os.path.join(workdir, "run-%d" % count))
+def verdict_of(hosts, task_vars, workdir, count, times):
+    """The verdict task's steps, timed: the verdict built (``verdict``), its run directory written with JUnit,
+    Prometheus and the host lists (``outputs``), the run history and report.html (``report``); then what the
+    summary callback prints from the file (``summary``)."""
+    kind = "preflight"
+    decision_names, stages, capabilities, filename = verdict_plugin.KINDS[kind]
+    results_dir = os.path.join(workdir, "results-%d" % count)
+    started = CLOCK[0]()
+    with without_gc():
+        view = ClusterView(task_vars)
+        decisions = [view.result(hosts[0], name) or {} for name in decision_names]
+        records = {host: {registry.STAGE_REGISTERS[name]: view.registered(host, registry.STAGE_REGISTERS[name])
+                          for name in stages} for host in hosts}
+        run_dir = os.path.join(results_dir, "run")
+        verdict = printable_tree(build_verdict(hosts, records, decisions, capabilities, stages, "run", run_dir))
+        verdict["hostfile"] = launch_names(verdict, {host: view.nodes[host]["node_addr"] for host in hosts})
+        failure_lines(verdict)
+    times["verdict"] = CLOCK[0]() - started
+    started = CLOCK[0]()
+    reports = []
+
+    def outputs(data, where):
+        begun = CLOCK[0]()
+        write_outputs(data, where, kind=kind)
+        reports.append(CLOCK[0]() - begun)
+
+    with without_gc():
+        write_run_dir(verdict, {}, results_dir, run_dir, filename, reports=outputs)
+    # verdict.json is part of the verdict; JUnit, Prometheus and the host lists are the outputs.
+    times["outputs"] = reports[0]
+    times["verdict"] += CLOCK[0]() - started - reports[0]
+    started = CLOCK[0]()
+    with without_gc():
+        _outputs, warnings = after_verdict(verdict, kind, run_dir, os.path.join(run_dir, filename), results_dir)
+    times["report"] = CLOCK[0]() - started
+    assert not warnings, warnings
+    started = CLOCK[0]()
+    with without_gc():  # as the summary callback reads it
+        lines = summary_plugin.summary_lines(load(os.path.join(run_dir, filename)), os.path.join(run_dir, filename))
+    times["summary"] = CLOCK[0]() - started
+    assert len(lines) > count
     return verdict
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="10,100,1000,4000")
+    parser.add_argument("--sizes", default="1000,4000,10000")
+    parser.add_argument("--reference", type=int, default=1000,
+                        help="the size the time per node of every other size is compared with (run first)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall seconds, or this process's CPU seconds (on a shared machine)")
     args = parser.parse_args()
+    CLOCK[0] = time.perf_counter if args.clock == "wall" else time.process_time
     sizes = [int(size) for size in args.sizes.split(",")]
+    if args.reference and args.reference not in sizes:
+        sizes.insert(0, args.reference)
     settings = settings_of_every_capability()
     with tempfile.TemporaryDirectory(prefix="preflight-bench-scale-") as workdir:
         template = template_facts(workdir, settings)
         core = registry.get("core_dumps")
-        core_probe = node_probes.get("core_dumps").probe(core.probe_args(settings["core_dumps"], {"name": "n0"}, {}), LocalOps())
-        print("%6s %8s %8s %8s %8s %8s %9s %s" % ("nodes", "inputs", "plan", "launch", "final", "verdict", "total",
-                                                  "per node"))
-        previous = None
+        core_probe = node_probes.get("core_dumps").probe(core.probe_args(settings["core_dumps"], {"name": "n0"}, {}),
+                                                         LocalOps())
+        print("%s seconds; target: inputs to verdict" % args.clock)
+        print(" ".join(["%6s" % "nodes"] + ["%8s" % name for name in STAGES] + ["%8s" % "target", "%9s" % "total",
+                                                                                   "per node", "  linearity"]))
+        reference = None
         for count in sizes:
             times, verdict = run_size(count, settings, template, core_probe, workdir)
             total = sum(times.values())
-            growth = "" if previous is None else "  x%.1f for x%.0f nodes" % (total / previous[1],
-                                                                              count / previous[0])
-            print("%6d %8.2f %8.2f %8.2f %8.2f %8.2f %8.2fs %6.2f ms%s" % (
-                count, times["inputs"], times["plan"], times["launch"], times["final"], times["verdict"], total,
-                1000 * total / count, growth), flush=True)
+            per_node = total / count
+            if count == args.reference:
+                reference = per_node
+            ratio = "" if reference is None or count == args.reference else \
+                "  x%.2f per node vs %d nodes" % (per_node / reference, args.reference)
+            print(" ".join(["%6d" % count] + ["%8.2f" % times[name] for name in STAGES] +
+                           ["%8.2f" % sum(times[name] for name in TARGET), "%8.2fs" % total,
+                            "%6.2f ms%s" % (1000 * per_node, ratio)]), flush=True)
             assert verdict["status"] in ("pass", "fail") and len(verdict["hosts"]) == count
-            previous = (count, total)
 
 
 if __name__ == "__main__":

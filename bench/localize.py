@@ -26,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,12 +52,22 @@ GATE_VARS = {"mild": {"allreduce_sizes": [1048576], "allreduce_iters": 3, "allre
 RANKS_SECONDS = re.compile(r"completed init, correctness, barrier and bandwidth in ([0-9.]+) s")
 
 
-def gate(bed, results_dir, gate_vars):
+def gate(bed, results_dir, gate_vars, log=None):
+    """One gate: ``(wall seconds, verdict)``; its output (each task's time on every node) goes to ``log``."""
     argv = [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "preflight.yml", "-i", bed.inventory_path,
             "-e", json.dumps(gate_vars), "-e", "preflight_results_dir=%s" % results_dir]
     start = time.perf_counter()
-    subprocess.run(argv, cwd=ROOT, env=bed.ansible_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=1800, check=False)
+    with open(log or os.devnull, "w", encoding="utf-8") as out, subprocess.Popen(
+            argv, cwd=ROOT, env=bed.ansible_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        watchdog = threading.Timer(1800, proc.kill)
+        watchdog.start()
+        try:
+            # Each line with the seconds since the start: where a gate's time goes.
+            for line in proc.stdout:
+                out.write("[%7.1fs] %s" % (time.perf_counter() - start, line.decode(errors="replace")))
+            proc.wait(timeout=60)
+        finally:
+            watchdog.cancel()
     elapsed = time.perf_counter() - start
     with open(os.path.join(results_dir, "latest", "verdict.json"), encoding="utf-8") as handle:
         return elapsed, json.load(handle)
@@ -77,13 +88,20 @@ def main():
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--fault", choices=sorted(THROTTLES), default="mild")
+    parser.add_argument("--logs", help="a directory for every gate's output (the time each task took)")
+    parser.add_argument("--keep", action="store_true", help="keep the gates' run directories (printed at the end)")
     args = parser.parse_args()
+    if args.logs:
+        os.makedirs(args.logs, exist_ok=True)
     workdir = bench_workdir("localize")
     try:
         with Testbed(nodes=args.nodes) as bed:
             run_bench(args, bed, workdir)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep:
+            print("run directories kept in %s" % workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run_bench(args, bed, workdir):
@@ -101,14 +119,16 @@ def run_bench(args, bed, workdir):
           flush=True)
     rows = []
     for run in range(args.runs):
-        healthy_wall, healthy = gate(bed, os.path.join(workdir, "healthy-%d" % run), GATE_VARS[args.fault])
+        healthy_wall, healthy = gate(bed, os.path.join(workdir, "healthy-%d" % run), GATE_VARS[args.fault],
+                                     log=args.logs and os.path.join(args.logs, "healthy-%d.log" % run))
         if healthy["status"] != "pass":
             raise SystemExit("the healthy gate did not pass: %s" % healthy["failed_hosts"])
         all_node = all_node_seconds(healthy)
         node = bed.nodes[(2 + 3 * run) % len(bed.nodes)]
         bed.tc(node, ["qdisc", "add", "dev", "eth0"] + THROTTLES[args.fault])
         try:
-            throttled_wall, throttled = gate(bed, os.path.join(workdir, "throttled-%d" % run), GATE_VARS[args.fault])
+            throttled_wall, throttled = gate(bed, os.path.join(workdir, "throttled-%d" % run), GATE_VARS[args.fault],
+                                             log=args.logs and os.path.join(args.logs, "throttled-%d.log" % run))
         finally:
             bed.tc(node, ["qdisc", "del", "dev", "eth0", "root"])
         localize = throttled.get("localize") or {}

@@ -28,7 +28,6 @@ requirements:
   - enable it with C(callbacks_enabled = preflight_summary) in C(ansible.cfg) (done in this project)
 """
 
-import json
 import os
 
 from ansible import constants as C
@@ -36,6 +35,8 @@ from ansible.plugins.callback import CallbackBase
 
 from cluster_preflight.printable import printable
 from cluster_preflight.accounting import FILE_MODE, atomic_write
+from cluster_preflight.cluster import without_gc
+from cluster_preflight.json_text import indented
 from cluster_preflight.summary import notes
 from cluster_preflight.verdict_file import VerdictError, load
 
@@ -129,7 +130,7 @@ def record_changes(path, verdict, changed):
     """A bring-up's report gets each node's count of changed tasks (Ansible's stats, known only once the play
     ended), written over it atomically with its mode; the verdict with it."""
     verdict = dict(verdict, changed={host: int(changed.get(host) or 0) for host in verdict["hosts"]})
-    atomic_write(path, json.dumps(verdict, indent=2, sort_keys=True) + "\n", FILE_MODE)
+    atomic_write(path, indented(verdict) + "\n", FILE_MODE)
     return verdict
 
 
@@ -173,11 +174,14 @@ class CallbackModule(CallbackBase):
         for path in self.verdict_files:
             self._display.display("")
             try:
-                verdict = load(path)
-                if os.path.basename(path) == BRINGUP_FILE:
-                    verdict = record_changes(path, verdict, getattr(stats, "changed", {}) or {})
+                # A large cluster's verdict is a big, short-lived heap (as in the decisions).
+                with without_gc():
+                    verdict = load(path)
+                    if os.path.basename(path) == BRINGUP_FILE:
+                        verdict = record_changes(path, verdict, getattr(stats, "changed", {}) or {})
+                    lines = summary_lines(verdict, path)
             except (VerdictError, OSError) as exc:
                 self._display.display("PREFLIGHT SUMMARY: %s" % printable(exc), color=C.COLOR_ERROR)
                 continue
-            for text, color in summary_lines(verdict, path):
+            for text, color in lines:
                 self._display.display(text, color=color)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import json
 import os
 import re
 import shutil
@@ -31,6 +30,7 @@ from cluster_preflight import capabilities as registry
 from preflight_node.checks import (CheckError, RUN, add, blocked, capability_of, failed, node_status,
                                                    passed, warned)
 from cluster_preflight.cluster import outcome
+from cluster_preflight.json_text import indented
 from cluster_preflight.run_lock import lock_checks, lost_checks
 from cluster_preflight.printable import printable
 from cluster_preflight.task_start import node_said, start_fix
@@ -508,7 +508,7 @@ def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_
         _write_logs(run_dir, logs_by_host)
         if reports is not None:
             reports(verdict, run_dir)
-        atomic_write(os.path.join(run_dir, filename), json.dumps(verdict, indent=2, sort_keys=True) + "\n")
+        atomic_write(os.path.join(run_dir, filename), indented(verdict) + "\n")
     except BaseException:
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)

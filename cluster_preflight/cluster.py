@@ -113,8 +113,64 @@ def failure_message(result):
 
 
 def plain(value):
-    """Registered results as plain JSON data (drops templating wrappers)."""
-    return json.loads(json.dumps(value, default=str))
+    """Registered results as plain JSON data (drops templating wrappers): a copy, as a JSON round trip makes it.
+
+    Data of JSON's own types (what the modules and the controller's decisions return) is copied directly, which
+    is several times faster than the round trip a large cluster's view would pay for every node; anything else
+    (a templating wrapper, a tuple, a key that is not text) goes through the round trip, so the copy is the
+    same either way."""
+    try:
+        return _copy(value)
+    except _NotPlain:
+        return json.loads(json.dumps(value, default=str))
+
+
+class _NotPlain(Exception):
+    """A value :func:`_copy` leaves to the JSON round trip."""
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _copy(value):
+    kind = type(value)
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotPlain()
+            kind = type(item)
+            out[key] = item if kind in _SCALARS else _copy(item)
+        return out
+    if kind is list:
+        return [item if type(item) in _SCALARS else _copy(item) for item in value]
+    if kind in _SCALARS:
+        return value
+    raise _NotPlain()
+
+
+class CapabilityMap(collections.abc.Mapping):
+    """A node's settings or facts by capability, each capability's copied (:func:`plain`) when it is first read:
+    a decision reads a few capabilities of every node, and copying every node's whole result would cost a large
+    cluster more than the decision."""
+
+    def __init__(self, registered):
+        self._registered = registered if isinstance(registered, dict) else plain(registered) or {}
+        self._copies = {}
+
+    def __getitem__(self, name):
+        if name not in self._copies:
+            self._copies[name] = plain(self._registered[name])
+        return self._copies[name]
+
+    def __contains__(self, name):
+        return name in self._registered
+
+    def __iter__(self):
+        return iter([str(name) for name in self._registered])
+
+    def __len__(self):
+        return len(self._registered)
 
 
 class ClusterView(object):
@@ -126,32 +182,34 @@ class ClusterView(object):
         self.all_hosts = list((task_vars.get("groups") or {}).get(group) or self.hosts)
         self.forks = int(task_vars.get("ansible_forks") or 5)
         self._hostvars = task_vars.get("hostvars") or {}
-        self._cache = {}
-        # register -> every node's result of one engine step (cluster_preflight/engine): read once, not per node.
-        self._by_node = {}
+        self._cache, self._raw, self._facts = {}, {}, {}
         # host -> its variables as stored (registered results included), fetched once.
         self._vars = {}
         self.settings, self.nodes = {}, {}
         for host in self.hosts:
-            loaded = self.result(host, registers.SETTINGS) or {}
-            self.settings[host] = loaded.get("settings") or {}
-            self.nodes[host] = loaded.get("node") or registry.node_info(host, {})
+            self.settings[host] = CapabilityMap(self.field(host, registers.SETTINGS, "settings", copy=False) or {})
+            self.nodes[host] = self.field(host, registers.SETTINGS, "node") or registry.node_info(host, {})
 
     def result(self, host, name):
+        """A node's registered result ``name`` as plain data (a copy of its own), or None."""
         key = (host, registers.known(name))
         if key not in self._cache:
-            wrapped = self._by_node.get(name)
-            if wrapped is None:
-                value = self._registered(host, name)
-                if not engine.is_by_node(value):
-                    self._cache[key] = plain(value) if value is not None else None
-                    return self._cache[key]
-                # Registered once for every node (run_once): the same value on each, made plain once.
-                wrapped = self._by_node[name] = plain(value)
-            self._cache[key] = engine.node_result(wrapped, host)
+            value = self.registered(host, name)
+            self._cache[key] = plain(value) if value is not None else None
         return self._cache[key]
 
-    def _registered(self, host, name):
+    def registered(self, host, name):
+        """The registered value itself (not copied: only to be read), or None.  What :meth:`outcome` and the
+        verdict's accounting need is in its top-level keys, so a node's whole result (its settings, facts, the
+        probes' rows) is copied only where a decision reads it (:meth:`result`).  A register that holds every
+        node's result of one engine step (the srun engine's, cluster_preflight/engine) gives each node its own."""
+        key = (host, registers.known(name))
+        if key not in self._raw:
+            value = self._stored(host, name)
+            self._raw[key] = engine.node_result(value, host) if engine.is_by_node(value) else value
+        return self._raw[key]
+
+    def _stored(self, host, name):
         """What ``host`` registered as ``name`` (None: nothing), as it was stored.  A registered result is data a task
         returned, never a template, so it is read without rendering (``hostvars``' ``raw_get``): rendering a
         register that holds every node's result (the srun engine's) cost every decision a copy per node."""
@@ -164,9 +222,16 @@ class ClusterView(object):
             self._vars[host] = found if isinstance(found, collections.abc.Mapping) else {}
         return self._vars[host].get(name)
 
+    def field(self, host, name, key, copy=True):
+        """One top-level field of a node's registered result ``name`` (a copy of its own unless ``copy`` is
+        false: then the registered value itself, only to be read), or None."""
+        value = self.registered(host, name)
+        value = value.get(key) if isinstance(value, dict) else None
+        return plain(value) if copy and value is not None else value
+
     def outcome(self, host, name):
         """``(state, message)`` of a node's registered result (see :func:`outcome`)."""
-        return outcome(self.result(host, name))
+        return outcome(self.registered(host, name))
 
     def lost(self, stages):
         """``{host: reason}`` of nodes unreachable, or whose task failed or timed out, in ``stages``."""
@@ -184,18 +249,20 @@ class ClusterView(object):
     def facts(self, host):
         """``(facts, errors)`` of the node's one reader call, or ``(None, None)`` (also for a node another run
         holds: nothing was read there)."""
-        if self.outcome(host, registers.FACTS)[0] != "ok":
-            return None, None
-        result = self.result(host, registers.FACTS)
-        if result.get("busy"):
-            return None, None
-        return result.get("facts") or {}, result.get("errors") or {}
+        if host not in self._facts:
+            if self.outcome(host, registers.FACTS)[0] != "ok" or self.field(host, registers.FACTS, "busy", copy=False):
+                self._facts[host] = None, None
+            else:
+                # Each capability's facts are copied when a decision reads them, not the node's whole result.
+                self._facts[host] = (CapabilityMap(self.field(host, registers.FACTS, "facts", copy=False) or {}),
+                                     self.field(host, registers.FACTS, "errors") or {})
+        return self._facts[host]
 
     def busy(self):
         """``{host: lock result}`` of the nodes another run holds (``module_utils/preflight_node/lock.py``)."""
-        return {host: (self.result(host, registers.FACTS) or {})["busy"] for host in self.hosts
-                if self.outcome(host, registers.FACTS)[0] == "ok"
-                and (self.result(host, registers.FACTS) or {}).get("busy")}
+        return {host: self.field(host, registers.FACTS, "busy") for host in self.hosts
+                if self.outcome(host, registers.FACTS)[0] == "ok" and self.field(host, registers.FACTS, "busy",
+                                                                                  copy=False)}
 
     def read_hosts(self):
         return [host for host in self.hosts if self.facts(host)[0] is not None]

@@ -200,11 +200,12 @@ def _gate_found(verdict):
     world = allreduce.get("world_size")
     text = "verdict %s; all-reduce %s, backend %s, world size %s" % (
         verdict.status, allreduce.get("status"), allreduce.get("backend"), world)
-    if largest:
+    if largest and world == 1:
+        text += (", algbw %.3f GB/s at %d bytes (world size 1: a copy on one GPU, no link between GPUs measured, "
+                 "busbw not measured)" % (largest.get("algbw_gbps", 0), largest.get("size_bytes", 0)))
+    elif largest:
         text += ", busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes" % (
             largest.get("busbw_gbps", 0), largest.get("algbw_gbps", 0), largest.get("size_bytes", 0))
-    if world == 1:
-        text += " (world size 1: a copy on one GPU, no link between GPUs measured)"
     if transport:
         text += "; NCCL transport %s" % transport
     failed = ["%s %s" % (finding.check, finding.status) for finding in verdict.findings if finding.status == "fail"]
@@ -231,7 +232,7 @@ def gate_step(steps, args):
                  "preflight_master_port": _free_port()}
     if args.job_user:
         extravars["preflight_job_user"] = args.job_user
-    if not os.path.isdir("/run/lock"):
+    if not os.path.isdir("/run"):
         extravars["preflight_lock_dir"] = os.path.join(folder, "lock")
         os.makedirs(extravars["preflight_lock_dir"], mode=0o700, exist_ok=True)
     if extra_path:
@@ -264,8 +265,10 @@ def nccl_step(steps, args, verdict):
             found.extend("%s: %s" % (name, line.rstrip()) for line in handle if NCCL_LINE.search(line))
     with open(os.path.join(args.out, "nccl.txt"), "w") as handle:
         handle.write("".join(line + "\n" for line in found[:NCCL_LINES_MAX]))
-    transport = next((line for line in found if re.search(r"Using network|NET/\S+ : Using|via (P2P|SHM|NET)", line)),
-                     None)
+    # The channels between ranks say what carried the data; "Using network" what NCCL would use between nodes; a
+    # plugin's "NET/IB : Using [RO]" after "No device found" says neither.
+    transport = next((line for pattern in (r"via (P2P|SHM|NET)", r"Using network", r"NET/\S+ : Using \[\d")
+                      for line in found if re.search(pattern, line)), None)
     if transport is None:
         # One rank has no peer to connect to: NCCL may print no transport at all, which says nothing of the machine.
         alone = ((getattr(verdict, "raw", None) or {}).get("allreduce") or {}).get("world_size") == 1

@@ -42,6 +42,10 @@ LOOPBACK_IFNAME = "lo"
 # Elements of the correctness all-reduce of a pair or single-node launch (256 KiB; the all-node and the
 # confirmation runs check 4 MiB): still exact, and a throttled pair does not spend its round on it.
 ROUND_CHECK_ELEMENTS = 1 << 16
+# A round's launch is judged by how it ended (its ranks' status, busbw and error), never by its stacks, which
+# nothing shows: it takes none, and a failed or slow one ends as soon as it is seen (the all-node and the
+# confirmation runs keep their stack budget: their hung ranks' stacks are in the run directory).
+ROUND_STACK_BUDGET = 0
 EXPECTED = ("every node completes an all-reduce with a node proven good, and alone over lo, with busbw above the "
             "floors (absolute per backend, and relative to the median pair)")
 
@@ -181,7 +185,13 @@ def judge(hosts, rounds, floor):
     graded launches it took part in; ``kinds`` host -> node, network or unknown
     for the bad ones."""
     launches, _median_bw = graded(rounds, floor)
-    evidence = {host: [launch for launch in launches if host in launch["hosts"]] for host in hosts}
+    # One pass over the launches (each names its few hosts): a scan of every launch per host would grow with the
+    # square of the nodes, and the rounds of 4,000 nodes hold 2,000 launches each.
+    evidence = {host: [] for host in hosts}
+    for launch in launches:
+        for host in dict.fromkeys(launch["hosts"]):
+            if host in evidence:
+                evidence[host].append(launch)
     states = {}
     for host in hosts:
         mine = evidence[host]
@@ -253,14 +263,16 @@ def group_args(base_args_by_host, hosts, master_addr, port, floor):
         base = base_args_by_host[host]
         out[host] = _args(base, nnodes=len(hosts), node_rank=rank, master_addr=master_addr, master_port=port,
                           min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1,
-                          bandwidth_deadline=_deadline(base, len(hosts) * base["nproc_per_node"], floor))
+                          bandwidth_deadline=_deadline(base, len(hosts) * base["nproc_per_node"], floor),
+                          bandwidth_grace=float(floor.get("grace", 0)))
     return out
 
 
 def pair_args(base_args_by_host, pair, master_addr, port, floor=None):
     """The two hosts' ``allreduce`` arguments for a pair launch (the all-node plan's shape)."""
     args = group_args(base_args_by_host, list(pair), master_addr, port, floor or {})
-    return {host: dict(item, check_elements=ROUND_CHECK_ELEMENTS) for host, item in args.items()}
+    return {host: dict(item, check_elements=ROUND_CHECK_ELEMENTS, stack_budget=ROUND_STACK_BUDGET)
+            for host, item in args.items()}
 
 
 def loopback_args(base, port, floor=None):
@@ -269,7 +281,8 @@ def loopback_args(base, port, floor=None):
     return _args(base, nnodes=1, node_rank=0, master_addr=LOOPBACK_ADDR, master_port=port,
                  socket_ifname=LOOPBACK_IFNAME, env=env, min_busbw_gbps=0, selftest_fault="none", selftest_rank=-1,
                  bandwidth_deadline=_deadline(base, base["nproc_per_node"], floor or {}),
-                 check_elements=ROUND_CHECK_ELEMENTS)
+                 bandwidth_grace=float((floor or {}).get("grace", 0)), check_elements=ROUND_CHECK_ELEMENTS,
+                 stack_budget=ROUND_STACK_BUDGET)
 
 
 def derived_port(master_port, serial):

@@ -10,6 +10,7 @@ address on it, and the per-node checks (override, common interface, fabric consi
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from preflight_node.checks import failed, not_applicable, passed, skipped, warned
@@ -35,17 +36,32 @@ def usable_ipv4(nic):
     automatic choice never picks: only an explicit override (a single-node run
     on ``lo``) reaches it.
     """
-    result = []
     loopback_device = (nic or {}).get("class") == "loopback"
-    for cidr in (nic or {}).get("ipv4") or []:
-        try:
-            iface = ipaddress.ip_interface(cidr)
-        except ValueError:
-            continue
-        if (iface.ip.is_loopback and not loopback_device) or iface.ip in LINK_LOCAL_V4:
-            continue
-        result.append(str(iface))
-    return result
+    usable = ((_usable if isinstance(cidr, str) else _usable.__wrapped__)(cidr, loopback_device)
+              for cidr in (nic or {}).get("ipv4") or [])
+    return [cidr for cidr in usable if cidr is not None]
+
+
+# The choice reads every node's addresses several times: each text is parsed once.
+@functools.lru_cache(maxsize=1 << 17)
+def _usable(cidr, loopback_device):
+    """``cidr`` as :func:`usable_ipv4` lists it, or None."""
+    try:
+        iface = _interface(cidr)
+    except ValueError:
+        return None
+    if (iface.ip.is_loopback and not loopback_device) or iface.ip in LINK_LOCAL_V4:
+        return None
+    return str(iface)
+
+
+def _interface(cidr):
+    return _parsed(cidr) if isinstance(cidr, str) else ipaddress.ip_interface(cidr)
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _parsed(cidr):
+    return ipaddress.ip_interface(cidr)
 
 
 def parse_override(override):
@@ -125,7 +141,7 @@ def _is_management(host, name, nic, mgmt_addr_by_host):
 def _common_subnets(ifname, nics_by_host):
     common = None
     for nics in nics_by_host.values():
-        networks = {ipaddress.ip_interface(cidr).network for cidr in usable_ipv4(nics.get(ifname))}
+        networks = {_interface(cidr).network for cidr in usable_ipv4(nics.get(ifname))}
         common = networks if common is None else common & networks
     return sorted(common or [], key=str)
 
@@ -133,7 +149,7 @@ def _common_subnets(ifname, nics_by_host):
 def _pick_address(nic, subnets):
     addresses = usable_ipv4(nic)
     for cidr in addresses:
-        if ipaddress.ip_interface(cidr).network in subnets:
+        if _interface(cidr).network in subnets:
             return cidr
     return addresses[0] if addresses else None
 

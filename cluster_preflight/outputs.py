@@ -71,12 +71,16 @@ gate saw that name not resolve on its peers (``preflight_hostfile_names``):
 from __future__ import annotations
 
 import calendar
+import collections
 import os
+import re
 import time
+import xml.etree.ElementTree as ET
 
 from cluster_preflight.accounting import atomic_write
-from junit_xml import TestCase, TestSuite, to_xml_report_string
-from prometheus_client import CollectorRegistry, Gauge, Info, generate_latest
+from junit_xml import TestCase, TestSuite
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
 JUNIT_FILE = "junit.xml"
 PROM_FILE = "preflight.prom"
@@ -147,16 +151,93 @@ def junit_suites(verdict):
 
 
 def junit_xml(verdict):
-    """``junit.xml`` as text."""
-    return to_xml_report_string(junit_suites(verdict), prettyprint=True, encoding="utf-8")
+    """``junit.xml`` as text: the document ``junit_xml.to_xml_report_string(suites, prettyprint=True,
+    encoding="utf-8")`` gives, character for character, written straight from its element tree (the library
+    re-parses the whole document with ``minidom`` to indent it, which a large cluster's nodes x checks make the
+    slowest step of the verdict)."""
+    root = ET.Element("testsuites")
+    totals = collections.defaultdict(int)
+    for suite in junit_suites(verdict):
+        element = suite.build_xml_doc(encoding="utf-8")
+        for key in ("disabled", "errors", "failures", "tests"):
+            totals[key] += int(element.get(key, 0))
+        totals["time"] += float(element.get("time", 0))
+        root.append(element)
+    for key, value in totals.items():
+        root.set(key, str(value))
+    out = ['<?xml version="1.0" encoding="utf-8"?>\n']
+    _write_element(out, root, "")
+    return "".join(out)
+
+
+# What junit_xml removes from its document before indenting it: characters XML does not allow.  A carriage
+# return in an attribute survives (the serializer wrote it as a character reference); in a text it goes.
+_XML_ILLEGAL_RANGES = ((0x00, 0x08), (0x0B, 0x1F), (0x7F, 0x84), (0x86, 0x9F), (0xD800, 0xDFFF), (0xFDD0, 0xFDDF),
+                       (0xFFFE, 0xFFFF)) + tuple((plane + 0xFFFE, plane + 0xFFFF)
+                                                 for plane in range(0x10000, 0x110000, 0x10000))
+
+
+def _ranges(ranges):
+    return re.compile("[%s]" % "".join("%s-%s" % (re.escape(chr(low)), re.escape(chr(high))) for low, high in ranges))
+
+
+# (text, attribute) x (any text, ASCII text: the usual case, found much faster by a small class)
+_XML_ILLEGAL = {False: (_ranges(_XML_ILLEGAL_RANGES), _ranges(_XML_ILLEGAL_RANGES[:3])),
+                True: (_ranges(((0x00, 0x08), (0x0B, 0x0C), (0x0E, 0x1F)) + _XML_ILLEGAL_RANGES[2:]),
+                       _ranges(((0x00, 0x08), (0x0B, 0x0C), (0x0E, 0x1F), (0x7F, 0x7F))))}
+
+
+def _xml_text(text, attribute=False):
+    """``text`` as minidom's pretty printer writes it (after junit_xml's cleaning)."""
+    text = _XML_ILLEGAL[attribute][text.isascii()].sub("", text)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace('"', "&quot;").replace(">", "&gt;")
+
+
+def _write_element(out, element, indent):
+    """``element`` as ``minidom``'s ``toprettyxml`` writes it (tab indents, a lone text child inline)."""
+    out.append("%s<%s" % (indent, element.tag))
+    for name, value in element.attrib.items():
+        out.append(' %s="%s"' % (name, _xml_text(value, attribute=True)))
+    text = _xml_text(element.text) if element.text else ""
+    if len(element):
+        out.append(">\n")
+        for child in element:
+            _write_element(out, child, indent + "\t")
+        out.append("%s</%s>\n" % (indent, element.tag))
+    elif text:
+        out.append(">%s</%s>\n" % (text, element.tag))
+    else:
+        out.append("/>\n")
 
 
 def prometheus_registry(verdict, kind="preflight"):
     """A ``CollectorRegistry`` holding the verdict's metrics (see the module's docstring)."""
     registry = CollectorRegistry(auto_describe=True)
+    registry.register(_VerdictMetrics(_families(verdict, kind)))
+    return registry
+
+
+class _VerdictMetrics(object):
+    """The verdict's metric families as a collector: a family's samples are added as plain rows, not as one
+    labelled child per sample (a cluster's nodes x checks would cost a child, a lock and a copy each)."""
+
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+def _families(verdict, kind):
+    """The verdict's metric families in the order the exposition lists them."""
+    families = []
 
     def gauge(name, documentation, labels):
-        return Gauge(name, documentation, ["kind"] + list(labels), registry=registry)
+        families.append(GaugeMetricFamily(name, documentation, labels=["kind"] + list(labels)))
+        return families[-1]
+
+    def add(family, labels, value):
+        family.add_metric([str(label) for label in labels], float(value))
 
     check_status = gauge("preflight_check_status", "Check outcome: 0 pass, 1 not_applicable, 2 skipped, 3 warn, "
                                                    "4 blocked (unverified), 5 fail.", ["host", "check"])
@@ -166,41 +247,49 @@ def prometheus_registry(verdict, kind="preflight"):
     for host in verdict["hosts"]:
         node = verdict["nodes"][host]
         for name, check in node["checks"].items():
-            check_status.labels(kind, host, name).set(CHECK_CODES[check_state(check)])
-        for status in HOST_STATUSES:
-            host_status.labels(kind, host, status).set(1 if node["status"] == status else 0)
-        reachable.labels(kind, host).set(1 if node.get("reachable", True) else 0)
+            add(check_status, (kind, host, name), CHECK_CODES[check_state(check)])
+    for host in verdict["hosts"]:
+        status = verdict["nodes"][host]["status"]
+        for one in HOST_STATUSES:
+            add(host_status, (kind, host, one), 1 if status == one else 0)
+    for host in verdict["hosts"]:
+        add(reachable, (kind, host), 1 if verdict["nodes"][host].get("reachable", True) else 0)
     run_status = gauge("preflight_run_status", "The verdict, one-hot over pass, fail.", ["status"])
     for status in RUN_STATUSES:
-        run_status.labels(kind, status).set(1 if verdict["status"] == status else 0)
-    gauge("preflight_run_timestamp_seconds", "When the verdict was made, seconds since the epoch.",
-          []).labels(kind).set(_timestamp(verdict))
-    Info("preflight_run", "The run the metrics come from.", ["kind"], registry=registry).labels(kind).info(
-        {"run_id": str(verdict.get("run_id") or ""), "run_dir": str(verdict.get("run_dir") or "")})
+        add(run_status, (kind, status), 1 if verdict["status"] == status else 0)
+    add(gauge("preflight_run_timestamp_seconds", "When the verdict was made, seconds since the epoch.", []), (kind,),
+        _timestamp(verdict))
+    families.append(InfoMetricFamily("preflight_run", "The run the metrics come from.", labels=["kind"]))
+    families[-1].add_metric([str(kind)], {"run_id": str(verdict.get("run_id") or ""),
+                                          "run_dir": str(verdict.get("run_dir") or "")})
     gate = verdict.get("allreduce")
     if gate:
-        gate_status = gauge("preflight_allreduce_status", "The all-reduce gate, one-hot over pass, fail, skipped.",
-                            ["status"])
-        for status in ALLREDUCE_STATUSES:
-            gate_status.labels(kind, status).set(1 if gate.get("status") == status else 0)
-        for key in ("world_size", "planned_world_size"):
-            if gate.get(key) is not None:
-                gauge("preflight_allreduce_%s" % key, "Ranks of the all-reduce (%s)." % key.replace("_", " "),
-                      []).labels(kind).set(gate[key])
-        sizes = gate.get("sizes") or []
-        if sizes:
-            busbw = gauge("preflight_allreduce_busbw_bytes_per_second",
-                          "All-reduce bus bandwidth (nccl-tests busbw) at a message size, rank 0.", ["size_bytes"])
-            algbw = gauge("preflight_allreduce_algbw_bytes_per_second",
-                          "All-reduce algorithm bandwidth at a message size, rank 0.", ["size_bytes"])
-            duration = gauge("preflight_allreduce_duration_seconds",
-                             "Time of one all-reduce at a message size, rank 0.", ["size_bytes"])
+        _allreduce_families(gate, kind, gauge, add)
+    return families
+
+
+def _allreduce_families(gate, kind, gauge, add):
+    gate_status = gauge("preflight_allreduce_status", "The all-reduce gate, one-hot over pass, fail, skipped.",
+                        ["status"])
+    for status in ALLREDUCE_STATUSES:
+        add(gate_status, (kind, status), 1 if gate.get("status") == status else 0)
+    for key in ("world_size", "planned_world_size"):
+        if gate.get(key) is not None:
+            add(gauge("preflight_allreduce_%s" % key, "Ranks of the all-reduce (%s)." % key.replace("_", " "), []),
+                (kind,), gate[key])
+    sizes = gate.get("sizes") or []
+    if sizes:
+        busbw = gauge("preflight_allreduce_busbw_bytes_per_second",
+                      "All-reduce bus bandwidth (nccl-tests busbw) at a message size, rank 0.", ["size_bytes"])
+        algbw = gauge("preflight_allreduce_algbw_bytes_per_second",
+                      "All-reduce algorithm bandwidth at a message size, rank 0.", ["size_bytes"])
+        duration = gauge("preflight_allreduce_duration_seconds",
+                         "Time of one all-reduce at a message size, rank 0.", ["size_bytes"])
+        for family, value in ((busbw, lambda row: row["busbw_gbps"] * 1e9),
+                              (algbw, lambda row: row["algbw_gbps"] * 1e9),
+                              (duration, lambda row: row["time_us"] / 1e6)):
             for row in sizes:
-                size = str(row["size_bytes"])
-                busbw.labels(kind, size).set(row["busbw_gbps"] * 1e9)
-                algbw.labels(kind, size).set(row["algbw_gbps"] * 1e9)
-                duration.labels(kind, size).set(row["time_us"] / 1e6)
-    return registry
+                add(family, (kind, row["size_bytes"]), value(row))
 
 
 def prometheus_text(verdict, kind="preflight"):

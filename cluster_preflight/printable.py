@@ -25,6 +25,9 @@ _SEQUENCES = re.compile(
 # What is left of C0 (but tab and line feed) and C1, DEL, and the bidirectional embeddings, overrides and isolates.
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _LINE_BREAKS = re.compile(r"\r\n?|[\n\t\v\f]")
+# Every character either form of printable() changes or drops starts with one of these (an escape sequence
+# starts with ESC or a C1 control): text without them is printable as it is.
+_UNSAFE = {True: _CONTROLS, False: re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")}
 
 
 def printable(text, lines=False):
@@ -32,7 +35,10 @@ def printable(text, lines=False):
 
     ``lines``: keep line breaks (``\\r\\n`` and a lone ``\\r`` become ``\\n``) and tabs, for a log or a stack;
     otherwise every line break and tab becomes a space (one line)."""
-    text = _SEQUENCES.sub("", str(text))
+    text = str(text)
+    if not _UNSAFE[bool(lines)].search(text):
+        return text
+    text = _SEQUENCES.sub("", text)
     if lines:
         return _CONTROLS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     return _CONTROLS.sub("", _LINE_BREAKS.sub(" ", text))
@@ -41,6 +47,21 @@ def printable(text, lines=False):
 def printable_tree(value):
     """A copy of ``value`` (JSON-like: dicts, lists, strings, numbers) with every string, keys included, made
     :func:`printable` (line breaks kept: a found text may hold a stack)."""
+    kind = type(value)
+    if kind is dict:
+        # The verdict's own shape, walked without a call per string or number (a large cluster's verdict holds
+        # millions): text that needs nothing is kept as it is.
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str or _CONTROLS.search(key):
+                key = printable_tree(key) if isinstance(key, str) else key
+            kind = type(item)
+            out[key] = (item if not _CONTROLS.search(item) else printable(item, lines=True)) if kind is str \
+                else item if kind in _NUMBERS else printable_tree(item)
+        return out
+    if kind is list:
+        return [(item if not _CONTROLS.search(item) else printable(item, lines=True)) if type(item) is str
+                else item if type(item) in _NUMBERS else printable_tree(item) for item in value]
     if isinstance(value, str):
         return printable(value, lines=True)
     if isinstance(value, dict):
@@ -49,3 +70,6 @@ def printable_tree(value):
     if isinstance(value, (list, tuple)):
         return [printable_tree(item) for item in value]
     return value
+
+
+_NUMBERS = frozenset((int, float, bool, type(None)))

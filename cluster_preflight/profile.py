@@ -129,7 +129,8 @@ def run_fields(summary, host):
     it (a sick peer must not leave the proven nodes without a measurement); nothing otherwise."""
     for run in (summary or {}, (summary or {}).get("confirm") or {}):
         if run.get("status") == "pass" and host in (run.get("hosts") or []):
-            largest = _largest(run.get("sizes"))
+            # One rank crosses no link: its busbw is a copy on one device, never a known-good value.
+            largest = _largest(run.get("sizes")) if (summary or {}).get("world_size") != 1 else None
             return {"allreduce.backend": summary.get("backend"),
                     "allreduce.largest_size": largest["size_bytes"] if largest else None,
                     "allreduce.busbw_gbps": _round(largest.get("busbw_gbps")) if largest else None}

@@ -11,7 +11,8 @@ finding).  Hardware (Xid, ECC, port down) and configuration findings are other c
 never come here.
 
 The retest of a node is one more bounded step of the localisation, at the same sizes and floors: step 0 a
-pair with a node proven good (a different one per node retested), step 1 its run alone over ``lo``.  It
+pair with a node proven good (a different one per node retested), step 1 its run alone over ``lo``, which the
+action runs only for the nodes whose pair passed (a failed pair fails the retest whatever the run alone does).  It
 passes when every launch passed (and, for a network or unknown fault, a pair with a node proven good was
 among them).  A node that passes is not named: its ``allreduce.localize`` is a ``warn`` whose found text
 says "failed, then passed on retest" with both measurements, and it joins the confirmation run over the

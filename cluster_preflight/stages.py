@@ -58,8 +58,7 @@ def _put(checks_by_host, host, capability, checks):
 def stage_inputs(view):
     """Every node's settings must be valid before anything runs on any node.  Also this run's lock (the
     ``lock`` argument of the gate's node calls, ``module_utils/preflight_node/lock.py``)."""
-    invalid = sorted(host for host in view.hosts
-                     if not (view.result(host, registers.SETTINGS) or {}).get("ok"))
+    invalid = sorted(host for host in view.hosts if not view.field(host, registers.SETTINGS, "ok", copy=False))
     blockers = ["invalid settings on %s (see each node's <capability>.inputs check)" % ", ".join(invalid)] \
         if invalid else []
     # One engine for the run (preflight.yml includes its node stages; every node's setting agrees or it is invalid).

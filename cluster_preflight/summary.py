@@ -35,11 +35,44 @@ def node_list(hosts, every=None):
     return shown + (" and %d more" % (len(hosts) - NODES_SHOWN) if len(hosts) > NODES_SHOWN else "")
 
 
+# A run of characters a node name is made of, not preceded by one: where a name of the run may start.
+_NAME_RUN = re.compile(r"(?<![\w.-])[\w.-]+")
+
+
 def _generic(text, hosts):
     """``text`` with every node name of the run replaced by ``<node>`` (the longest names first)."""
-    for host in sorted(hosts, key=len, reverse=True):
-        text = re.sub(r"(?<![\w.-])%s(?![\w-])" % re.escape(host), NODE, text)
-    return text
+    return _Namer(hosts)(text)
+
+
+class _Namer(object):
+    """:func:`_generic` for many texts of one run: the names are looked up in a set, each text read once (a
+    cluster's every finding against its every name would grow with the square of its nodes)."""
+
+    def __init__(self, hosts):
+        names = set(hosts)
+        # Names that are runs of word characters, dots and dashes are found by reading the runs; any other (an
+        # IPv6 address) is replaced one by one, as before.
+        self.others = sorted((name for name in names if not re.fullmatch(r"[\w.-]+", name)), key=len, reverse=True)
+        self.names = names.difference(self.others)
+
+    def __call__(self, text):
+        text = _NAME_RUN.sub(self._run, text) if self.names else text
+        for host in self.others:
+            text = re.sub(r"(?<![\w.-])%s(?![\w-])" % re.escape(host), NODE, text)
+        return text
+
+    def _run(self, match):
+        """The run with the longest name it starts with replaced: the whole run, or a part of it that ends
+        before a dot (a name is followed by no word character or dash)."""
+        run = match.group(0)
+        if run in self.names:
+            return NODE
+        end = run.rfind(".")
+        while end > 0:
+            if run[:end] in self.names:
+                return NODE + run[end:]
+            end = run.rfind(".", 0, end)
+        return run
 
 
 def _details(raw, item):
@@ -51,6 +84,7 @@ def group_findings(raw):
     ``blocked``, ``same`` check and fix on several nodes, or ``one``), the worst first, in the verdict's order
     otherwise.  ``title`` and ``fix`` are empty for a group of one (its finding says it all)."""
     groups = collections.OrderedDict()
+    generic = _Namer(raw["hosts"])
     for item in findings_of(raw):
         details = _details(raw, item)
         causes = [cause for cause in details.get("causes") or [] if isinstance(cause, dict) and cause.get("id")]
@@ -59,7 +93,7 @@ def group_findings(raw):
         elif details.get("blocked_by"):
             key = ("blocked", item.host) + tuple(details["blocked_by"])
         else:
-            key = ("same", item.check, item.status, _generic(item.fix, raw["hosts"]))
+            key = ("same", item.check, item.status, generic(item.fix))
         groups.setdefault(key, (causes, []))[1].append(item)
     out = []
     for key, (causes, items) in groups.items():

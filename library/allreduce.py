@@ -118,6 +118,13 @@ options:
         taken and the run ends at once, with the busbw each rank reached. 0 leaves only O(hard_timeout).
     type: float
     default: 0
+  bandwidth_grace:
+    description:
+      - The seconds of O(bandwidth_deadline) that are start-up (the rest is the sweep at the floor busbw). Given, each
+        collective in flight has a deadline of its own - the collectives up to it at the floor, plus this grace - so
+        a run already slower than the floor ends at its first late collective instead of at the end of the time the
+        whole sweep takes. Unset, only O(bandwidth_deadline) ends the stage.
+    type: float
   check_elements:
     description:
       - Elements (float32) of the correctness all-reduce; 0 keeps the worker's 1048576 (4 MiB). The localisation's

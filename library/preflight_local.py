@@ -21,7 +21,7 @@ description:
   - Each reader and each probe is its own failure domain; one that raises is reported under RV(errors) (a reader)
     or RV(probe_errors) (a probe) with the exception and the others still run. The controller
     (C(preflight_decide)) turns facts and probe results into checks.
-  - The arguments come from C(preflight_settings) with C(local_probes), which validated the role variables they
+  - The arguments come from C(preflight_settings) with C(kind=healthcheck), which validated the role variables they
     derive from. Takes no run lock and starts no background job.
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.run_state, preflight.node_call]

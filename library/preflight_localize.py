@@ -23,6 +23,11 @@ description:
     and every unproven node against a node already proven good, and runs each suspect alone over C(lo) to tell a
     node fault from a network fault; round 3 runs only if still ambiguous. Each launch is the C(allreduce) module
     with its own hard timeout and its own master port (above the run's C(allreduce_master_port)).
+  - When every pair passed (every node proven good) but the all-node run did not, from 6 nodes the group rounds
+    (C(cluster_preflight/groups.py)) bisect by substitution - halves run at once, the failing half's nodes halved
+    again and padded with proven nodes to the failing group's size - and name the node of a fault that shows only in
+    a large group (kind C(group)), retested once in one more such group; the steps go through the same
+    C(first_args_by_host) and C(second_args_by_host) as the pair rounds.
   - A node named for a node fault on backend nccl with two GPUs or more (C(nvidia-smi) in its facts) then gets up to
     three rounds over its GPUs (2-GPU runs alone over C(lo)), which name the bad GPU by index and PCI bus id
     (C(allreduce.gpu_pairs)); C(allreduce_gpu_pairs=false) turns that off.
@@ -68,6 +73,18 @@ round:
   description: The round planned (or, once done, the number of rounds run).
   returned: when needed
   type: int
+steps_max:
+  description:
+    - The most steps the localisation may plan - three node rounds, the retest's two steps and three GPU rounds, or
+      the node rounds and the group rounds C(cluster_preflight/groups.py) can take for this many nodes.
+      C(localize_round.yml) includes itself until C(done); a plan past this ends the localisation with
+      C(allreduce.localize_error) on every node (a defect), so the run always reaches its verdict.
+  returned: when needed
+  type: int
+steps:
+  description: The steps planned so far.
+  returned: after the first round, when needed
+  type: int
 first_args_by_host:
   description: Node to C(allreduce) arguments of the round's first step (pairs, and loopback runs of idle nodes).
   returned: when needed
@@ -95,9 +112,10 @@ gpu_slots_by_host:
   type: dict
 lock:
   description:
-    - The run lock every node the run holds renews at the start of the round (C(preflight_lock) with C(renew)), so a
-      node sitting the round out keeps it for the round's launches one after another and the confirmation run, plus
-      the controller's slack (C(cluster_preflight/run_lock.py)).
+    - The run lock every node the run holds renews for the round, so a node sitting the round out keeps it for the
+      round's launches one after another and the confirmation run, plus the controller's slack
+      (C(cluster_preflight/run_lock.py)). Every launch of the round carries it (its first renews it); a node with
+      no launch in the round's first step renews it with C(preflight_lock) and C(renew).
   returned: while rounds remain and the run holds a lock
   type: dict
 checks_by_host:
@@ -108,8 +126,9 @@ checks_by_host:
 localize:
   description:
     - The summary for the verdict, once done - trigger, floors, the median pair busbw, rounds_run, bad (with kinds,
-      node or network), good, lost, unproven, excluded, rounds (each launch with kind, hosts, master_port,
-      verdict, busbw_gbps, why) and elapsed_seconds; with GPU pair rounds, C(gpus) (node to the GPU summary with bad
+      node, network or group), good, lost, unproven, excluded, rounds (each launch with kind, hosts, master_port,
+      verdict, busbw_gbps, why) and elapsed_seconds; with group rounds, C(groups) (named, size, rounds with each
+      group's hosts and suspects, stop); with GPU pair rounds, C(gpus) (node to the GPU summary with bad
       GPUs by index and PCI bus id, good, unproven, rounds); C(confirm) (hosts, status pass/slow/fail/lost or
       planned, busbw_gbps, reason, master_port).
   returned: when done and needed

@@ -19,7 +19,8 @@ description:
   - Each probe is its own failure domain; one that raises is reported under RV(errors) and the others still
     run. The controller (C(preflight_decide)) turns the results into checks.
   - With O(wait_for), the background all-reduce's result is collected after the probes, and the probes that read
-    what it changed (C(AFTER_JOB), the C(fabric) error counters) run after it.
+    what it changed (declared C(after_job) in C(module_utils/preflight_node/registry.py), the C(fabric) error
+    counters) run after it.
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.run_state, preflight.node_call]
 options:

@@ -13,11 +13,11 @@ module: preflight_settings
 short_description: Load and validate every capability's settings for a node before anything runs on it
 description:
   - Runs on the controller for each node and contacts no node. For the run-wide role C(preflight) and every
-    capability role (C(nic_discovery), C(port_mesh), C(allreduce), C(gpu_health), C(fabric), C(kernel_debug),
-    C(core_dumps), C(iommu), C(debug_tools), C(ssh_trust), C(profile)) it reads C(defaults/main.yml) and C(meta/argument_specs.yml), takes each
-    variable from the node's variables (inventory, play, C(-e)) or else the role default, renders it and converts
-    it to the type the spec names, so C(-e debug_tools_enabled=false) is the boolean false and
-    C(-e ssh_trust_port=abc) is an error.
+    capability role a run of its O(kind) applies (the capability registry,
+    C(module_utils/preflight_node/registry.py), says which) it reads C(defaults/main.yml) and
+    C(meta/argument_specs.yml), takes each variable from the node's variables (inventory, play, C(-e)) or else the
+    role default, renders it and converts it to the type the spec names, so C(-e debug_tools_enabled=false) is the
+    boolean false and C(-e ssh_trust_port=abc) is an error.
   - Then runs each capability's C(validate) (ranges, paths, combinations the spec cannot say) and, when every
     setting is valid, each capability's C(read_args) for the node's reader call (C(preflight_facts)).
   - Never fails the task; invalid settings are returned in RV(errors) with found / expected / fix and the
@@ -25,14 +25,20 @@ description:
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.controller]
 options:
+  kind:
+    description:
+      - The run the settings are for. C(preflight) (the gate) loads every capability; C(bringup) those that write
+        in bring-up and returns their apply steps (RV(bringup)); C(healthcheck) the node-local ones and the
+        arguments of their probes (RV(local_probes)).
+    type: str
+    choices: [preflight, bringup, healthcheck]
+    default: preflight
   capabilities:
-    description: The capabilities to load; all of them by default.
+    description:
+      - Some of the capabilities of O(kind) only (a list, or names separated by commas); all of them by default. A
+        name that a run of O(kind) does not apply is an error in RV(errors).
     type: list
     elements: str
-  local_probes:
-    description: Also return the arguments of the node-local probes (RV(local_probes)), for C(healthcheck.yml).
-    type: bool
-    default: false
   all_nodes:
     description:
       - Load every targeted node's settings in this one task (run it once) and return each node's result under
@@ -75,9 +81,21 @@ read_args:
   returned: always
   type: dict
 local_probes:
-  description: With O(local_probes), capability name to the arguments of its node-local probe.
+  description: With O(kind=healthcheck), capability name to the arguments of its node-local probe.
   returned: always
   type: dict
+bringup:
+  description:
+    - With O(kind=bringup), the apply steps of the capabilities asked for that write, in verdict order, each
+      C({name, what, how}) (the role and the names of its block and task).
+  returned: always
+  type: list
+  elements: dict
+capabilities:
+  description: The capabilities loaded, in the order asked.
+  returned: always
+  type: list
+  elements: str
 facts_timeout:
   description: Seconds the reader call may take (C(preflight_facts_timeout)).
   returned: always

@@ -3,6 +3,9 @@ tests/unit/test_localize_action.py): a fake cluster that answers every planned l
 cluster_preflight/localize.py from a fault model, and the rounds driven to their end.
 Test-side, not shipped."""
 
+import importlib.util
+import os
+
 from cluster_preflight import localize as loc
 from preflight_node.checks import node_status
 
@@ -17,7 +20,7 @@ def hosts(count):
 def base_args(names):
     return {host: {"python": "/usr/bin/python3", "nnodes": len(names), "node_rank": index, "nproc_per_node": 2,
                    "master_addr": "198.18.200.0", "master_port": PORT, "backend": "gloo", "timeout": 30,
-                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1, "bandwidth_deadline": 0, "check_elements": 0,
+                   "hard_timeout": 120, "stack_budget": 20, "sizes": [1048576], "iters": 3, "warmup": 1, "bandwidth_deadline": 0, "bandwidth_grace": 10.0, "check_elements": 0,
                    "min_busbw_gbps": 0, "socket_ifname": "eth0", "role": host, "run_as": "", "env": {"A": "1"},
                    "keep_scratch": False, "selftest_fault": "none", "selftest_rank": -1, "wait_timeout": 200}
             for index, host in enumerate(names)}
@@ -31,15 +34,19 @@ def ranks(ok=True, busbw=GOOD_BW):
 
 
 def answer(launch, round_no, fault):
-    """Each host's module result for one launch under ``fault`` {host, kind, lost_round}."""
-    bad, kind = fault.get("host"), fault.get("kind")
+    """Each host's module result for one launch under ``fault`` {host (or hosts: several bad nodes), kind,
+    lost_round}."""
+    bad, kind = set(fault.get("hosts") or [fault.get("host")]), fault.get("kind")
     out = {}
     for host in launch["hosts"]:
         if fault.get("lost") == host and round_no >= fault.get("lost_round", 1):
             out[host] = "unreachable while running the all-reduce: ssh timed out"
             continue
-        involved = bad in launch["hosts"]
-        if launch["kind"] == "loopback":
+        involved = bool(bad.intersection(launch["hosts"]))
+        if kind == "group":
+            # A node that fails only with two peers or more (it refuses connections past a count).
+            out[host] = {"ranks": ranks(ok=not (involved and len(launch["hosts"]) > 2))}
+        elif launch["kind"] == "loopback":
             out[host] = {"ranks": ranks(ok=not (involved and kind == "node"), busbw=LOOP_BW)}
         elif involved and kind in ("node", "network"):
             out[host] = {"ranks": ranks(ok=False)}
@@ -76,3 +83,25 @@ def localise(names, fault, floor=None):
 
 def status(checks, host):
     return node_status({"allreduce.localize": checks[host]["allreduce"]["localize"]})
+
+
+def action_module():
+    """action_plugins/preflight_localize.py, loaded as Ansible loads it."""
+    path = os.path.join(os.path.dirname(__file__), "..", "action_plugins", "preflight_localize.py")
+    spec = importlib.util.spec_from_file_location("preflight_localize_action", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def task_vars(names, jobs):
+    """What the nodes registered up to the all-node run's collection (``jobs``: each node's result)."""
+    settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
+                "allreduce_master_port": PORT, "allreduce_localize": True}
+    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
+    hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings},
+                                              "node": {"name": host, "node_addr": "198.18.200.%d" % index}},
+                       "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},
+                       "preflight_probes": {"job": jobs[host]}}
+                for index, host in enumerate(names)}
+    return {"ansible_play_hosts_all": names, "hostvars": hostvars}

@@ -4,9 +4,12 @@
 A capability is one role (``roles/<name>``: its variables, prefixed ``<name>_``, in ``defaults/main.yml``
 mirrored by ``meta/argument_specs.yml``; its bring-up writers in ``tasks/``), a node half
 ``module_utils/preflight_node/<name>.py`` (shipped), a controller half ``cluster_preflight/capabilities/<name>.py``
-(this package) and one test file ``tests/unit/test_<name>.py``.
+(this package) and one test file ``tests/unit/test_<name>.py``.  Its traits (reader, probe, after the job, in the
+health check, writes in bring-up, the gate stages it depends on) and its place in the verdict are declared once,
+in the registry ``module_utils/preflight_node/registry.py``; the lists below are derived from it
+(``docs/adding-a-capability.md``).
 
-Node half (``read`` registered in ``module_utils/preflight_node/readers.py``; ``probe``, in its own
+Node half (``read`` bound in ``module_utils/preflight_node/readers.py``; ``probe``, in its own
 ``module_utils/preflight_node/<name>_probe.py``, in ``module_utils/preflight_node/probes.py``):
 
 ``CAPABILITY``
@@ -18,7 +21,7 @@ Node half (``read`` registered in ``module_utils/preflight_node/readers.py``; ``
 ``probe(args, ops)``  (optional, inside ``library/preflight_probes.py`` and ``library/preflight_local.py``)
     a check that has to act (crash a child, ssh to the peers), while the all-reduce runs.
 
-Controller half (listed here, in verdict order):
+Controller half (loaded here, in verdict order):
 
 ``validate(settings) -> [problem]``
     what ``meta/argument_specs.yml`` cannot say (ranges, paths, combinations);
@@ -43,40 +46,28 @@ also expose ``plan``/``report`` functions used by ``action_plugins/preflight_dec
 """
 from __future__ import annotations
 
-from . import allreduce as preflight_allreduce
-from . import core_dumps as preflight_core_dumps
-from . import debug_tools as preflight_debug_tools
-from . import fabric as preflight_fabric
-from . import gpu_health as preflight_gpu_health
-from . import iommu as preflight_iommu
-from . import kernel_debug as preflight_kernel_debug
-from . import nic_discovery as preflight_nic_discovery
-from . import port_mesh as preflight_port_mesh
-from . import profile as preflight_profile
-from . import ssh_trust as preflight_ssh_trust
+import importlib
+
+from preflight_node import registry as declared
+
 from .. import registers
 from .common import port_problems
 
-# The order of the verdict and of the audit: the gate's inputs first.
-ORDER = (
-    preflight_nic_discovery,
-    preflight_port_mesh,
-    preflight_allreduce,
-    preflight_gpu_health,
-    preflight_fabric,
-    preflight_kernel_debug,
-    preflight_core_dumps,
-    preflight_iommu,
-    preflight_debug_tools,
-    preflight_ssh_trust,
-    preflight_profile,
-)
+# The order of the verdict and of the audit (the gate's inputs first): the registry's, one controller half each.
+ORDER = tuple(importlib.import_module("%s.%s" % (__name__, name)) for name in declared.NAMES)
 BY_NAME = {module.CAPABILITY: module for module in ORDER}
-NAMES = tuple(module.CAPABILITY for module in ORDER)
+NAMES = declared.NAMES
 # What bring-up configures (the gate's capabilities have nothing to write).
-BRINGUP_NAMES = ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust")
+BRINGUP_NAMES = declared.names_for("bringup")
 # What a node can be judged on alone (healthcheck.yml): no peer, no all-reduce across nodes.
-LOCAL_NAMES = ("nic_discovery", "allreduce", "gpu_health", "fabric", "kernel_debug", "core_dumps", "iommu", "debug_tools")
+LOCAL_NAMES = declared.names_for("healthcheck")
+# What each kind of run (preflight, bringup, healthcheck) applies, and reads and probes on a node: the lists every
+# engine of the node calls runs, all derived from the registry.
+KINDS = declared.KINDS
+names_for = declared.names_for
+readers_for = declared.readers_for
+probes_for = declared.probes_for
+bringup_steps = declared.bringup_steps
 
 
 def get(name):
@@ -171,17 +162,5 @@ STAGE_WHAT = {
     "confirm": "running the confirmation all-reduce over the nodes left after localisation",
     "apply": "applying the bring-up",
 }
-# The stages each capability's outcome depends on, besides settings and facts.
-DEPENDS = {
-    "nic_discovery": (),
-    "port_mesh": ("port_mesh", "port_mesh_wait"),
-    "allreduce": ("single", "launch", "probes"),
-    "kernel_debug": ("probes",),
-    "core_dumps": ("probes",),
-    "gpu_health": (),
-    "fabric": ("probes",),
-    "iommu": (),
-    "debug_tools": (),
-    "ssh_trust": ("probes",),
-    "profile": ("launch", "probes"),
-}
+# The stages each capability's outcome depends on, besides settings and facts (declared in the registry).
+DEPENDS = {capability.name: capability.stages for capability in declared.CAPABILITIES}

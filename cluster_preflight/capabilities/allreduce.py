@@ -342,6 +342,8 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
         "poll": settings["allreduce_poll_interval"],
     }
     args["bandwidth_deadline"] = run_deadline(args, settings, nproc * len(gate_hosts))
+    # Each collective late against the floor ends the stage at once (module_utils/preflight_node/gate_run.py).
+    args["bandwidth_grace"] = float(settings.get("allreduce_slow_grace", 10))
     return args
 
 

@@ -12,6 +12,7 @@ them once the gate's results are in and calls :func:`decide_all`.  Each differen
 from __future__ import annotations
 
 import collections
+import functools
 import os
 
 from preflight_node.checks import blocked, check, failed, passed, skipped
@@ -84,15 +85,27 @@ def compare(host, field, found, expected, tolerance, against):
                   value=found, profile_value=expected)
 
 
-def _majority(values, minimum):
-    """The value held by more than half of ``values`` (at least ``minimum`` of them), or None."""
-    known = [value for value in values if value is not None]
-    if len(known) < minimum:
+def _tally(values):
+    """``(known, value, count)`` of ``values``: how many are known (not None), the most frequent known value (by
+    its text; the first of them as given) and how many hold it; ``(0, None, 0)`` when none is known."""
+    counts, first = collections.Counter(), {}
+    for item in values:
+        if item is not None:
+            text = str(item)
+            counts[text] += 1
+            first.setdefault(text, item)
+    if not counts:
+        return 0, None, 0
+    text, count = counts.most_common(1)[0]
+    return sum(counts.values()), first[text], count
+
+
+def _majority_of(tally, minimum):
+    """The value held by more than half of the known values of ``tally`` (at least ``minimum`` of them), or None."""
+    known, value, count = tally
+    if known < minimum or count * 2 <= known:
         return None
-    value, count = collections.Counter(str(item) for item in known).most_common(1)[0]
-    if count * 2 <= len(known):
-        return None
-    return next(item for item in known if str(item) == value)
+    return value
 
 
 def _loaded(path, cache):
@@ -104,11 +117,25 @@ def _loaded(path, cache):
     return cache[path]
 
 
-# The capabilities whose checks measure a field, by its first part: a failure there (or of the run itself) is why
-# the field was not measured, never the profile.
-MEASURED_BY = {"gpu": ("gpu_health",), "rdma": ("fabric",), "torch": ("allreduce",), "nccl": ("allreduce", "port_mesh"),
-               "allreduce": ("allreduce", "port_mesh", "nic_discovery")}
+# The capabilities whose checks measure the fields the all-reduce runs give, by a field's first part (the others'
+# are those whose ``profile_fields`` return it: :func:`measured_by`).
+RUN_MEASURED_BY = {"torch": ("allreduce",), "nccl": ("allreduce", "port_mesh"),
+                   "allreduce": ("allreduce", "port_mesh", "nic_discovery")}
 RUN = "preflight"
+
+
+@functools.lru_cache(maxsize=None)
+def measured_by():
+    """The capabilities whose checks measure a field, by its first part: a failure there (or of the run itself) is
+    why the field was not measured, never the profile.  A capability with ``profile_fields`` measures the fields it
+    returns (``gpu_health``: ``gpu``, ``fabric``: ``rdma``)."""
+    from cluster_preflight import capabilities  # pylint: disable=import-outside-toplevel  (it loads this module)
+    found = dict(RUN_MEASURED_BY)
+    for module in capabilities.ORDER:
+        if hasattr(module, "profile_fields"):
+            for prefix in dict.fromkeys(field.split(".")[0] for field in module.profile_fields(None)):
+                found[prefix] = found.get(prefix, ()) + (module.CAPABILITY,)
+    return found
 
 
 def failures_of(checks):
@@ -128,7 +155,7 @@ def _unmeasured(host, field, expected, path, failures):
     """A field the profile holds that this run did not measure on ``host``: blocked by the failure that kept it
     from being measured when there is one (fix that; the profile is right), else by its check not running."""
     wanted = "%s = %s (profile %s)" % (field, expected, path)
-    sources = MEASURED_BY.get(field.split(".")[0], ())
+    sources = measured_by().get(field.split(".")[0], ())
     cause = [name for name in failures if name.split(".")[0] in sources + (RUN,)] or list(failures)
     if cause:
         return check("skipped", "%s was not measured on %s: blocked by %s" % (field, host, ", ".join(cause)),
@@ -149,7 +176,9 @@ def _with_profile(host, fields, data, path, tolerance, failures=()):
     return checks
 
 
-def _with_majority(host, fields, peers, settings):
+def _with_majority(host, fields, tallies, settings):
+    """``host``'s fields against the majority of the nodes without a profile (``tallies``: field -> its
+    :func:`_tally` over those nodes, counted once for the run)."""
     checks = {}
     minimum = settings.get("profile_majority_min_nodes", 3)
     for field in profiles.BY_NAME:
@@ -157,13 +186,18 @@ def _with_majority(host, fields, peers, settings):
         # median of peers is no known-good value, and run-to-run noise would name healthy nodes).
         if field in RUN_WIDE or field in TOLERATED or fields.get(field) is None:
             continue
-        values = [peer.get(field) for peer in peers]
-        expected = _majority(values, minimum)
+        expected = _majority_of(tallies[field], minimum)
         if expected is not None:
             checks[profiles.check_name(field)] = compare(
                 host, field, fields[field], expected, settings.get("profile_busbw_tolerance", 0.2),
-                "the majority of the %d nodes without a profile" % len([v for v in values if v is not None]))
+                "the majority of the %d nodes without a profile" % tallies[field][0])
     return checks
+
+
+def _tallies(fields_of_peers):
+    """Field -> :func:`_tally` of its values over ``fields_of_peers`` (the nodes without a profile)."""
+    return {field: _tally([fields.get(field) for fields in fields_of_peers]) for field in profiles.BY_NAME
+            if field not in RUN_WIDE and field not in TOLERATED}
 
 
 def decide_all(hosts, fields_by_host, settings_by_host, failures_by_host=None):
@@ -173,6 +207,7 @@ def decide_all(hosts, fields_by_host, settings_by_host, failures_by_host=None):
     cache, checks_by_host = {}, {}
     without = [host for host in hosts if switched_on(settings_by_host[host].get("profile_enabled", True))
                and not settings_by_host[host].get("profile_file")]
+    tallies = _tallies([fields_by_host.get(peer) or {} for peer in without]) if without else {}
     for host in hosts:
         settings, fields = settings_by_host[host], fields_by_host.get(host) or {}
         if not switched_on(settings.get("profile_enabled", True)):
@@ -192,7 +227,7 @@ def decide_all(hosts, fields_by_host, settings_by_host, failures_by_host=None):
                                    (failures_by_host or {}).get(host) or ())
             against = "the profile %s (%d fields)" % (path, len(data["fields"]))
         else:
-            checks = _with_majority(host, fields, [fields_by_host.get(peer) or {} for peer in without], settings)
+            checks = _with_majority(host, fields, tallies, settings)
             against = ("the majority of the %d nodes without a profile (%d fields compared)" % (len(without),
                                                                                                 len(checks)))
         measured = sorted(name for name, value in fields.items() if value is not None)

@@ -165,12 +165,19 @@ def _known_hosts_decision(host, facts, settings, analysis):
         return skipped("%s on %s was not compared" % (path, host), expected)
     held = sorted({c["node"] for c in result["changed_keys"] if not c["accepted"]})
     checked = known_hosts_check(host, path, result, policy(settings, "drift_policy"), held_back=held)
-    guessed = analysis["assumed"]
-    if not guessed:
+    if not analysis["assumed"]:
         return checked
-    return assumed(checked, "the host keys of %s were read from a fallback (%s)" % (
-        _nodes(sorted(guessed)), _summary("%s: %s" % (node, text) for node, text in sorted(guessed.items()))),
-        ASSUMED_FIX)
+    return assumed(checked, _assumed_text(analysis), ASSUMED_FIX)
+
+
+def _assumed_text(analysis):
+    """Which nodes' host keys were read from a fallback, and why: the same for every node's known_hosts check,
+    so it is worded once per cluster view (the analysis is memoised)."""
+    if "assumed_text" not in analysis:
+        guessed = analysis["assumed"]
+        analysis["assumed_text"] = "the host keys of %s were read from a fallback (%s)" % (
+            _nodes(sorted(guessed)), _summary("%s: %s" % (node, text) for node, text in sorted(guessed.items())))
+    return analysis["assumed_text"]
 
 
 def _cluster_key_users(facts, settings):

@@ -44,7 +44,7 @@ RETRIES = 2
 # roles/allreduce/vars/main.yml: tests/unit/test_engine_srun.py keeps the two in step); these go only when set.
 ALLREDUCE_KEYS = ("python", "nnodes", "node_rank", "nproc_per_node", "master_addr", "master_port", "backend",
                   "timeout", "hard_timeout", "stack_budget", "sizes", "iters", "warmup", "bandwidth_deadline",
-                  "check_elements", "min_busbw_gbps", "socket_ifname", "role", "run_as", "env", "keep_scratch",
+                  "bandwidth_grace", "check_elements", "min_busbw_gbps", "socket_ifname", "role", "run_as", "env", "keep_scratch",
                   "selftest_fault", "selftest_rank", "run_id", "lock")
 WHEN_SET = ("socket_ifname", "run_as", "run_id")
 # What an unreachable node's slurmd makes srun or sbcast say.

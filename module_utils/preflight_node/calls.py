@@ -15,7 +15,7 @@ import socket
 import time
 import traceback
 
-from . import lock
+from . import lock, registry
 from .jobs import no_result, wait_for
 from .ops import NodeOps, job_account, resolve_job_user
 
@@ -40,8 +40,8 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
     ``readers`` or ``probes``: its ``get(name)``) through :func:`run_all`, returned under ``result_key`` with
     ``errors`` and ``elapsed``; with ``local_probes`` (the ``probes`` registry, node-local call) the probes
     named in the ``probes`` option too; then, with ``wait_for`` (``{results_file, timeout, poll, what}``),
-    the background job's result as ``job``, and after it the halves that set ``AFTER_JOB = True`` (a probe reading
-    what the job changed, such as the fabric's error counters).
+    the background job's result as ``job``, and after it the probes the registry declares ``after_job`` (a probe
+    reading what the job changed, such as the fabric's error counters).
 
     Job-side commands of the readers and probes run as the job user (``job``, see
     :func:`.ops.resolve_job_user`), returned as ``job_user``."""
@@ -58,7 +58,8 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
     ops.job, ops.job_user = job_user, job_account(job_user)
     capabilities = module.params["capabilities"]
     # A probe that reads what the all-reduce changed (the fabric's error counters) runs after it was collected.
-    late = {name: args for name, args in capabilities.items() if _after_job(halves, name)}
+    late = {name: args for name, args in capabilities.items()
+            if function_name == "probe" and registry.after_job(name)}
     early = {name: args for name, args in capabilities.items() if name not in late}
     results, errors, elapsed = run_all(halves, function_name, early, ops, module.params["selftest_error"])
     extra = {}
@@ -84,14 +85,6 @@ def node_call(module, halves, function_name, result_key, local_probes=None):
         extra["hangs"] = ops.hangs
     module.exit_json(changed=False, errors=errors, elapsed=elapsed, job_user=job_user,
                      **dict(extra, **{result_key: results}))
-
-
-def _after_job(halves, name):
-    """Whether capability ``name``'s half in ``halves`` runs after the background job (``AFTER_JOB = True``)."""
-    try:
-        return bool(getattr(halves.get(name), "AFTER_JOB", False))
-    except KeyError:
-        return False
 
 
 def _collect(job):

@@ -12,10 +12,9 @@ import time
 
 from .fabric import CAPABILITY, port_dir, rdma_base, read_counters
 
-__all__ = ["AFTER_JOB", "CAPABILITY", "probe"]
-
-# Run after the all-reduce was collected (``module_utils/preflight_node/calls.py``): the counters' "after".
-AFTER_JOB = True
+# Runs after the all-reduce was collected (``after_job`` in ``module_utils/preflight_node/registry.py``): the
+# counters' "after".
+__all__ = ["CAPABILITY", "probe"]
 
 
 def _listdir(path):

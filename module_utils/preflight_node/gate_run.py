@@ -20,7 +20,7 @@ import stat
 import time
 import uuid
 
-from .checks import failed, passed, warned
+from .checks import failed, not_applicable, passed, warned
 from .lock import RUN_ENV, hold_for_call
 from .ops import as_user, user_environment
 from .scratch import Scratch, read_log, read_rank_files, read_rank_logs
@@ -66,6 +66,8 @@ def worker_args(params, out_dir):
     ]
     if params.get("bandwidth_deadline"):
         argv += ["--bandwidth-deadline", str(params["bandwidth_deadline"])]
+        if params.get("bandwidth_grace") is not None:
+            argv += ["--bandwidth-grace", str(params["bandwidth_grace"])]
     if params.get("check_elements"):
         argv += ["--check-elements", str(params["check_elements"])]
     if params["selftest_fault"] != "none":
@@ -257,7 +259,14 @@ def node_checks(params, host, rc, timed_out, elapsed, ranks):
                                        "exact all-reduce result")
     # The largest size is the one gated (the sizes may be given in any order).
     rows = [max(r["bandwidth"], key=lambda row: row.get("size_bytes") or 0) for r in ranks if r.get("bandwidth")]
-    if rows:
+    if rows and int(params.get("nnodes") or 1) * int(params.get("nproc_per_node") or 1) == 1:
+        # One rank moves no data between ranks: its "all-reduce" is a copy on one device, so any busbw (or a floor
+        # compared with it) would claim a link that was never measured.
+        largest = max(rows, key=lambda row: row.get("size_bytes") or 0)
+        checks["bandwidth"] = not_applicable(
+            "one rank on %s (world size 1): the all-reduce crossed no link (algbw %.3f GB/s at %d bytes is a copy on "
+            "one device); busbw not measured" % (host, largest.get("algbw_gbps") or 0, largest.get("size_bytes") or 0))
+    elif rows:
         slowest = min(rows, key=lambda row: row["busbw_gbps"])
         found = "busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes on %s" % (
             slowest["busbw_gbps"], slowest["algbw_gbps"], slowest["size_bytes"], host)
@@ -426,6 +435,7 @@ ARGUMENT_SPEC = dict(
     iters=dict(type="int", default=5),
     warmup=dict(type="int", default=2),
     bandwidth_deadline=dict(type="float", default=0),
+    bandwidth_grace=dict(type="float"),
     check_elements=dict(type="int", default=0),
     min_busbw_gbps=dict(type="float", default=0),
     role=dict(type="str"),

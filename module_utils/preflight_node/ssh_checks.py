@@ -118,7 +118,7 @@ def known_hosts_check(node, path, result, drift_policy, applied=False, held_back
     if changed is None:
         changed = result["block"] != result.get("old_block")
     held = set(held_back)
-    missing = [m for m in result["missing"] if m["node"] not in held]
+    missing = [m for m in result["missing"] if m["node"] not in held] if held else result["missing"]
     note = ""
     if held_back:
         note = "; old lines of %s kept: their host key changed and is not accepted" % ", ".join(held_back)

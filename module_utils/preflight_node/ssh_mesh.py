@@ -219,8 +219,9 @@ def _pdsh(ops, pdsh_bin, hosts, user, connect_timeout, timeout):
     if user:
         argv += ["-l", user]
     argv += ["-w", ",".join(hosts), "date"]
-    # Host keys checked as for every other ssh of the audit: a command-line option beats any ssh_config, so a
-    # user's or the site's "StrictHostKeyChecking no" never turns the pdsh leg into a trust-on-first-use.
+    # Host keys checked as for every other ssh of the audit: a command-line option beats any ssh_config, so an
+    # ssh_config (the user's or the site's) that switches host-key checking off never makes the pdsh leg trust on
+    # first use.
     env = {"PDSH_RCMD_TYPE": "ssh",
            "PDSH_SSH_ARGS_APPEND": "-o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=%d "
                                    "-o UpdateHostKeys=no" % int(connect_timeout)}

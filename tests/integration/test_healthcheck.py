@@ -7,6 +7,7 @@ import stat
 import pytest
 
 from playbook import newest_run_dir, run_playbook
+from preflight_node import registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -25,8 +26,8 @@ def test_node_local_checks_in_one_module_call_within_the_budget(tmp_path):
     checks = verdict["nodes"]["localhost"]["checks"]
     assert verdict["status"] == "pass" and "allreduce" not in verdict
     assert checks["preflight.budget"]["status"] == "pass" and "of the 30 s budget" in checks["preflight.budget"]["found"]
-    assert {name.split(".")[0] for name in checks} == {"preflight", "nic_discovery", "allreduce", "gpu_health",
-                                                      "fabric", "kernel_debug", "core_dumps", "iommu", "debug_tools"}
+    # Every node-local capability of the registry, and no other.
+    assert {name.split(".")[0] for name in checks} == {"preflight"} | set(registry.names_for("healthcheck"))
     assert checks["core_dumps.core_probe"]["status"] == "pass"  # the probe ran in the same call
     assert checks["allreduce.torch"]["status"] == "pass"
     # One module call on the node; everything else is decided on the controller.

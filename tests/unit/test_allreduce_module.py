@@ -92,6 +92,17 @@ def test_bandwidth_minimum_gates(tmp_path):
     assert checks["bandwidth"]["status"] == "pass"
 
 
+def test_one_rank_measures_no_bandwidth():
+    """World size 1 (one GPU): the all-reduce is a copy on one device; a busbw or a floor compared with it would claim
+    a link that carried nothing."""
+    ranks = [{"rank": 0, "local_rank": 0, "status": "ok", "correct": True, "correctness": {"wrong": 0},
+              "bandwidth": [{"size_bytes": 1 << 30, "busbw_gbps": 38503.9, "algbw_gbps": 38503.9}]}]
+    checks = gate_run.node_checks(base_params(nproc_per_node=1, min_busbw_gbps=100.0), "gpu1", 0, False, 1.0, ranks)
+    assert checks["bandwidth"]["status"] == "not_applicable"
+    assert "world size 1" in checks["bandwidth"]["found"] and "busbw not measured" in checks["bandwidth"]["found"]
+    assert checks["correctness"]["status"] == "pass"
+
+
 def test_argv_and_env_keep_every_file_in_scratch():
     params = base_params(socket_ifname="eth1", env={"NCCL_DEBUG": "INFO"})
     argv = gate_run.build_argv(params, "/s/w.py", "/s/ranks", "n1", "/s/torchrun-logs")
@@ -99,6 +110,15 @@ def test_argv_and_env_keep_every_file_in_scratch():
     assert argv.index("--log-dir") < argv.index("/s/w.py"), "a torchrun option, not the worker's"
     env = gate_run.build_env(params, "/s")
     assert env["TMPDIR"] == "/s" and env["NCCL_SOCKET_IFNAME"] == "=eth1" and env["NCCL_DEBUG"] == "INFO"
+
+
+def test_a_bandwidth_grace_goes_to_the_worker_with_its_deadline():
+    argv = gate_run.build_argv(base_params(bandwidth_deadline=10.0, bandwidth_grace=3.0), "/s/w.py", "/s/ranks", "n1",
+                               "/s/torchrun-logs")
+    assert argv[argv.index("--bandwidth-deadline") + 1] == "10.0" and argv[argv.index("--bandwidth-grace") + 1] == "3.0"
+    # No deadline, no grace: the stage is bounded by the hard timeout only.
+    argv = gate_run.build_argv(base_params(bandwidth_grace=3.0), "/s/w.py", "/s/ranks", "n1", "/s/torchrun-logs")
+    assert "--bandwidth-deadline" not in argv and "--bandwidth-grace" not in argv
 
 
 def test_rank_logs_are_tails_of_torchruns_per_rank_files(tmp_path):

@@ -89,3 +89,23 @@ def test_worker_runs_single_rank_for_real(tmp_path, monkeypatch):
     assert data["stage"] == "done" and data["status"] == "ok" and data["correct"] is True
     assert data["bandwidth"][0]["size_bytes"] == 4096
     assert data["versions"]["torch"].startswith("2.")
+
+
+def test_a_collective_late_against_the_floor_ends_the_stage_before_the_whole_sweep_would():
+    # Seven 4 MiB collectives at the floor take 7 s; 3 s of grace: the whole deadline is 10 s.
+    progress = worker.Progress(2, [4 << 20] * 7)
+    # The first collective in flight may take its share at the floor (1 s) plus the grace.
+    assert worker.late(progress, 10.0, 3.0, 3.9) is None
+    assert worker.late(progress, 10.0, 3.0, 4.1) == pytest.approx(4.0)
+    # Four done: the fifth is due by 3 + 5 s.
+    for _ in range(4):
+        progress.step(4 << 20)
+    assert worker.late(progress, 10.0, 3.0, 7.9) is None and worker.late(progress, 10.0, 3.0, 8.1) == pytest.approx(8.0)
+    # Without a grace, only the whole deadline ends it (as before the per-collective deadlines).
+    assert worker.late(progress, 10.0, -1, 9.9) is None and worker.late(progress, 10.0, -1, 10.0) == 10.0
+    assert worker.late(worker.Progress(2, [4 << 20] * 7), 10.0, None, 4.1) is None
+
+
+def test_the_worker_takes_a_grace_and_without_one_keeps_the_whole_deadline():
+    assert worker.parse_args(["--bandwidth-deadline", "10", "--bandwidth-grace", "3"]).bandwidth_grace == 3.0
+    assert worker.parse_args([]).bandwidth_grace < 0

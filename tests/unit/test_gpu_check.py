@@ -96,6 +96,8 @@ def test_the_nccl_transport_line_is_read_from_the_ranks_logs(tmp_path):
         "gpu0:1:1 [0] NCCL INFO NCCL version 2.27.7+cuda13.0\n"
         "gpu0:1:1 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so.\n"
         "gpu0:1:1 [0] NCCL INFO NET/IB : No device found.\n"
+        # NCCL 2.28 without an RDMA device still prints a NET/IB "Using" line: it is not the transport.
+        "gpu0:1:1 [0] NCCL INFO NET/IB : Using [RO]; OOB lo:127.0.0.1<0>\n"
         "gpu0:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:198.18.0.5<0>\n"
         "gpu0:1:1 [0] NCCL INFO Using network Socket\n"
         "gpu0:1:1 [0] NCCL INFO comm 0x55 rank 0 nranks 1 cudaDev 0 nvmlDev 0 busId 18000 - Init COMPLETE\n"
@@ -109,8 +111,8 @@ def test_the_nccl_transport_line_is_read_from_the_ranks_logs(tmp_path):
     args = type("Args", (), {"out": str(tmp_path), "backend": "nccl"})()
     gpu_check.nccl_step(steps, args, verdict)
     assert steps.rows[-1]["status"] == "ok"
-    assert steps.rows[-1]["found"] == "gpu0:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:198.18.0.5<0>"
-    assert len((tmp_path / "nccl.txt").read_text().splitlines()) == 6  # every NCCL line, not the worker's own
+    assert steps.rows[-1]["found"] == "gpu0:1:1 [0] NCCL INFO Using network Socket"
+    assert len((tmp_path / "nccl.txt").read_text().splitlines()) == 7  # every NCCL line, not the worker's own
     # No transport line: a failure with peers to connect to, nothing to say of the machine with one rank.
     (run_dir / "localhost.rank0.stdout.log").write_text("gpu0:1:1 [0] NCCL INFO NCCL version 2.27.7+cuda13.0\n")
     for world, status in ((2, "failed"), (1, "skipped")):

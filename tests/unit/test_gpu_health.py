@@ -472,3 +472,14 @@ def test_nvlink_not_read_is_a_failure_and_pcie_only_gpus_are_not_applicable(tmp_
     facts, wanted, _ops = read_node(tmp_path / "b", nvlink=(0, pcie_only, ""))
     check = gpu_health.decide(HOST, facts, wanted)["nvlink"]
     assert check["status"] == "not_applicable" and "PCIe only" in check["found"]
+
+
+def test_an_h200_as_captured_on_a_real_driver_passes(tmp_path):
+    """``nvidia_smi_h200_580_captured.xml``: the project's own capture of ``nvidia-smi -q -x`` on one H200 (driver
+    580.159.04, a Firecracker VM, the GPU idle at P0), serial and UUID blanked. One GPU: no NVLink between GPUs to
+    check; no DCGM installed there."""
+    h200 = ("0x10de", "0x2335", "0x030200")
+    checks = audit(tmp_path, devices=[("0000:00:06.0", h200)], xml="nvidia_smi_h200_580_captured.xml", nvlink=None,
+                   dcgm=None)
+    assert statuses(checks) == dict(ALL_PASS, nvlink="not_applicable", dcgm="not_applicable")
+    assert "1 NVIDIA GPUs on the PCI bus, 1 in nvidia-smi" in checks["count"]["found"]

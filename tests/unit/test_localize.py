@@ -185,7 +185,7 @@ def test_loopback_runs_alone_over_lo():
                              {"absolute": 0, "relative": 0})
     args = planned["steps"][0]["n2"]
     assert args["nnodes"] == 1 and args["node_rank"] == 0 and args["master_addr"] == "127.0.0.1"
-    assert args["socket_ifname"] == "lo"
+    assert args["socket_ifname"] == "lo" and args["stack_budget"] == 0
     assert args["env"] == {"A": "1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
 
 
@@ -217,6 +217,14 @@ def test_pair_args_keep_the_all_node_shape():
     assert first["master_addr"] == second["master_addr"] == "198.18.200.2"
     assert first["master_port"] == second["master_port"] != PORT
     assert first["socket_ifname"] == "eth0" and first["env"] == {"A": "1"}
+    # How a round's launch ended is what counts, never its stacks: it takes none and ends when seen failing.
+    assert first["stack_budget"] == 0 and base["n2"]["stack_budget"] == 20
+
+
+def test_the_confirmation_run_keeps_its_stack_budget():
+    names = hosts(3)
+    plan = loc.confirm_plan(names, base_args(names), {h: h for h in names}, PORT, {"absolute": 0, "relative": 0})
+    assert {args["stack_budget"] for args in plan["args_by_host"].values()} == {20}
 
 
 # --------------------------------------------------------------------------

@@ -6,33 +6,12 @@ nodes left, reconciled with the all-node run."""
 import pytest
 
 from cluster_preflight import localize as loc
-from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, base_args, hosts, localise, ranks, status
+from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, action_module as _action, base_args, hosts, \
+    localise, ranks, status, task_vars as _task_vars
 
 
 # --------------------------------------------------------------------------
 # The action's glue: registered results in, rounds planned, a healthy run skipped
-
-
-def _action():
-    import importlib.util  # pylint: disable=import-outside-toplevel
-    import os  # pylint: disable=import-outside-toplevel
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_localize.py")
-    spec = importlib.util.spec_from_file_location("preflight_localize_action", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _task_vars(names, jobs):
-    settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
-                "allreduce_master_port": PORT, "allreduce_localize": True}
-    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
-    hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings},
-                                              "node": {"name": host, "node_addr": "198.18.200.%d" % index}},
-                       "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},
-                       "preflight_probes": {"job": jobs[host]}}
-                for index, host in enumerate(names)}
-    return {"ansible_play_hosts_all": names, "hostvars": hostvars}
 
 
 def test_action_skips_a_healthy_run_and_plans_a_slow_one():
@@ -62,18 +41,17 @@ def test_action_skips_a_healthy_run_and_plans_a_slow_one():
     again = action.advance(ClusterView(task_vars), second)
     # Named for a slow run: retested once (a pair with a node proven good, then alone over lo) before it is named.
     assert not again["done"] and "checks_by_host" not in again
-    assert set(again["retest_first_args_by_host"]) == {"n0", "n2"} and set(again["retest_second_args_by_host"]) == {
-        "n2"}
+    # Its pair first; its run alone follows only if that pair passes.
+    assert set(again["retest_first_args_by_host"]) == {"n0", "n2"} and again["retest_second_args_by_host"] == {}
     for host in names:
         task_vars["hostvars"][host]["allreduce_retest_first"] = (
             {"ranks": ranks(busbw=SLOW_BW)} if host in ("n0", "n2") else {"skipped": True})
-        task_vars["hostvars"][host]["allreduce_retest_second"] = (
-            {"ranks": ranks(busbw=LOOP_BW)} if host == "n2" else {"skipped": True})
+        task_vars["hostvars"][host]["allreduce_retest_second"] = {"skipped": True}
     done = action.advance(ClusterView(task_vars), again)
     assert done["done"] and done["localize"]["bad"] == ["n2"] and done["localize"]["rounds_run"] == 2
     named = done["checks_by_host"]["n2"]["allreduce"]["localize"]
     assert named["status"] == "fail" and "Retested once: retest pair n0+n2 was slow" in named["found"]
-    assert [launch["kind"] for launch in named["details"]["retest"]] == ["pair", "loopback"]
+    assert [launch["kind"] for launch in named["details"]["retest"]] == ["pair"]
     assert done["localize"]["retest"]["failed"] == ["n2"] and done["localize"]["retest"]["passed"] == []
 
 
@@ -322,3 +300,13 @@ def test_a_healthy_node_slow_against_the_median_in_two_rounds_running_is_not_nam
     summary, checks = loc.conclude(names, rounds, floor, "test", elapsed=0)
     assert summary["bad"] == ["n2"], summary
     assert "n4" in summary["good"] and status(checks, "n4") == "pass", summary
+
+
+def test_the_rounds_end_at_their_steps_max_whatever_the_plan():
+    # localize_round.yml includes itself until done: a plan that never concluded would never end the run.
+    action = _action()
+    step = action.counted({"steps": 3, "steps_max": 8}, {"done": False})
+    assert step["steps"] == 4 and step["steps_max"] == 8
+    assert action.counted({"steps": 7, "steps_max": 8}, {"done": True})["steps"] == 8
+    with pytest.raises(RuntimeError, match="more than its 8 steps"):
+        action.counted({"steps": 7, "steps_max": 8}, {"done": False})

@@ -293,6 +293,9 @@ def test_every_node_the_run_holds_renews_for_each_localisation_round():
     # Round 1: one step of pairs (wait 200 s each), then the confirmation run; plus an SSH connection each, and
     # the grace.
     assert planned["lock"] == dict(held, lease_seconds=2 * 225 + 120, renewal=True)
+    # Every node launches in round 1: each renews the round's lock with its launch (no call of its own).
+    assert {host: args["lock"] for host, args in planned["first_args_by_host"].items()} == {
+        host: planned["lock"] for host in names}
     assert "lock" not in action.with_round_lock(view, dict(planned, done=True))
     hostvars["n0"]["preflight_inputs"] = {"lock": {}}
     view = ClusterView({"ansible_play_hosts_all": names, "hostvars": hostvars})

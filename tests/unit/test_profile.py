@@ -194,3 +194,11 @@ def test_the_all_node_fields_come_from_the_confirmation_run_when_a_sick_peer_fai
     # The node named bad was not in the confirmation run: nothing measured for it.
     assert profiles.run_fields(failed_run, "n3") == {}
     assert profiles.run_fields(dict(failed_run, confirm={"status": "fail", "hosts": ["n1", "n2"]}), "n1") == {}
+
+
+def test_one_rank_records_no_busbw_in_the_profile():
+    """A one-GPU node's gate (world size 1) measures no link: its busbw is never a known-good value."""
+    sizes = [{"size_bytes": 1 << 30, "busbw_gbps": 38503.9, "algbw_gbps": 38503.9}]
+    alone = {"status": "pass", "backend": "nccl", "hosts": ["g1"], "sizes": sizes, "world_size": 1}
+    assert profiles.run_fields(alone, "g1") == {"allreduce.backend": "nccl", "allreduce.largest_size": None,
+                                                "allreduce.busbw_gbps": None}

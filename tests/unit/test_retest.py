@@ -86,7 +86,8 @@ def _throttled(sick, clears):
 def test_a_node_named_for_a_fault_that_cleared_is_a_warn_with_both_measurements_and_is_confirmed():
     names = hosts(4)
     done, seen = _drive(names, _throttled("n2", clears=True))
-    assert seen[-1] == "retest" and seen.count("retest") == 1
+    # Its retest pair passed: its run alone follows, a step of its own.
+    assert seen[-2:] == ["retest", "retest"] and seen.count("retest") == 2
     summary = done["localize"]
     assert summary["bad"] == [] and "n2" not in summary["kinds"] and summary["retest"]["passed"] == ["n2"]
     check = done["checks_by_host"]["n2"]["allreduce"]["localize"]
@@ -105,12 +106,14 @@ def test_a_node_named_for_a_fault_that_cleared_is_a_warn_with_both_measurements_
 def test_a_node_whose_fault_persists_stays_named_with_the_retest_in_its_details_and_its_peers_are_clean():
     names = hosts(4)
     done, seen = _drive(names, _throttled("n2", clears=False))
+    # Its retest pair failed: the retest failed, its run alone would change nothing and does not run.
     assert seen.count("retest") == 1
     summary = done["localize"]
     assert summary["bad"] == ["n2"] and summary["retest"]["failed"] == ["n2"] and summary["retest"]["passed"] == []
     check = done["checks_by_host"]["n2"]["allreduce"]["localize"]
     assert check["status"] == "fail" and "Retested once: retest pair" in check["found"] and "was slow" in check["found"]
     assert check["fix"].startswith("drain n2") and check["details"]["retest"][0]["verdict"] == "slow"
+    assert [launch["kind"] for launch in check["details"]["retest"]] == ["pair"]
     assert done["confirm_plan"]["hosts"] == ["n0", "n1", "n3"]
     for host in ("n0", "n1", "n3"):
         assert done["checks_by_host"][host]["allreduce"]["localize"]["status"] == "pass"

@@ -18,14 +18,15 @@ from verdict_build_helpers import build, records
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _settings(**task_vars):
-    """preflight_settings run for one node with ``task_vars`` (as -e or the inventory gives them)."""
+def _settings(_args=None, **task_vars):
+    """preflight_settings run for one node with ``task_vars`` (as -e or the inventory gives them) and the task's
+    arguments ``_args``."""
     spec = importlib.util.spec_from_file_location("preflight_settings_action",
                                                   os.path.join(ROOT, "action_plugins", "preflight_settings.py"))
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
     loader = DataLoader()
-    task = mock.MagicMock(args={}, async_val=0, check_mode=False, diff=False)
+    task = mock.MagicMock(args=dict(_args or {}), async_val=0, check_mode=False, diff=False)
     action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), loader, Templar(loader), mock.MagicMock())
     host = task_vars.pop("inventory_hostname", "node01")
     base = {"inventory_hostname": host, "groups": {"all": [host], "cluster": [host]},
@@ -102,7 +103,7 @@ def test_an_inventory_name_that_is_no_file_name_stops_the_run(host):
     assert "not usable as a file name" in _errors(result)["inventory_hostname"]["found"]
 
 
-@pytest.mark.parametrize("host", ["node01", "gpu-a1.example.com", "10.0.0.7", "fe80::1", "localhost", "n_1"])
+@pytest.mark.parametrize("host", ["node01", "gpu-a1.example.com", "198.18.0.7", "fe80::1", "localhost", "n_1"])
 def test_usual_host_names_and_addresses_are_file_names(host):
     assert _settings(inventory_hostname=host)["ok"]
 

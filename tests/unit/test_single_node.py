@@ -1,13 +1,13 @@
 """The gate's single-node all-reduce (cluster_preflight/single_node.py): planned from the all-node plan on the
 nodes it applies to, judged per node, carried into the verdict and the profile by the final stage; and the node
-calls' AFTER_JOB halves (module_utils/preflight_node/calls.py), which run once the job is collected."""
+calls' after_job probes (module_utils/preflight_node/calls.py), which run once the job is collected."""
 
 import types
 
 import pytest
 
 from cluster_preflight import single_node
-from preflight_node import calls
+from preflight_node import calls, registry
 from capability_helpers import role_settings
 from test_decide import HOSTS, Run, mesh_result
 
@@ -128,12 +128,16 @@ class _Exit(Exception):
     pass
 
 
-def test_after_job_halves_run_once_the_job_is_collected(monkeypatch, tmp_path):
+def test_after_job_probes_run_once_the_job_is_collected(monkeypatch, tmp_path):
+    """The registry declares the fabric's probe ``after_job``: it runs after the job was collected, the others
+    before it; a reader call of the same capabilities keeps its order (after_job is a probe's trait)."""
+    assert registry.after_job("fabric") and not registry.after_job("kernel_debug")
     order = []
-    early = types.SimpleNamespace(CAPABILITY="early", probe=lambda args, ops: order.append("early") or {"e": 1})
-    late = types.SimpleNamespace(CAPABILITY="late", AFTER_JOB=True,
-                                 probe=lambda args, ops: order.append("late") or {"l": 1})
-    halves = types.SimpleNamespace(get=lambda name: {"early": early, "late": late}[name])
+    early = types.SimpleNamespace(CAPABILITY="kernel_debug", probe=lambda args, ops: order.append("early") or {"e": 1},
+                                  read=lambda args, ops: order.append("read early") or {})
+    late = types.SimpleNamespace(CAPABILITY="fabric", probe=lambda args, ops: order.append("late") or {"l": 1},
+                                 read=lambda args, ops: order.append("read late") or {})
+    halves = types.SimpleNamespace(get=lambda name: {"kernel_debug": early, "fabric": late}[name])
     monkeypatch.setattr(calls, "resolve_job_user", lambda job, ops: {"run_as": None})
     monkeypatch.setattr(calls, "_collect", lambda job: order.append("job") or {"ranks": []})
     captured = {}
@@ -142,10 +146,16 @@ def test_after_job_halves_run_once_the_job_is_collected(monkeypatch, tmp_path):
         captured.update(result)
         raise _Exit()
 
-    module = types.SimpleNamespace(params={"capabilities": {"late": {}, "early": {}}, "selftest_error": "",
+    module = types.SimpleNamespace(params={"capabilities": {"fabric": {}, "kernel_debug": {}}, "selftest_error": "",
                                            "job": {}, "wait_for": {"results_file": "x", "timeout": 1}},
                                    exit_json=exit_json)
     with pytest.raises(_Exit):
         calls.node_call(module, halves, "probe", "probes")
     assert order == ["early", "job", "late"]
-    assert captured["probes"] == {"early": {"e": 1}, "late": {"l": 1}} and set(captured["elapsed"]) == {"early", "late"}
+    assert captured["probes"] == {"kernel_debug": {"e": 1}, "fabric": {"l": 1}}
+    assert set(captured["elapsed"]) == {"kernel_debug", "fabric"}
+    order.clear()
+    module.params.pop("wait_for")
+    with pytest.raises(_Exit):
+        calls.node_call(module, halves, "read", "facts")
+    assert order == ["read late", "read early"]

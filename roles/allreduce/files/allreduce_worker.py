@@ -14,8 +14,11 @@ entered):
                    nccl-tests computes them.  With ``--bandwidth-deadline``
                    a watchdog marks the rank ``slow`` (with the busbw it
                    reached) when the stage outlives the time the sizes take
-                   at the floor busbw; the node's gate then takes the stacks
-                   and ends the run instead of waiting for the hard timeout.
+                   at the floor busbw; with ``--bandwidth-grace`` as soon as
+                   the collective in flight is late against the same floor
+                   (the ones before it and it at the floor, plus the grace).
+                   The node's gate then takes the stacks and ends the run
+                   instead of waiting for the hard timeout.
 5. ``done``
 
 The result file is ``<out>/rank<RANK>.json``; it is rewritten atomically at
@@ -145,10 +148,12 @@ def check_correctness(torch, dist, device, world_size, rank, numel, corrupt=Fals
 
 
 class Progress:
-    """How far the bandwidth stage got, for the watchdog: collectives issued and their bus bytes."""
+    """How far the bandwidth stage got, for the watchdog: collectives issued and their bus bytes; ``plan``: the
+    bytes of every collective of the sweep in order (warm-up and timed, each size)."""
 
-    def __init__(self, world_size):
+    def __init__(self, world_size, plan=()):
         self.factor = 2.0 * (world_size - 1) / world_size if world_size > 1 else 1.0
+        self.plan = list(plan)
         self.started = time.monotonic()
         self.size_bytes = 0
         self.collectives = 0
@@ -166,16 +171,33 @@ class Progress:
         return round(self.bus_bytes / elapsed / 1e9, 6)
 
 
-def watch_bandwidth(rec, progress, deadline):
-    """Mark the rank ``slow`` once the bandwidth stage outlives ``deadline`` seconds; the node's gate ends it."""
-    if progress.finished.wait(deadline):
-        return
+def late(progress, deadline, grace, elapsed):
+    """The deadline the bandwidth stage is past after ``elapsed`` seconds, or None: the whole ``deadline``, or,
+    with ``grace`` (the part of it that is start-up, >= 0), the collective in flight's: the time it and those
+    before it take at the floor (the sweep's bus bytes over ``deadline - grace``) plus the grace.  A run slower
+    than the floor then ends when its first late collective shows it, not after the time the whole sweep takes."""
+    if elapsed >= deadline:
+        return deadline
+    if grace is None or grace < 0 or deadline <= grace or not progress.plan:
+        return None
+    total = sum(progress.plan)
+    due = grace + (deadline - grace) * sum(progress.plan[:progress.collectives + 1]) / total if total else deadline
+    return due if elapsed > due else None
+
+
+def watch_bandwidth(rec, progress, deadline, grace=None):
+    """Mark the rank ``slow`` once the bandwidth stage is late (:func:`late`); the node's gate ends it."""
+    due = None
+    while due is None:
+        if progress.finished.wait(0.1):
+            return
+        due = late(progress, deadline, grace, time.monotonic() - progress.started)
     with rec.lock:
         if progress.finished.is_set() or rec.data.get("stage") != "bandwidth":
             return
         rec.data["status"] = "slow"
         rec.data["slow"] = {
-            "deadline_seconds": round(deadline, 3),
+            "deadline_seconds": round(due, 3),
             "elapsed_seconds": round(time.monotonic() - progress.started, 3),
             "size_bytes": progress.size_bytes,
             "collectives_done": progress.collectives,
@@ -183,7 +205,7 @@ def watch_bandwidth(rec, progress, deadline):
         }
         rec._write()  # pylint: disable=protected-access
     print("preflight: rank %d is slow: the bandwidth stage outlived its deadline of %.1f s at busbw %.4f GB/s" % (
-        rec.data["rank"], deadline, rec.data["slow"]["busbw_reached_gbps"]), file=sys.stderr, flush=True)
+        rec.data["rank"], due, rec.data["slow"]["busbw_reached_gbps"]), file=sys.stderr, flush=True)
 
 
 def measure(torch, dist, device, world_size, size_bytes, iters, warmup, sync, progress=None):
@@ -224,6 +246,9 @@ def parse_args(argv=None):
     parser.add_argument("--bandwidth-deadline", type=float, default=0.0,
                         help="seconds the bandwidth stage may take (the sizes at the floor busbw, plus start-up); "
                              "past it the rank is marked slow. 0: no deadline")
+    parser.add_argument("--bandwidth-grace", type=float, default=-1.0,
+                        help="seconds of --bandwidth-deadline that are start-up: each collective is then late past "
+                             "the collectives up to it at the floor plus this grace. Negative: the whole deadline only")
     parser.add_argument("--check-elements", type=int, default=1 << 20,
                         help="elements in the correctness all-reduce")
     parser.add_argument("--linger", type=float, default=2.0,
@@ -248,9 +273,11 @@ def selftest_after_init(fault, rank):
 def bandwidth_stage(rec, args, torch, dist, device, world_size, sync):
     """The timed all-reduces at every size (with the --bandwidth-deadline watchdog); the rank's status."""
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
-    progress = Progress(world_size)
+    # The collectives in the order measure() issues them (each one's bytes: numel x 4).
+    plan = [max(1, size // 4) * 4 for size in sizes for _ in range(args.warmup + args.iters)]
+    progress = Progress(world_size, plan)
     if args.bandwidth_deadline > 0:
-        threading.Thread(target=watch_bandwidth, args=(rec, progress, args.bandwidth_deadline),
+        threading.Thread(target=watch_bandwidth, args=(rec, progress, args.bandwidth_deadline, args.bandwidth_grace),
                          daemon=True).start()
     bandwidth = [measure(torch, dist, device, world_size, size, args.iters, args.warmup, sync, progress)
                  for size in sizes]
