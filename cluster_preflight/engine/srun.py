@@ -33,7 +33,7 @@ from cluster_preflight import capabilities as registry
 from cluster_preflight import registers
 from cluster_preflight.engine import archive, by_node, step
 from cluster_preflight.engine.ranks import node_result as rank_node_result
-from preflight_node import probes as node_probes
+from preflight_node import registry as node_registry
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(PROJECT, "roles", "allreduce", "files", "allreduce_worker.py")
@@ -268,10 +268,7 @@ def _probe_args(view, hosts, capabilities_of, lock):
 
 
 def _after_job(name):
-    try:
-        return bool(getattr(node_probes.get(name), "AFTER_JOB", False))
-    except KeyError:
-        return False
+    return node_registry.after_job(name)
 
 
 def _gate_args(view):
@@ -299,7 +296,7 @@ def launch(engine, view):
 
 def probes(engine, view):
     """The probes (a task per node) while the all-node run works, then that run collected, then the probes that
-    read what it changed (``AFTER_JOB``): each node's result as the ssh engine's probes call gives it, the
+    read what it changed (``after_job`` in the registry): each node's result as the ssh engine's probes call gives it, the
     all-reduce's as ``job``."""
     plan, launched = _first(view, registers.PLAN), _first(view, registers.LAUNCH)
     probe_args = plan.get("probe_args_by_host") or {}

@@ -37,7 +37,8 @@ def node_gpus(count=8):
 def base_args():
     return {"python": "/opt/train/venv/bin/python", "nnodes": 4, "node_rank": 2, "nproc_per_node": 8,
             "master_addr": "198.18.0.1", "master_port": PORT, "backend": "nccl", "timeout": 30, "hard_timeout": 120,
-            "stack_budget": 20, "sizes": [16777216], "iters": 5, "warmup": 2, "bandwidth_deadline": 0, "check_elements": 0, "min_busbw_gbps": 50,
+            "stack_budget": 20, "sizes": [16777216], "iters": 5, "warmup": 2, "bandwidth_deadline": 0, "bandwidth_grace": 10.0,
+            "check_elements": 0, "min_busbw_gbps": 50,
             "socket_ifname": "ib0", "role": NODE, "run_as": "", "env": {"NCCL_IB_HCA": "mlx5"},
             "keep_scratch": False, "selftest_fault": "none", "selftest_rank": -1}
 
