@@ -31,9 +31,20 @@ def allowed_prefixes():
     """Directories root's programs may come from: the system's, the debug tools' venv (role debug_tools) and the
     venv this module runs in (the project's own, where Ansible's interpreter is the project's)."""
     prefixes = list(SYSTEM_DIRS) + [TOOLS_DIR]
-    if sys.prefix != getattr(sys, "base_prefix", sys.prefix):
-        prefixes.append(os.path.join(os.path.realpath(sys.prefix), ""))
+    venv = own_venv()
+    if venv:
+        prefixes.append(os.path.join(os.path.realpath(venv), ""))
     return prefixes
+
+
+def own_venv():
+    """The venv of the interpreter running this code, or None: ``sys.prefix`` when ``site`` ran, else (``python -I
+    -S``, as the srun engine's tasks run) the directory above ``sys.executable`` when it holds ``pyvenv.cfg``, as
+    ``site`` would have found it."""
+    if sys.prefix != getattr(sys, "base_prefix", sys.prefix):
+        return sys.prefix
+    above = os.path.dirname(os.path.dirname(sys.executable or ""))
+    return above if above and os.path.isfile(os.path.join(above, "pyvenv.cfg")) else None
 
 
 def resolve(path):

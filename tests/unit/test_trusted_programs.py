@@ -11,6 +11,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 import uuid
 
@@ -261,3 +262,18 @@ def test_the_component_that_keeps_an_account_from_a_file(public_dir):
     os.chmod(real, 0o700)
     assert "cannot execute it" in trust.blocker(link, NOBODY)["found"]
     assert "No such file" in trust.blocker(os.path.join(public_dir, "none"), NOBODY)["found"]
+
+
+def test_the_interpreters_own_venv_is_root_s_place_also_without_site(tmp_path):
+    """The srun engine runs the node code with ``python -I -S``: no ``site``, so ``sys.prefix`` is the base Python's;
+    the venv the interpreter lives in is still the one its programs (py-spy next to it) may come from."""
+    module_utils = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "module_utils")
+    code = "import sys; sys.path.insert(0, %r); from preflight_node import trust; print(trust.own_venv())" % module_utils
+    venv = os.path.realpath(os.path.dirname(os.path.dirname(sys.executable)))
+    plain = subprocess.run([os.path.join(venv, "bin", "python"), "-I", "-S", "-c", code], capture_output=True,
+                           text=True, timeout=60, check=True).stdout.strip()
+    assert os.path.realpath(plain) == venv and os.path.isfile(os.path.join(venv, "pyvenv.cfg"))
+    outside = subprocess.run([os.path.realpath(os.path.join(venv, "bin", "python")), "-I", "-S", "-c", code],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert outside == "None", "the base interpreter outside any venv names no venv"
