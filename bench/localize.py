@@ -34,7 +34,6 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 # pylint: disable=wrong-import-position
-from gate_helpers import REPLACE_FILE, RESOLV_CONF  # noqa: E402
 from multinode import BRINGUP_VARS, bench_workdir  # noqa: E402
 from testbed import Testbed  # noqa: E402
 
@@ -105,8 +104,6 @@ def main():
 
 
 def run_bench(args, bed, workdir):
-    for node in bed.nodes:
-        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
     done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "bringup.yml",
                            "-i", bed.inventory_path, "-e", BRINGUP_VARS,
                            "-e", "preflight_results_dir=%s" % os.path.join(workdir, "bringup")],

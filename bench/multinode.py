@@ -29,7 +29,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 # pylint: disable=wrong-import-position
-from gate_helpers import REPLACE_FILE, RESOLV_CONF  # noqa: E402  (a resolver the nodes answer at once)
 from testbed import Testbed, unavailable_reason  # noqa: E402
 
 
@@ -119,9 +118,6 @@ def run_bench(args, workdir):
     # One rank per node: the gate's fan-out, not 2 cores' share of 16 ranks, is measured.
     extra = ["-e", "preflight_nproc_per_node=1"] + (["--forks", str(args.forks)] if args.forks else [])
     with Testbed(nodes=args.large, fabric=True) as bed:
-        for node in bed.nodes:
-            bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF],
-                    check=True)
         done = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "bringup.yml",
                                "-i", bed.inventory_path, "-e", BRINGUP_VARS,
                                "-e", "preflight_results_dir=%s" % os.path.join(workdir, "bringup")],

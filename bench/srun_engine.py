@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 # pylint: disable=wrong-import-position
-from gate_helpers import REPLACE_FILE, RESOLV_CONF, clear_throttles  # noqa: E402
+from gate_helpers import clear_throttles  # noqa: E402
 from slurm_bed import SlurmCluster  # noqa: E402
 from testbed import Testbed  # noqa: E402
 
@@ -160,8 +160,6 @@ def main():
     os.chmod(work, 0o711)
     try:
         with Testbed(nodes=args.nodes) as bed, SlurmCluster(bed, cpus=2) as slurm:
-            for node in bed.nodes:
-                bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
             srun_dir = os.path.join(bed.workdir, "srun")
             os.makedirs(srun_dir, mode=0o700, exist_ok=True)
             bed.write_inventory(group_vars={"preflight_srun_dir": srun_dir})

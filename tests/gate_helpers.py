@@ -1,5 +1,5 @@
 """What the multi-node tests share: the gate's processes on a node, their ranks and stages,
-a resolver the nodes answer at once, and a one-paragraph explanation of a verdict."""
+and a one-paragraph explanation of a verdict."""
 
 import json
 import os
@@ -8,18 +8,6 @@ import time
 from preflight_node.proc import environ_of
 
 WORKER = "allreduce_worker.py"
-
-# The nodes inherit the host's resolv.conf but have no route to its
-# nameserver: every reverse lookup (c10d makes one per store connection) would
-# wait 10 s for DNS.  A resolver on the node's own loopback fails at once, as
-# a reachable cluster DNS answers at once.
-RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
-REPLACE_FILE = ("import os, sys\n"
-                "tmp = sys.argv[1] + '.pft-tmp'\n"
-                "with open(tmp, 'w') as handle:\n"
-                "    handle.write(sys.argv[2])\n"
-                "os.replace(tmp, sys.argv[1])\n")
-
 
 def _read(path, mode="r"):
     try:
@@ -138,14 +126,12 @@ def clear_throttles(bed, ifname="eth0"):
 
 
 def trusted_bed(request, tmp_path_factory, **options):
-    """A module's bed (``testbed_fixture``) whose nodes answer DNS at once and trust each other over ssh (the
+    """A module's bed (``testbed_fixture``) whose nodes trust each other over ssh (the
     real bringup.yml, ssh_trust only): what every gate test on the bed starts from."""
     # pylint: disable=import-outside-toplevel
     from playbook import run_playbook
     from testbed import testbed_fixture
     bed = testbed_fixture(request, **options)
-    for node in bed.nodes:
-        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
     directory = tmp_path_factory.mktemp("bringup")
     inventory = bed.write_inventory(path=str(directory / "inventory.yml"))
     result = run_playbook(directory, playbook="bringup.yml", inventory=inventory, timeout=600,

@@ -257,6 +257,14 @@ def test_etc_is_private_per_node(bed):
     assert len(ids) == 3
 
 
+def test_a_name_no_node_knows_fails_at_once_instead_of_waiting_for_dns(bed):
+    """The host's nameserver is out of the bridge's reach: a node's own resolver answers (fails) at once."""
+    started = time.monotonic()
+    found = bed.run(bed.nodes[0], ["getent", "ahosts", "no-such-node.invalid"])
+    assert found.returncode == 2 and found.stdout == ""
+    assert time.monotonic() - started < 5, "a lookup waited for an unreachable nameserver"
+
+
 @pytest.mark.timeout(120)
 def test_iptables_drop_in_one_node_blocks_tcp_with_a_timeout(bed, listeners):
     assert listeners

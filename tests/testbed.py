@@ -65,6 +65,9 @@ from testbed_net import (DOCKER_CIDR, DOCKER_IFNAME, DOCKER_PORT_IFNAME, DOWN_IF
                          _write_atomic, unavailable_reason)
 from testbed_ops import TestbedOps
 
+# Each node's /etc/resolv.conf (see _prepare_files).
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+
 # What importers use (tests/, bench/): the bed, and the helpers tests/test_testbed.py reads.
 __all__ = ["ROOT", "TRAINING_PYTHON", "Node", "Testbed", "TestbedError", "cleanup_stale",
            "testbed_fixture", "unavailable_reason", "_link_names", "_netns_list",
@@ -371,6 +374,10 @@ class Testbed(TestbedOps, UpDown):
             etc = self.etc_path(node)
             _write_atomic(os.path.join(etc, "hostname"), node.hostname + "\n")
             _write_atomic(os.path.join(etc, "hosts"), "\n".join(hosts_lines) + "\n")
+            # The host's nameserver is not reachable from the bed's bridge: every lookup of a name /etc/hosts does
+            # not hold (c10d makes a reverse lookup per store connection; ssh and Python resolve peers) would wait
+            # for DNS.  A resolver on the node's own loopback fails at once, as a reachable cluster DNS answers.
+            _write_atomic(os.path.join(etc, "resolv.conf"), RESOLV_CONF)
             _write_atomic(os.path.join(etc, "machine-id"), secrets.token_hex(16) + "\n",
                           0o444)
             self._write_sshd_config(node, authorized)

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from playbook import newest_run_dir, run_playbook
-from gate_helpers import REPLACE_FILE, RESOLV_CONF, explain, gate_leftovers, rank_processes
+from gate_helpers import explain, gate_leftovers, rank_processes
 from testbed import testbed_fixture
 
 pytestmark = pytest.mark.timeout(900)
@@ -44,7 +44,6 @@ def bed(request, tmp_path_factory):
     for node in bed.nodes:
         bed.run(node, ["sh", "-c", 'printf "%s\\n" "$1" > /root/.bashrc && cp /root/.bashrc /root/.profile',
                        "plain-shell", "# test-bed node: a plain shell"], check=True)
-        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
     work = tmp_path_factory.mktemp("bringup")
     inventory = bed.write_inventory(path=str(work / "inventory.yml"))
     result = run_playbook(work, playbook="bringup.yml", inventory=inventory, extravars=BRINGUP_SSH_TRUST,

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gate_helpers import REPLACE_FILE, RESOLV_CONF, cmdline, environ, node_pid, proc_state, send_signal
+from gate_helpers import cmdline, environ, node_pid, proc_state, send_signal
 from job_env import job_python
 from playbook import run_playbook
 from testbed import testbed_fixture
@@ -61,8 +61,6 @@ def bed(request):
     bed = testbed_fixture(request, nodes=NODES, private_dirs=("/etc", "/home"), training_python=python)
     for node in bed.nodes:
         bed.run(node, ["useradd", "--create-home", "--shell", "/bin/bash", JOB_USER], check=True)
-        # c10d's reverse lookups would wait for a DNS the nodes cannot reach.
-        bed.run(node, [python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
     return bed
 
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gate_helpers import (REPLACE_FILE, RESOLV_CONF, cmdline, send_signal, explain, gate_leftovers, gate_processes,
+from gate_helpers import (cmdline, send_signal, explain, gate_leftovers, gate_processes,
                           node_pid, proc_state, rank_processes, rank_stage)
 from playbook import run_playbook
 from testbed import testbed_fixture
@@ -30,13 +30,6 @@ NODES = 3
 RANKS_PER_NODE = 2
 # A bound on fault injection waits: the gate's ranks show up within this.
 APPEAR_TIMEOUT = 300
-
-
-def local_resolver(bed):
-    """Give every node a resolver that answers at once (inside the node's own /etc)."""
-    for node in bed.nodes:
-        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF],
-                check=True)
 
 
 def bring_up(bed, directory):
@@ -53,7 +46,6 @@ def bring_up(bed, directory):
 def bed(request, tmp_path_factory):
     bed = testbed_fixture(request, nodes=NODES, fabric_rails=2, docker_bridge=True,
                           down_iface=True)
-    local_resolver(bed)
     bring_up(bed, tmp_path_factory.mktemp("bringup"))
     return bed
 

@@ -22,7 +22,7 @@ import tempfile
 
 import pytest
 
-from gate_helpers import REPLACE_FILE, RESOLV_CONF, cmdline, send_signal
+from gate_helpers import cmdline, send_signal
 from job_env import job_python
 from playbook import run_playbook
 from testbed import testbed_fixture
@@ -78,7 +78,6 @@ def bed(request):
                           group_vars={"preflight_job_user": USER})
     for node in bed.nodes:
         bed.run(node, ["useradd", "--create-home", "--shell", "/bin/bash", USER], check=True)
-        bed.run(node, [python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
         bed.run(node, ["sh", "-c", 'umask 077 && cat > "$1"', "-", SECRET], input=SECRET_TEXT, check=True)
     return bed
 

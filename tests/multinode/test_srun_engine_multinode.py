@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from gate_helpers import REPLACE_FILE, RESOLV_CONF, clear_throttles, rank_processes
+from gate_helpers import clear_throttles, rank_processes
 from slurm_bed import ROOT, slurm_fixture
 from testbed import testbed_fixture
 
@@ -39,8 +39,6 @@ SECONDS = []
 @pytest.fixture(scope="module")
 def bed(request):
     bed = testbed_fixture(request, nodes=NODES)
-    for node in bed.nodes:
-        bed.run(node, [bed.training_python, "-c", REPLACE_FILE, "/etc/resolv.conf", RESOLV_CONF], check=True)
     return bed
 
 
