@@ -543,4 +543,16 @@ def test_throttled_link_fails_the_bandwidth_check_and_the_pair_rounds_name_the_n
             assert first_run["status"] == "pass" and "below" in first_run["found"], first_run
     named = v["nodes"][node.name]["checks"]["allreduce.localize"]
     assert node.name in named["found"] and named["fix"], named
-    assert 1 <= len(v["localize"]["rounds"]) <= 3, v["localize"]
+    assert "network fault" in named["found"] and "GB/s" in named["found"], named
+    localize = v["localize"]
+    assert 1 <= localize["rounds_run"] <= 3 and len(localize["rounds"]) == localize["rounds_run"], localize
+    others = [name for name in names if name != node.name]
+    # A network fault (it passes alone over lo), the others proven good, none lost or left unproven; the
+    # confirmation run proved exactly them, and they are exactly the hostfile's nodes.
+    assert localize["bad"] == [node.name] and localize["kinds"] == {node.name: "network"}, localize
+    assert localize["good"] == others and localize["lost"] == [] and localize["unproven"] == [], localize
+    assert localize["confirm"]["status"] == "pass" and sorted(localize["confirm"]["hosts"]) == others
+    for name in others:
+        assert v["nodes"][name]["checks"]["allreduce.localize"]["status"] == "pass", explain(result)
+    with open(os.path.join(v["run_dir"], "hosts.txt"), encoding="utf-8") as handle:
+        assert sorted(line.strip() for line in handle if line.strip()) == others
