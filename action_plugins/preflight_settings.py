@@ -12,6 +12,7 @@ false), and runs the capability's ``validate``.  Its documentation lives in
 
 from __future__ import annotations
 
+import json
 import os
 
 from ansible.errors import AnsibleError
@@ -50,6 +51,18 @@ class ActionModule(ControllerAction):
         specs = self._loader.load_from_file(os.path.join(base, "meta", "argument_specs.yml")) or {}
         options = ((specs.get("argument_specs") or {}).get("main") or {}).get("options") or {}
         return defaults, options
+
+    def _validated(self, role, spec, values):
+        """``values`` checked against ``spec`` (the role's argument spec), once per distinct set of values in a task:
+        the nodes of a cluster mostly share them, and the check deep-copies every value."""
+        memo = self.__dict__.setdefault("_validated_memo", {})
+        try:
+            key = (role, json.dumps(values, sort_keys=True, default=repr))
+        except (TypeError, ValueError):
+            return ArgumentSpecValidator(spec).validate(values)
+        if key not in memo:
+            memo[key] = ArgumentSpecValidator(spec).validate(values)
+        return memo[key]
 
     def _unknown(self, task_vars, settings, errors):
         """Variables with a role's prefix that nothing reads: added to ``errors``, or returned as warnings under
@@ -127,6 +140,10 @@ class ActionModule(ControllerAction):
             values = {}
             for name in options:
                 raw = task_vars[name] if name in task_vars else defaults.get(name)
+                if not _templated(templar, raw):
+                    # Most values are plain data: taken as they are (rendering copies them, per node).
+                    values[name] = raw
+                    continue
                 try:
                     values[name] = templar.template(raw)
                 except AnsibleError as exc:
@@ -135,12 +152,12 @@ class ActionModule(ControllerAction):
                                            "correct %s in the inventory or the -e option" % name))
             spec = {name: {key: value for key, value in option.items() if key != "description"}
                     for name, option in options.items() if name in values}
-            checked = ArgumentSpecValidator(spec).validate(values)
+            checked = self._validated(role, spec, values)
             for message in checked.error_messages:
                 errors.append(_problem(role, _variable_in(message, spec), message,
                                        "the type and choices of roles/%s/meta/argument_specs.yml" % role,
                                        "correct the value in the inventory or the -e option"))
-            settings[role] = checked.validated_parameters
+            settings[role] = dict(checked.validated_parameters)
             errors.extend(_problem(role, item["name"], item["found"], item["expected"], item["fix"])
                           for item in number_problems(options, settings[role]))
         errors.extend(_problem(registry.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
@@ -206,6 +223,17 @@ def _wanted(given, kind):
                        % (", ".join(known), kind), "name only those, or leave the variable unset for all of them")
               for name in wanted if name not in known]
     return [name for name in dict.fromkeys(wanted) if name in known], errors
+
+
+def _templated(templar, value):
+    """Whether ``value`` holds a template anywhere (a string that looks like one, in any list or mapping)."""
+    if isinstance(value, str):
+        return templar.is_possibly_template(value)
+    if isinstance(value, (list, tuple)):
+        return any(_templated(templar, item) for item in value)
+    if isinstance(value, dict):
+        return any(_templated(templar, key) or _templated(templar, item) for key, item in value.items())
+    return False
 
 
 def _variable_in(message, spec):

@@ -349,3 +349,24 @@ def test_with_the_srun_engine_a_lease_waits_for_no_fork_batch():
     assert lock_args(View())["slack"] == 120
     View.settings = {host: {"preflight": {"preflight_engine": "ssh"}, "allreduce": {}} for host in View.hosts}
     assert lock_args(View())["slack"] > 120
+
+
+def test_settings_of_every_node_are_rendered_and_checked_per_node_though_most_values_are_shared(monkeypatch):
+    """Plain values are taken as they are and each distinct set of values is checked once, yet a template renders
+    with each node's own variables and a bad value is only its node's error."""
+    monkeypatch.setattr(os, "environ", dict(os.environ, **ALLOC))
+    action, python = _settings_action({"all_nodes": True})
+    own = {host: {"inventory_hostname": host, "preflight_engine": "srun", "preflight_training_python": python}
+           for host in ("gpu01", "gpu02", "gpu03")}
+    own["gpu01"]["preflight_master_port"] = 29611
+    own["gpu03"]["allreduce_iters"] = "many"
+    play = {"ansible_play_hosts_all": list(own), "groups": {"all": list(own), "cluster": list(own)},
+            "hostvars": HostVars(own)}
+    result = action.run(task_vars=dict(play, **own["gpu01"]))
+    view = ClusterView({"ansible_play_hosts_all": list(own), "hostvars": {host: {registers.SETTINGS: result}
+                                                                            for host in own}})
+    ports = {host: view.settings[host]["port_mesh"]["port_mesh_port"] for host in ("gpu01", "gpu02")}
+    assert ports == {"gpu01": 29611, "gpu02": 6000}
+    assert [host for host in own if view.result(host, registers.SETTINGS).get("ok")] == ["gpu01", "gpu02"]
+    [problem] = view.result("gpu03", registers.SETTINGS)["errors"]
+    assert problem["name"] == "allreduce_iters" and "many" in problem["found"]
