@@ -163,7 +163,8 @@ class ActionModule(ControllerAction):
         decision_names, stages, capabilities, filename = KINDS[kind]
         view = ClusterView(task_vars or {})
         first = view.hosts[0] if view.hosts else None
-        decisions = [view.result(first, name) or {} for name in decision_names] if first else []
+        # Read in place: the verdict is a copy made from them (printable_tree), the decisions stay as registered.
+        decisions = [view.read(first, name) or {} for name in decision_names] if first else []
         loaded = (view.result(first, registers.SETTINGS) or {}).get("capabilities") if first else None
         if loaded:
             # Only what this run loaded applies (bring-up of a chosen few capabilities).

@@ -218,7 +218,7 @@ def verdict_of(hosts, task_vars, workdir, count, times):
     started = CLOCK[0]()
     with without_gc():
         view = ClusterView(task_vars)
-        decisions = [view.result(hosts[0], name) or {} for name in decision_names]
+        decisions = [view.read(hosts[0], name) or {} for name in decision_names]
         records = {host: {registry.STAGE_REGISTERS[name]: view.registered(host, registry.STAGE_REGISTERS[name])
                           for name in stages} for host in hosts}
         run_dir = os.path.join(results_dir, "run")

@@ -254,7 +254,8 @@ def decide(host, facts, settings, probe=None, cluster=None):  # pylint: disable=
     host_key_unchanged, ssh_dirs, cluster_key, client_dropin, client_config, mesh, login, inbound,
     pdsh; or ``peers``
     (not applicable) when ``host`` has no targeted peer.  ``{}`` when ``host`` was not read."""
-    hosts = list((cluster or {}).get("hosts") or [host])
+    # Not copied: decide runs once per node over the same view, a copy per node would grow with the square.
+    hosts = (cluster or {}).get("hosts") or [host]
     if not any(h != host for h in hosts) and ((facts or {}).get("sshd") or {}).get("impostor"):
         # Alone, nothing is trusted over ssh; another account's listener on the ssh port is still said.
         return {"host_keys": host_keys_check(host, facts.get("keys") or [], facts.get("problems") or [],

@@ -42,8 +42,26 @@ def test_random_trees_give_json_dumps_text():
         assert indented(value) == expected(value)
 
 
+class Text(str):
+    pass
+
+
+class Number(int):
+    pass
+
+
+@pytest.mark.parametrize("value", [
+    {"checks": {"a.b": {"status": "pass", "found": "é\x1b[2J", "n": 2 ** 70, "x": float("nan"), "y": -0.0}}},
+    {"hosts": ["n1", "n2", None, 1.5, float("-inf")], "deep": [[[["a", 1]]]]},
+])
+def test_containers_of_scalars_at_any_depth_give_json_dumps_text(value):
+    assert indented(value) == expected(value)
+
+
 @pytest.mark.parametrize("value", [
     {"a": (1, 2)},  # a tuple is a list in JSON
+    {"a": {"b": Text("x"), "c": Number(3)}},  # subclasses of scalars: what json.dumps makes of them
+    {"a": [Text("x")]},
     {1: "x", 2: "y"},  # keys that are not text
     {"a": {2: 1, 10: 2}},
 ])
