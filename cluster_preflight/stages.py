@@ -343,17 +343,16 @@ def _profile_checks(view, hosts, summary, checks_by_host, launch_checks):
     rows = {}
     for row in summary.get("ranks") or []:
         rows.setdefault(row.get("host"), []).append(row)
-    fields_by_host = {}
+    fields_by_host = profiles.run_fields_by_host(summary, hosts)
+    # Every capability whose facts feed a profile has ``profile_fields(facts)``.
+    feeding = [(name, module.profile_fields) for name, module in registry.BY_NAME.items()
+               if hasattr(module, "profile_fields")]
     for host in hosts:
         facts = view.facts(host)[0] or {}
-        # Every capability whose facts feed a profile has ``profile_fields(facts)``.
-        sources = {name: (module.profile_fields, facts.get(name)) for name, module in registry.BY_NAME.items()
-                   if hasattr(module, "profile_fields")}
+        sources = {name: (function, facts.get(name)) for name, function in feeding}
         signatures = ((checks_by_host.get(host) or {}).get("allreduce") or {}).get("signatures")
-        fields = profiles.run_fields(summary, host)
-        fields.update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),
-                                           signatures, (summary.get("single_node") or {}).get(host)))
-        fields_by_host[host] = fields
+        fields_by_host[host].update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),
+                                                         signatures, (summary.get("single_node") or {}).get(host)))
     failures = {host: preflight_profile.failures_of(launch_checks.get(host)) + preflight_profile.failures_of(
         checks_by_host.get(host)) for host in hosts}
     return preflight_profile.decide_all(hosts, fields_by_host, view.capability_settings("profile", hosts),
