@@ -507,7 +507,7 @@ def write_run_dir(verdict, logs_by_host, results_dir, run_dir, filename=VERDICT_
         _write_logs(run_dir, logs_by_host)
         if reports is not None:
             reports(verdict, run_dir)
-        atomic_write(os.path.join(run_dir, filename), indented(verdict) + "\n")
+        atomic_write(os.path.join(run_dir, filename), indented(verdict, end="\n"))
     except BaseException:
         if created:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -29,13 +29,15 @@ class _Other(Exception):
     """A value :func:`indented` leaves to ``json.dumps``."""
 
 
-def indented(value):
-    """``json.dumps(value, indent=2, sort_keys=True)``."""
+def indented(value, end=""):
+    """``json.dumps(value, indent=2, sort_keys=True) + end`` (a file's last line break: no copy of the text to add
+    it)."""
     out = []
     try:
         _item(value, "", out)
     except (_Other, RecursionError):
-        return json.dumps(value, indent=2, sort_keys=True)
+        return json.dumps(value, indent=2, sort_keys=True) + end
+    out.append(end)
     return "".join(out)
 
 

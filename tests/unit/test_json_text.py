@@ -69,6 +69,11 @@ def test_other_types_are_left_to_json_dumps(value):
     assert indented(value) == expected(value)
 
 
+def test_a_files_last_line_break_is_added_to_the_text():
+    assert indented({"a": [1]}, end="\n") == expected({"a": [1]}) + "\n"
+    assert indented({1: "x"}, end="\n") == expected({1: "x"}) + "\n"
+
+
 def test_what_json_dumps_refuses_is_refused_too():
     with pytest.raises(TypeError):
         indented({"a": {1, 2}})
