@@ -215,11 +215,12 @@ def probe_args(settings, node, plan):  # pylint: disable=redefined-outer-name
     ``plan`` is ``{hosts, nodes}``; with ``settings`` (host -> settings) as well, each peer's
     own ``ssh_trust_port`` is used, else this node's; with ``peers`` (host -> the peers it
     checks, ``cluster_preflight/pairs.py``) only those."""
-    hosts, nodes = list(plan.get("hosts") or []), plan.get("nodes") or {}
+    # Read, not copied: probe_args runs once per node over the same plan (a copy each grew with the square).
+    hosts, nodes = plan.get("hosts") or [], plan.get("nodes") or {}
     others = plan.get("settings") or {}
     chosen = (plan.get("peers") or {}).get(node["name"])
     if chosen is not None:
-        hosts = list(chosen)
+        hosts = chosen
 
     def port_of(peer):
         return _port(others.get(peer) or settings)
