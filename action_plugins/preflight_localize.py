@@ -47,7 +47,7 @@ def _node_result(view, host, register, pick=None):
     state, message = view.outcome(host, register)
     if state != "ok":
         return "%s while running the all-reduce: %s" % (state, message[:300])
-    result = view.result(host, register) or {}
+    result = view.read(host, register) or {}
     if pick:
         result = result.get(pick) or {}
     if isinstance(result.get("ranks"), list):
@@ -58,7 +58,7 @@ def _node_result(view, host, register, pick=None):
 
 def start(view):
     first = view.hosts[0]
-    gate = (view.result(first, registers.LAUNCH) or {}).get("gate") or {}
+    gate = (view.read(first, registers.LAUNCH) or {}).get("gate") or {}
     if not gate.get("launch") or not gate.get("args_by_host"):
         return {"needed": False, "done": True, "why": "the all-reduce was not launched"}
     gate_hosts = [host for host in gate.get("hosts") or [] if host in gate["args_by_host"]]
@@ -78,7 +78,7 @@ def start(view):
     for host, reason in own_faults({host: result for host, result in results.items() if host not in excluded}).items():
         excluded[host] = "named by the all-node run itself: %s (allreduce.suspect_rank_*)" % reason
     hosts = [host for host in gate_hosts if host not in excluded]
-    addr = dict(((view.result(first, registers.PLAN) or {}).get("nic") or {}).get("addr_by_host") or {})
+    addr = dict(((view.read(first, registers.PLAN) or {}).get("nic") or {}).get("addr_by_host") or {})
     for host in hosts:
         addr.setdefault(host, view.nodes[host]["node_addr"])
     state = {"hosts": hosts, "excluded": excluded, "floor": floor, "trigger": why, "rounds": [],

@@ -21,7 +21,7 @@ from cluster_preflight.cluster import ClusterView, without_gc
 from cluster_preflight.localize import MAX_ROUNDS
 from cluster_preflight.retest import STEPS as RETEST_STEPS
 from cluster_preflight.outputs import launch_names, write_outputs
-from cluster_preflight.printable import printable_tree
+from cluster_preflight.printable import printable_verdict
 from cluster_preflight.report import after_verdict
 from cluster_preflight.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
 
@@ -163,12 +163,13 @@ class ActionModule(ControllerAction):
         decision_names, stages, capabilities, filename = KINDS[kind]
         view = ClusterView(task_vars or {})
         first = view.hosts[0] if view.hosts else None
-        decisions = [view.result(first, name) or {} for name in decision_names] if first else []
+        # Read in place: the verdict is made from them (printable_verdict copies their data), they stay as registered.
+        decisions = [view.read(first, name) or {} for name in decision_names] if first else []
         loaded = (view.result(first, registers.SETTINGS) or {}).get("capabilities") if first else None
         if loaded:
             # Only what this run loaded applies (bring-up of a chosen few capabilities).
             capabilities = tuple(name for name in capabilities if name in loaded)
-        # Read, never kept: the verdict is made of what the accounting writes from them (printable_tree copies it).
+        # Read, never kept: the verdict is made of what the accounting writes from them.
         records = {host: {registry.STAGE_REGISTERS[stage]: view.registered(host, registry.STAGE_REGISTERS[stage])
                           for stage in stages} for host in view.hosts}
         results_dir, run_id = run_place(args)
@@ -187,7 +188,7 @@ class ActionModule(ControllerAction):
             budget = {"elapsed": time.time() - float(loaded_settings.get("started") or time.time()),
                       "limit": int(loaded_settings.get("healthcheck_budget") or 30)}
         # Texts of the nodes and the job (rank errors, log lines) never carry control codes into the outputs.
-        verdict = printable_tree(build_verdict(view.hosts, records, decisions, capabilities, stages, run_id, run_dir,
+        verdict = printable_verdict(build_verdict(view.hosts, records, decisions, capabilities, stages, run_id, run_dir,
                                                bound_seconds=bound_seconds(view, by_name.get(registers.PLAN),
                                                                            by_name.get(registers.LAUNCH),
                                                                            by_name.get("allreduce_localize")),

@@ -36,7 +36,7 @@ from cluster_preflight.pairs import peers_by_host  # noqa: E402
 from cluster_preflight.cluster import ClusterView, without_gc  # noqa: E402
 from cluster_preflight.accounting import build_verdict, failure_lines, write_run_dir  # noqa: E402
 from cluster_preflight.outputs import launch_names, write_outputs  # noqa: E402
-from cluster_preflight.printable import printable_tree  # noqa: E402
+from cluster_preflight.printable import printable_verdict  # noqa: E402
 from cluster_preflight.report import after_verdict  # noqa: E402
 from cluster_preflight.verdict_file import load  # noqa: E402
 from capability_helpers import role_settings  # noqa: E402
@@ -218,11 +218,11 @@ def verdict_of(hosts, task_vars, workdir, count, times):
     started = CLOCK[0]()
     with without_gc():
         view = ClusterView(task_vars)
-        decisions = [view.result(hosts[0], name) or {} for name in decision_names]
+        decisions = [view.read(hosts[0], name) or {} for name in decision_names]
         records = {host: {registry.STAGE_REGISTERS[name]: view.registered(host, registry.STAGE_REGISTERS[name])
                           for name in stages} for host in hosts}
         run_dir = os.path.join(results_dir, "run")
-        verdict = printable_tree(build_verdict(hosts, records, decisions, capabilities, stages, "run", run_dir))
+        verdict = printable_verdict(build_verdict(hosts, records, decisions, capabilities, stages, "run", run_dir))
         verdict["hostfile"] = launch_names(verdict, {host: view.nodes[host]["node_addr"] for host in hosts})
         failure_lines(verdict)
     times["verdict"] = CLOCK[0]() - started

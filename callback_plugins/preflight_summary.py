@@ -130,7 +130,7 @@ def record_changes(path, verdict, changed):
     """A bring-up's report gets each node's count of changed tasks (Ansible's stats, known only once the play
     ended), written over it atomically with its mode; the verdict with it."""
     verdict = dict(verdict, changed={host: int(changed.get(host) or 0) for host in verdict["hosts"]})
-    atomic_write(path, indented(verdict) + "\n", FILE_MODE)
+    atomic_write(path, indented(verdict, end="\n"), FILE_MODE)
     return verdict
 
 

@@ -149,28 +149,14 @@ def _copy(value):
     raise _NotPlain()
 
 
-class CapabilityMap(collections.abc.Mapping):
-    """A node's settings or facts by capability, each capability's copied (:func:`plain`) when it is first read:
-    a decision reads a few capabilities of every node, and copying every node's whole result would cost a large
-    cluster more than the decision."""
-
-    def __init__(self, registered):
-        self._registered = registered if isinstance(registered, dict) else plain(registered) or {}
-        self._copies = {}
-
-    def __getitem__(self, name):
-        if name not in self._copies:
-            self._copies[name] = plain(self._registered[name])
-        return self._copies[name]
-
-    def __contains__(self, name):
-        return name in self._registered
-
-    def __iter__(self):
-        return iter([str(name) for name in self._registered])
-
-    def __len__(self):
-        return len(self._registered)
+def by_capability(registered):
+    """A node's settings or facts by capability (``{capability: its settings or facts}``), read in place: a
+    decision reads a few capabilities of every node and never writes into them (tests/unit/
+    test_decisions_read_only.py), and a copy of each would cost a large cluster more than the decision.  Only a
+    value that is not a plain dict (a templating wrapper) is made plain data first (:func:`plain`)."""
+    if type(registered) is dict:
+        return registered
+    return plain(registered) or {}
 
 
 class ClusterView(object):
@@ -187,7 +173,7 @@ class ClusterView(object):
         self._vars = {}
         self.settings, self.nodes = {}, {}
         for host in self.hosts:
-            self.settings[host] = CapabilityMap(self.field(host, registers.SETTINGS, "settings", copy=False) or {})
+            self.settings[host] = by_capability(self.field(host, registers.SETTINGS, "settings", copy=False) or {})
             self.nodes[host] = self.field(host, registers.SETTINGS, "node") or registry.node_info(host, {})
 
     def result(self, host, name):
@@ -197,6 +183,13 @@ class ClusterView(object):
             value = self.registered(host, name)
             self._cache[key] = plain(value) if value is not None else None
         return self._cache[key]
+
+    def read(self, host, name):
+        """A node's registered result ``name`` to be read only, or None: in place where it is a plain dict (a
+        decision reads, never writes, what the nodes registered: see :func:`by_capability`), else :meth:`result`.
+        A node's probes, its port mesh rows and the decisions before are each as large as a node's facts."""
+        value = self.registered(host, name)
+        return value if value is None or type(value) is dict else self.result(host, name)
 
     def registered(self, host, name):
         """The registered value itself (not copied: only to be read), or None.  What :meth:`outcome` and the
@@ -253,8 +246,8 @@ class ClusterView(object):
             if self.outcome(host, registers.FACTS)[0] != "ok" or self.field(host, registers.FACTS, "busy", copy=False):
                 self._facts[host] = None, None
             else:
-                # Each capability's facts are copied when a decision reads them, not the node's whole result.
-                self._facts[host] = (CapabilityMap(self.field(host, registers.FACTS, "facts", copy=False) or {}),
+                # Read in place (see :func:`by_capability`), not copied.
+                self._facts[host] = (by_capability(self.field(host, registers.FACTS, "facts", copy=False) or {}),
                                      self.field(host, registers.FACTS, "errors") or {})
         return self._facts[host]
 

@@ -73,3 +73,50 @@ def printable_tree(value):
 
 
 _NUMBERS = frozenset((int, float, bool, type(None)))
+_TEXT = frozenset((str,))
+# A check's fields (preflight_node/checks.py): names that need nothing.
+_CHECK_FIELDS = frozenset(("status", "found", "expected", "fix", "details"))
+
+
+def printable_verdict(verdict):
+    """:func:`printable_tree` of a verdict as ``cluster_preflight/accounting.py`` builds it, without copying its
+    nodes' checks: every check there is a dict of the accounting's own (``checks.normalize`` makes each), so its text
+    is made printable in place (a 10,000-node verdict holds half a million checks); a check's ``details``, the
+    all-reduce's summary and everything else may be the decisions' own data and are copied as :func:`printable_tree`
+    copies them."""
+    out = {}
+    for key, value in verdict.items():
+        if key == "nodes" and type(value) is dict:
+            value = {printable_tree(host): _printable_node(node) for host, node in value.items()}
+        else:
+            value = printable_tree(value)
+        out[printable_tree(key)] = value
+    return out
+
+
+def _printable_node(node):
+    if type(node) is not dict:
+        return printable_tree(node)
+    out = {}
+    for key, value in node.items():
+        own = key == "checks" and type(value) is dict and _own_checks(value)
+        out[printable_tree(key)] = _printable_checks(value) if own else printable_tree(value)
+    return out
+
+
+def _own_checks(checks):
+    """Whether ``checks`` is ``{name: check}`` with names that need nothing and checks of a check's own fields."""
+    return _TEXT.issuperset(map(type, checks)) and not _CONTROLS.search("".join(checks)) and all(
+        type(check) is dict and check.keys() <= _CHECK_FIELDS for check in checks.values())
+
+
+def _printable_checks(checks):
+    """``checks`` (the accounting's own: see :func:`_own_checks`) with their text made printable in place."""
+    for check in checks.values():
+        for field, value in check.items():
+            if type(value) is str:
+                if _CONTROLS.search(value):
+                    check[field] = printable(value, lines=True)
+            elif type(value) not in _NUMBERS:
+                check[field] = printable_tree(value)
+    return checks

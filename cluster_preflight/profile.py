@@ -127,14 +127,21 @@ def run_fields(summary, host):
     """The all-node fields of ``host`` (backend, largest size and its busbw): from the all-node run when it passed
     with the node, else from the confirmation run over the nodes left after localisation when that passed with
     it (a sick peer must not leave the proven nodes without a measurement); nothing otherwise."""
+    return run_fields_by_host(summary, [host])[host]
+
+
+def run_fields_by_host(summary, hosts):
+    """``{host: run_fields(summary, host)}`` of every one of ``hosts``, each run's nodes and sizes read once."""
+    runs = []
     for run in (summary or {}, (summary or {}).get("confirm") or {}):
-        if run.get("status") == "pass" and host in (run.get("hosts") or []):
+        if run.get("status") == "pass":
             # One rank crosses no link: its busbw is a copy on one device, never a known-good value.
             largest = _largest(run.get("sizes")) if (summary or {}).get("world_size") != 1 else None
-            return {"allreduce.backend": summary.get("backend"),
-                    "allreduce.largest_size": largest["size_bytes"] if largest else None,
-                    "allreduce.busbw_gbps": _round(largest.get("busbw_gbps")) if largest else None}
-    return {}
+            runs.append((set(run.get("hosts") or []), {
+                "allreduce.backend": summary.get("backend"),
+                "allreduce.largest_size": largest["size_bytes"] if largest else None,
+                "allreduce.busbw_gbps": _round(largest.get("busbw_gbps")) if largest else None}))
+    return {host: dict(next((fields for members, fields in runs if host in members), {})) for host in hosts}
 
 
 def node_fields(host, sources, allreduce_facts, rows, signatures, single):

@@ -174,14 +174,14 @@ def _mesh_results(view, host):
     """A node's port_probe result, from the foreground task or the background job's wait."""
     for register in (registers.PORT_MESH_WAIT, registers.PORT_MESH_PROBE):
         state, _message = view.outcome(host, register)
-        result = view.result(host, register)
+        result = view.read(host, register)
         if state == "ok" and isinstance(result, dict) and "results" in result:
             return result
     return None
 
 
 def stage_launch(view):
-    plan = view.result(view.hosts[0], registers.PLAN) if view.hosts else None
+    plan = view.read(view.hosts[0], registers.PLAN) if view.hosts else None
     plan = plan or {"hosts": [], "nic": {}, "port_mesh": {"run": False}, "ready": [], "blockers": []}
     checks_by_host = {}
     lost = view.lost(["facts", "port_mesh", "port_mesh_wait", "single"])
@@ -233,8 +233,8 @@ def _may_localise(view, gate):
 
 def stage_final(view):
     first = view.hosts[0] if view.hosts else None
-    plan = (view.result(first, registers.PLAN) if first else None) or {"hosts": [], "probe_args_by_host": {}}
-    launch = (view.result(first, registers.LAUNCH) if first else None) or {"gate": {"launch": False},
+    plan = (view.read(first, registers.PLAN) if first else None) or {"hosts": [], "probe_args_by_host": {}}
+    launch = (view.read(first, registers.LAUNCH) if first else None) or {"gate": {"launch": False},
                                                                             "reachable": []}
     checks_by_host = {}
     hosts = plan.get("hosts") or []
@@ -243,7 +243,7 @@ def stage_final(view):
     for host in hosts:
         probe_args = (plan.get("probe_args_by_host") or {}).get(host) or {}
         state, message = view.outcome(host, registers.PROBES)
-        result = view.result(host, registers.PROBES) if state == "ok" else None
+        result = view.read(host, registers.PROBES) if state == "ok" else None
         probes[host] = (result or {}).get("probes") or {}
         for name in probe_args:
             if result is None:
@@ -280,7 +280,7 @@ def stage_final(view):
         if host in first_lost:
             gate_lost[host] = first_lost[host]
             continue
-        job = (view.result(host, registers.PROBES) or {}).get("job")
+        job = (view.read(host, registers.PROBES) or {}).get("job")
         if isinstance(job, dict) and job.get("failed"):
             gate_lost[host] = "the all-reduce failed on %s: %s" % (host, str(job.get("msg"))[:300])
         elif isinstance(job, dict) and isinstance(job.get("ranks"), list):
@@ -343,17 +343,16 @@ def _profile_checks(view, hosts, summary, checks_by_host, launch_checks):
     rows = {}
     for row in summary.get("ranks") or []:
         rows.setdefault(row.get("host"), []).append(row)
-    fields_by_host = {}
+    fields_by_host = profiles.run_fields_by_host(summary, hosts)
+    # Every capability whose facts feed a profile has ``profile_fields(facts)``.
+    feeding = [(name, module.profile_fields) for name, module in registry.BY_NAME.items()
+               if hasattr(module, "profile_fields")]
     for host in hosts:
         facts = view.facts(host)[0] or {}
-        # Every capability whose facts feed a profile has ``profile_fields(facts)``.
-        sources = {name: (module.profile_fields, facts.get(name)) for name, module in registry.BY_NAME.items()
-                   if hasattr(module, "profile_fields")}
+        sources = {name: (function, facts.get(name)) for name, function in feeding}
         signatures = ((checks_by_host.get(host) or {}).get("allreduce") or {}).get("signatures")
-        fields = profiles.run_fields(summary, host)
-        fields.update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),
-                                           signatures, (summary.get("single_node") or {}).get(host)))
-        fields_by_host[host] = fields
+        fields_by_host[host].update(profiles.node_fields(host, sources, facts.get("allreduce"), rows.get(host),
+                                                         signatures, (summary.get("single_node") or {}).get(host)))
     failures = {host: preflight_profile.failures_of(launch_checks.get(host)) + preflight_profile.failures_of(
         checks_by_host.get(host)) for host in hosts}
     return preflight_profile.decide_all(hosts, fields_by_host, view.capability_settings("profile", hosts),

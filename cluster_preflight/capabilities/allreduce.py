@@ -364,7 +364,8 @@ def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, 
     """
     checks_by_host = {}
     blockers = list(blockers)
-    gate_hosts = [host for host in hosts if host in ready and host not in excluded]
+    ready_hosts = set(ready)  # a list of every ready node: looked up once per node
+    gate_hosts = [host for host in hosts if host in ready_hosts and host not in excluded]
     for host, reason in excluded.items():
         checks_by_host[host] = {"run": blocked("no ranks on %s: %s" % (host, reason),
                                                "every node runs its ranks in the all-reduce")}

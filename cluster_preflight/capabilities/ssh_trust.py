@@ -215,11 +215,12 @@ def probe_args(settings, node, plan):  # pylint: disable=redefined-outer-name
     ``plan`` is ``{hosts, nodes}``; with ``settings`` (host -> settings) as well, each peer's
     own ``ssh_trust_port`` is used, else this node's; with ``peers`` (host -> the peers it
     checks, ``cluster_preflight/pairs.py``) only those."""
-    hosts, nodes = list(plan.get("hosts") or []), plan.get("nodes") or {}
+    # Read, not copied: probe_args runs once per node over the same plan (a copy each grew with the square).
+    hosts, nodes = plan.get("hosts") or [], plan.get("nodes") or {}
     others = plan.get("settings") or {}
     chosen = (plan.get("peers") or {}).get(node["name"])
     if chosen is not None:
-        hosts = list(chosen)
+        hosts = chosen
 
     def port_of(peer):
         return _port(others.get(peer) or settings)
@@ -254,7 +255,8 @@ def decide(host, facts, settings, probe=None, cluster=None):  # pylint: disable=
     host_key_unchanged, ssh_dirs, cluster_key, client_dropin, client_config, mesh, login, inbound,
     pdsh; or ``peers``
     (not applicable) when ``host`` has no targeted peer.  ``{}`` when ``host`` was not read."""
-    hosts = list((cluster or {}).get("hosts") or [host])
+    # Not copied: decide runs once per node over the same view, a copy per node would grow with the square.
+    hosts = (cluster or {}).get("hosts") or [host]
     if not any(h != host for h in hosts) and ((facts or {}).get("sshd") or {}).get("impostor"):
         # Alone, nothing is trusted over ssh; another account's listener on the ssh port is still said.
         return {"host_keys": host_keys_check(host, facts.get("keys") or [], facts.get("problems") or [],

@@ -110,12 +110,12 @@ def _refuses(tried):
 def _mesh_view(cluster, analysis):
     """Every node's inbound logins and the nodes whose own findings explain their peers' failures,
     computed once per cluster view (memoised like :func:`_analysis`)."""
-    hosts = list(cluster["hosts"])
     probes = cluster.get("probes") or {}
-    key = (id(analysis), id(cluster.get("probes")), len(hosts), len(probes))
+    key = (id(analysis), id(cluster.get("probes")), len(cluster["hosts"]), len(probes))
     hit = _MEMO.get("mesh")
     if hit and hit[0] == key:
         return hit[2]
+    hosts = list(cluster["hosts"])
     inbound = _inbound(cluster, hosts)
     suspects = dict(analysis["suspects"])
     for node, tried in inbound.items():

@@ -164,16 +164,17 @@ def _analysis(cluster):
 
     Memoised on the identity of the view's mappings (``decide`` runs once per node over the
     same view): pass new mappings after changing facts or settings."""
-    hosts = list(cluster.get("hosts") or [])
-    all_hosts = list(cluster.get("all_hosts") or hosts)
+    hosts = cluster.get("hosts") or []
+    all_hosts = cluster.get("all_hosts") or hosts
     facts_map, settings_map = cluster.get("facts") or {}, cluster.get("settings") or {}
-    # O(1) per call: the mappings' identities and sizes (decide runs once per node over one view).
+    # O(1) per call: the mappings' identities and sizes (decide runs once per node over one view); the lists of
+    # nodes are copied only when the analysis is made.
     key = (id(facts_map), id(settings_map), id(cluster.get("nodes")), len(hosts), len(all_hosts),
            len(facts_map), len(settings_map))
     hit = _MEMO.get("last")
     if hit and hit[0] == key:
         return hit[2]
-    result = _analyse(cluster, hosts, all_hosts)
+    result = _analyse(cluster, list(hosts), list(all_hosts))
     # The view is kept alive with its result so that the ids in the key cannot be reused.
     _MEMO["last"] = (key, (facts_map, settings_map, cluster.get("nodes")), result)
     return result

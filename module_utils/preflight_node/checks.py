@@ -102,6 +102,28 @@ def normalize(result, where):
 
     ``where`` names the check for the message (``node1 / kernel_debug.ptrace_scope``).
     """
+    clean = _well_formed(result)
+    return clean if clean is not None else _malformed(result, where)
+
+
+def _well_formed(result):
+    """A copy of ``result`` with the contract's fields (and its ``details``), or None when it breaks the contract
+    (:func:`_malformed` says how)."""
+    if not isinstance(result, dict):
+        return None
+    status, found, expected, fix = (result.get("status"), result.get("found", ""), result.get("expected", ""),
+                                    result.get("fix", ""))
+    if status not in _RANK or not (isinstance(found, str) and isinstance(expected, str) and isinstance(fix, str)) \
+            or (not fix and status in ("warn", "fail")):
+        return None
+    clean = {"status": status, "found": found, "expected": expected, "fix": fix}
+    if result.get("details") is not None:
+        clean["details"] = result["details"]
+    return clean
+
+
+def _malformed(result, where):
+    """The ``fail`` that says how ``result`` breaks the contract."""
     problems = []
     if not isinstance(result, dict):
         problems.append("not a dict but %s" % type(result).__name__)
@@ -114,24 +136,31 @@ def normalize(result, where):
             problems.append("%s is %s, not text" % (field, type(result.get(field)).__name__))
     if status in ("warn", "fail") and not result.get("fix"):
         problems.append("a %s without a fix" % status)
-    if problems:
-        return failed(
-            "malformed check %s (%s): %s" % (where, "; ".join(problems), str(result)[:300]),
-            "a check with status in %s and text found/expected/fix" % "/".join(STATUSES),
-            "this is a defect of the preflight itself: report it with the verdict file")
-    clean = {field: result.get(field, "") for field in FIELDS}
-    if result.get("details") is not None:
-        clean["details"] = result["details"]
-    return clean
+    return failed(
+        "malformed check %s (%s): %s" % (where, "; ".join(problems), str(result)[:300]),
+        "a check with status in %s and text found/expected/fix" % "/".join(STATUSES),
+        "this is a defect of the preflight itself: report it with the verdict file")
+
+
+# (capability, name) -> "<capability>.<name>", of names already found well-formed (a verdict names the same few dozen
+# checks on every node).
+_QUALIFIED = {}
 
 
 def qualify(capability, name):
     """``<capability>.<name>``; raises CheckError for names outside the contract."""
+    if type(capability) is str and type(name) is str:
+        key = _QUALIFIED.get((capability, name))
+        if key is not None:
+            return key
     for part in (capability, name):
         if not isinstance(part, str) or not NAME_RE.match(part):
             raise CheckError("check name %r.%r must be lower-case words joined by underscores"
                              % (capability, name))
-    return "%s.%s" % (capability, name)
+    key = "%s.%s" % (capability, name)
+    if type(capability) is str and type(name) is str and len(_QUALIFIED) < 4096:
+        _QUALIFIED[(capability, name)] = key
+    return key
 
 
 def add(flat, capability, name, result, where=""):
@@ -139,7 +168,8 @@ def add(flat, capability, name, result, where=""):
     key = qualify(capability, name)
     if key in flat:
         raise CheckError("two checks named %s%s" % (key, " on " + where if where else ""))
-    flat[key] = normalize(result, "%s%s" % (where + " / " if where else "", key))
+    clean = _well_formed(result)  # the message's name of the check is worded only for a malformed one
+    flat[key] = clean if clean is not None else _malformed(result, "%s%s" % (where + " / " if where else "", key))
     return key
 
 
@@ -170,7 +200,7 @@ def node_status(checks):
     """``fail`` if any check failed; ``unverified`` if a check was blocked by another node or a
     cluster-wide problem (nothing wrong found here, nothing proven either); ``warn`` if any warned;
     else ``pass``."""
-    status = worst(result.get("status") for result in checks.values())
+    status = worst({result.get("status") for result in checks.values()})
     if status == "fail":
         return "fail"
     if any(is_blocked(result) for result in checks.values()):

@@ -42,13 +42,36 @@ def test_random_trees_give_json_dumps_text():
         assert indented(value) == expected(value)
 
 
+class Text(str):
+    pass
+
+
+class Number(int):
+    pass
+
+
+@pytest.mark.parametrize("value", [
+    {"checks": {"a.b": {"status": "pass", "found": "é\x1b[2J", "n": 2 ** 70, "x": float("nan"), "y": -0.0}}},
+    {"hosts": ["n1", "n2", None, 1.5, float("-inf")], "deep": [[[["a", 1]]]]},
+])
+def test_containers_of_scalars_at_any_depth_give_json_dumps_text(value):
+    assert indented(value) == expected(value)
+
+
 @pytest.mark.parametrize("value", [
     {"a": (1, 2)},  # a tuple is a list in JSON
+    {"a": {"b": Text("x"), "c": Number(3)}},  # subclasses of scalars: what json.dumps makes of them
+    {"a": [Text("x")]},
     {1: "x", 2: "y"},  # keys that are not text
     {"a": {2: 1, 10: 2}},
 ])
 def test_other_types_are_left_to_json_dumps(value):
     assert indented(value) == expected(value)
+
+
+def test_a_files_last_line_break_is_added_to_the_text():
+    assert indented({"a": [1]}, end="\n") == expected({"a": [1]}) + "\n"
+    assert indented({1: "x"}, end="\n") == expected({1: "x"}) + "\n"
 
 
 def test_what_json_dumps_refuses_is_refused_too():

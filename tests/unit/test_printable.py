@@ -2,7 +2,7 @@
 
 import pytest
 
-from cluster_preflight.printable import printable, printable_tree
+from cluster_preflight.printable import printable, printable_tree, printable_verdict
 
 
 @pytest.mark.parametrize("text, one_line, lines", [
@@ -28,3 +28,41 @@ def test_a_whole_verdict_is_cleaned_keys_and_values_line_breaks_kept():
             "hosts": ["n1\x07"]}
     assert printable_tree(data) == {"nodes": {"n1": {"checks": {"a.b": {"found": "l1\nl2", "n": 3, "ok": True}}}},
                                     "hosts": ["n1"]}
+
+
+def verdict_like():
+    shared = {"status": "fail", "suspects": [{"host": "n2", "reason": "rank 1: \x1b[31mboom"}]}
+    checks = {"allreduce.ranks": {"status": "fail", "found": "l1\r\n\x1b[2Jl2", "expected": "ok", "fix": "x",
+                                  "details": {"ranks": [{"error": "\x07bell"}], "n": 3}},
+              "ssh_trust.mesh": {"status": "pass", "found": "ok", "expected": "ok", "fix": ""}}
+    return {"status": "fail", "hosts": ["n1", "n2\u202e"], "allreduce": shared, "bound_seconds": None,
+            "nodes": {"n1": {"status": "fail", "reachable": True, "checks": checks},
+                      "n2\u202e": {"status": "pass", "reachable": True, "checks": {
+                          "a.b": {"status": "pass", "found": "\x9b2J", "expected": "", "fix": ""}}}}}
+
+
+@pytest.mark.parametrize("change", [
+    lambda verdict: None,
+    lambda verdict: verdict["nodes"]["n1"]["checks"].update({"bad\x1bname": {"status": "pass"}}),
+    lambda verdict: verdict["nodes"]["n1"]["checks"]["ssh_trust.mesh"].update({"other\x07": "x"}),
+    lambda verdict: verdict["nodes"]["n1"]["checks"].update({"a.c": ["not", "a check\x1b"]}),
+    lambda verdict: verdict["nodes"].update({"n3": "not a node\x1b[1m"}),
+])
+def test_a_verdict_is_made_printable_as_printable_tree_makes_it(change):
+    verdict = verdict_like()
+    change(verdict)
+    expected = printable_tree(verdict)
+    cleaned = printable_verdict(verdict)
+    assert cleaned == expected
+
+
+def test_a_verdicts_own_checks_are_cleaned_in_place_the_decisions_data_copied():
+    verdict = verdict_like()
+    checks, details = verdict["nodes"]["n1"]["checks"], verdict["nodes"]["n1"]["checks"]["allreduce.ranks"]["details"]
+    cleaned = printable_verdict(verdict)
+    assert cleaned["nodes"]["n1"]["checks"] is checks
+    assert checks["allreduce.ranks"]["found"] == "l1\nl2"
+    assert cleaned["allreduce"] is not verdict["allreduce"] and cleaned["allreduce"]["suspects"][0]["reason"] == \
+        "rank 1: boom"
+    assert verdict["allreduce"]["suspects"][0]["reason"] == "rank 1: \x1b[31mboom", "the decisions' data stays"
+    assert checks["allreduce.ranks"]["details"] is not details and details["ranks"][0]["error"] == "\x07bell"

@@ -194,6 +194,10 @@ def test_the_all_node_fields_come_from_the_confirmation_run_when_a_sick_peer_fai
     # The node named bad was not in the confirmation run: nothing measured for it.
     assert profiles.run_fields(failed_run, "n3") == {}
     assert profiles.run_fields(dict(failed_run, confirm={"status": "fail", "hosts": ["n1", "n2"]}), "n1") == {}
+    # Every node at once: the same fields, each node's a dict of its own (the node's own fields are added to it).
+    every = profiles.run_fields_by_host(failed_run, ["n1", "n2", "n3"])
+    assert every == {host: profiles.run_fields(failed_run, host) for host in ("n1", "n2", "n3")}
+    assert every["n1"] is not every["n2"]
 
 
 def test_one_rank_records_no_busbw_in_the_profile():
