@@ -515,10 +515,14 @@ def test_throttled_link_fails_the_bandwidth_check_and_the_pair_rounds_name_the_n
     node = bed.nodes[1]
     bed.tc(node, ["qdisc", "add", "dev", "fab0"] + THROTTLE)
     try:
+        started = time.monotonic()
         result = gate(bed, tmp_path / "throttled", extravars=SMALL_GATE)
+        wall = time.monotonic() - started
     finally:
         bed.tc(node, ["qdisc", "del", "dev", "fab0", "root"])
     v = result.verdict
+    # The run's own worst case holds, the rounds' and the retest's steps included.
+    assert wall <= v["bound_seconds"], (wall, v["bound_seconds"])
     assert result.rc != 0 and v["status"] == "fail", explain(result)
     names = [n.name for n in bed.nodes]
     assert v["failed_hosts"] == [node.name], explain(result)
@@ -544,6 +548,10 @@ def test_throttled_link_fails_the_bandwidth_check_and_the_pair_rounds_name_the_n
     named = v["nodes"][node.name]["checks"]["allreduce.localize"]
     assert node.name in named["found"] and named["fix"], named
     assert "network fault" in named["found"] and "GB/s" in named["found"], named
+    # Retested once before the blame (a slow run), and the fault persisted: drained, never its peers.
+    assert v["localize"]["retest"]["failed"] == [node.name], v["localize"]
+    assert "Retested once: retest pair" in named["found"] and named["details"]["retest"], named
+    assert named["fix"].startswith("drain %s" % node.name), named
     localize = v["localize"]
     assert 1 <= localize["rounds_run"] <= 3 and len(localize["rounds"]) == localize["rounds_run"], localize
     others = [name for name in names if name != node.name]
