@@ -171,7 +171,7 @@ def test_a_foreign_flock_and_a_garbage_lease_never_keep_the_gate_off_a_node(bed,
             assert holder.stdout.readline().strip() == "held"
             inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"))
             started = time.monotonic()
-            # The lock is what this run tests: the all-reduce gets the default bounds' room, not FAST's.
+            # The lock is what this run tests: its ranks get room to start (ROOMY), not FAST's bounds.
             result = run_playbook(tmp_path, inventory=inventory, extravars=ROOMY, timeout=600)
             TIMES.append(("foreign flock and garbage lease, protected_symlinks=%d" % protected,
                           time.monotonic() - started))
