@@ -15,6 +15,9 @@ from __future__ import annotations
 import json
 import os
 
+import jinja2
+import jinja2.meta
+
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -28,6 +31,11 @@ from cluster_preflight.settings_check import SWITCH, host_problems, number_probl
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ROLES = os.path.join(PROJECT, "roles")
+
+
+# A plain environment only to find the variables a template reads (jinja2.meta): it renders nothing.
+_PARSER = jinja2.Environment()
+_MISSING = object()
 
 
 def _problem(role, name, found, expected, fix):
@@ -63,6 +71,64 @@ class ActionModule(ControllerAction):
         if key not in memo:
             memo[key] = ArgumentSpecValidator(spec).validate(values)
         return memo[key]
+
+    def _rendered(self, templar, raw, variables):
+        """``raw`` rendered with one node's ``variables``; once per task for the same template and the same values
+        of every variable it reads (through the templates it reads), as most nodes of a cluster share them: plain
+        values by value, lists and mappings (``groups``, shared by every node) by identity, each held by the memo
+        so that no other object takes its identity."""
+        keep = []
+        key = self._render_key(raw, variables, keep) if isinstance(raw, str) else None
+        memo = self.__dict__.setdefault("_rendered_memo", {})
+        if key is not None and key in memo:
+            return memo[key][0]
+        value = templar.template(raw)
+        if key is not None:
+            memo[key] = (value, keep)
+        return value
+
+    def _render_key(self, text, variables, keep, depth=0):
+        """What the rendering of the template ``text`` depends on: ``text`` and the value of every variable it
+        reads (a template by its own key, a list or a mapping that holds no template by identity, added to
+        ``keep``); None when that cannot be told."""
+        names = self._references(text)
+        if names is None or depth > 8:
+            return None
+        key = [text]
+        for name in sorted(names):
+            value = variables.get(name, _MISSING)
+            if value is _MISSING:
+                key.append((name,))
+            elif isinstance(value, str) and self._templar.is_possibly_template(value):
+                inner = self._render_key(value, variables, keep, depth + 1)
+                if inner is None:
+                    return None
+                key.append((name, inner))
+            elif value is None or isinstance(value, (str, int, float, bool)):
+                key.append((name, type(value).__name__, value))
+            elif not self._holds_template(value):
+                keep.append(value)
+                key.append((name, "id", id(value)))
+            else:
+                return None
+        return tuple(key)
+
+    def _holds_template(self, value):
+        """Whether the list or mapping ``value`` holds a template (it renders per node), looked at once per task."""
+        memo = self.__dict__.setdefault("_holds_memo", {})
+        if id(value) not in memo:
+            memo[id(value)] = (_templated(self._templar, value), value)
+        return memo[id(value)][0]
+
+    def _references(self, text):
+        """The variables the template ``text`` reads (jinja2's own analysis, once per text), or None."""
+        memo = self.__dict__.setdefault("_references_memo", {})
+        if text not in memo:
+            try:
+                memo[text] = frozenset(jinja2.meta.find_undeclared_variables(_PARSER.parse(str(text))))
+            except jinja2.TemplateError:
+                memo[text] = None
+        return memo[text]
 
     def _unknown(self, task_vars, settings, errors):
         """Variables with a role's prefix that nothing reads: added to ``errors``, or returned as warnings under
@@ -134,7 +200,8 @@ class ActionModule(ControllerAction):
                 continue
             all_defaults.update(loaded[role][0])
         # Role defaults are the lowest layer, as when the roles themselves run.
-        templar = self._templar.copy_with_new_env(available_variables=dict(all_defaults, **task_vars))
+        variables = dict(all_defaults, **task_vars)
+        templar = self._templar.copy_with_new_env(available_variables=variables)
         settings = {}
         for role, (defaults, options) in loaded.items():
             values = {}
@@ -145,7 +212,7 @@ class ActionModule(ControllerAction):
                     values[name] = raw
                     continue
                 try:
-                    values[name] = templar.template(raw)
+                    values[name] = self._rendered(templar, raw, variables)
                 except AnsibleError as exc:
                     errors.append(_problem(role, name, "cannot be rendered: %s" % str(exc).splitlines()[0],
                                            "a value or an expression over defined variables",

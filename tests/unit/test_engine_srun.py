@@ -370,3 +370,19 @@ def test_settings_of_every_node_are_rendered_and_checked_per_node_though_most_va
     assert [host for host in own if view.result(host, registers.SETTINGS).get("ok")] == ["gpu01", "gpu02"]
     [problem] = view.result("gpu03", registers.SETTINGS)["errors"]
     assert problem["name"] == "allreduce_iters" and "many" in problem["found"]
+
+
+def test_a_template_is_rendered_once_where_nodes_share_what_it_reads_and_again_where_they_differ():
+    from ansible.template import trust_as_template
+    action, _python = _settings_action({})
+    shared = {"groups": {"all": ["gpu01", "gpu02"]}, "names": [trust_as_template("{{ inventory_hostname }}")],
+              "port": 6000, "port_text": trust_as_template("{{ port + 1 }}")}
+    rendered = {}
+    for host in ("gpu01", "gpu02"):
+        variables = dict(shared, inventory_hostname=host)
+        templar = action._templar.copy_with_new_env(available_variables=variables)
+        rendered[host] = [action._rendered(templar, trust_as_template(text), variables) for text in (
+            "{{ groups['all'] | length }}", "{{ port_text }}", "{{ inventory_hostname }}", "{{ names }}")]
+    assert rendered == {"gpu01": [2, 6001, "gpu01", ["gpu01"]], "gpu02": [2, 6001, "gpu02", ["gpu02"]]}
+    # The first two once for both nodes; the host's name once per node; a list that holds a template never kept.
+    assert len(action._rendered_memo) == 4
