@@ -10,7 +10,8 @@ node whose ranks all were lost is unreachable; a rank with no record is ``missin
 
 from __future__ import annotations
 
-from preflight_node.gate_run import node_checks, py_spy_check
+from preflight_node.gate_run import node_checks
+from preflight_node.py_spy_choice import py_spy_check
 
 LAUNCHER = "srun (Slurm's tasks)"
 

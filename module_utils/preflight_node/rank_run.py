@@ -24,7 +24,8 @@ import signal
 import socket
 import uuid
 
-from .gate_run import (WORKER_NAME, _me, _watchers, build_env, check_params, find_py_spy, guarded, summarize_ranks,
+from .py_spy_choice import find_py_spy
+from .gate_run import (WORKER_NAME, _me, _watchers, build_env, check_params, guarded, summarize_ranks,
                        worker_args)
 from .lock import hold_for_call
 from .ops import as_user
