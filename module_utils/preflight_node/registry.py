@@ -62,6 +62,8 @@ CAPABILITIES = (
     _declare("allreduce", reader=True, local=True, stages=("single", "launch", "probes")),
     _declare("gpu_health", reader=True, local=True),
     _declare("fabric", reader=True, probe=True, after_job=True, local=True),
+    _declare("job_env", reader=True, local=True,
+             bringup=("Apply the job user's locked-memory limit", "Write the memlock limits drop-in")),
     _declare("kernel_debug", reader=True, probe=True, local=True,
              bringup=("Apply the kernel settings for debuggers", "Configure ptrace_scope and the extra sysctls")),
     _declare("core_dumps", reader=True, probe=True, local=True,
