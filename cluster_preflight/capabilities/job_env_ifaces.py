@@ -211,9 +211,9 @@ def _variable_problems(host, variable, item, nics, view, same_subnet, loopback_r
             elif same_subnet and peers["hosts"] > 1:
                 sharing = len(peers["networks"].get(str(parsed.network)) or ())
                 if sharing * 2 <= peers["hosts"]:
-                    problems.append("%s on %s is on %s, which %s of the %d nodes share" % (
-                        name, host, parsed.network, "none other" if sharing <= 1 else "only %d" % sharing,
-                        peers["hosts"]))
+                    problems.append("%s on %s is on %s, %s of the %d nodes" % (
+                        name, host, parsed.network, "where no other is" if sharing <= 1 else "where only %d are" %
+                        sharing, peers["hosts"]))
     return problems
 
 
