@@ -271,9 +271,12 @@ def memlock_check(host, facts, settings, rdma):
            "also LimitMEMLOCK=infinity in slurmd's unit (systemctl edit slurmd) and restart it" % (
                host, dropin, settings["job_env_memlock_value"], ", ".join(settings["job_env_memlock_domains"])))
     files_ok, files_text, conflicts = _files_part(memlock.get("limits"), settings)
+    lines = list(dict.fromkeys("'%s %s %s %s' at %s:%s" % (item["domain"], item["type"], item["item"],
+                                                          item["value"], item["file"], item["line"])
+                               for item in conflicts))
     if conflicts:
-        fix += "; remove or change %s (it wins over the drop-in)" % ", ".join(
-            "%s:%s" % (item["file"], item["line"]) for item in conflicts)
+        fix += "; remove or change %s (it wins over the drop-in)" % ", ".join(dict.fromkeys(
+            "%s:%s" % (item["file"], item["line"]) for item in conflicts))
     problems, parts = [], []
     if session is None:
         # A sandbox root (tests, bring-up of an image): no login session to open, the files say it all.
@@ -287,11 +290,7 @@ def memlock_check(host, facts, settings, rdma):
         parts.append("ulimit -l is %s (hard %s) in %s" % (session["soft"], session["hard"], session["how"]))
         if not _at_least(session["soft"], floor):
             problems.append("the login session's limit %s" % session["soft"])
-            parts.append("pam_limits files: %s" % files_text)
-            if conflicts:
-                parts.append("set by %s" % "; ".join("'%s %s %s %s' at %s:%s" % (
-                    item["domain"], item["type"], item["item"], item["value"], item["file"], item["line"])
-                    for item in conflicts))
+            parts.append("set by %s" % "; ".join(lines) if lines else "pam_limits files: %s" % files_text)
     slurm_problem, slurm_text = _slurm_part(memlock.get("slurm"), floor)
     parts.append(slurm_text)
     if slurm_problem:

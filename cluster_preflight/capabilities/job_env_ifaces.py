@@ -187,8 +187,8 @@ def _variable_problems(host, variable, item, nics, view, same_subnet, loopback_r
     """Each problem of one variable on ``host`` as text (empty: it names something usable)."""
     problems = []
     if item["named_missing"]:
-        problems.append("%s=%s names %s, which %s has no interface with an address by" % (
-            variable, item["spec"], ", ".join(item["named_missing"]), host))
+        problems.append("%s=%s: %s has no interface %s with an address" % (
+            variable, item["spec"], host, ", ".join(item["named_missing"])))
     if not item["used"] and not item["named_missing"]:
         problems.append("%s=%s matches no interface with an address on %s" % (variable, item["spec"], host))
     if item["down"]:

@@ -98,6 +98,14 @@ def _unanswered(host, name, answer, expected):
     return None
 
 
+def _own_address(answer, mine, node):
+    """The address to name in a fix: one the name already resolves to that the node holds, else the gate's."""
+    for address in (answer or {}).get("addresses") or []:
+        if not is_loopback(address) and mine is not None and str(_ip(address)) in mine:
+            return address
+    return node.get("node_addr") or "<its cluster address>"
+
+
 def hostname_check(host, facts, cluster):
     """``hostname``: the node's own hostname resolves, as the job user, first to an address the node holds, not to
     loopback (unless the gate itself runs this node over loopback)."""
@@ -106,10 +114,10 @@ def hostname_check(host, facts, cluster):
     expected = "%s resolves on %s, as the job user, first to an address of its own that peers reach (not loopback)" \
         % (name, host)
     answer = (facts.get("names") or {}).get(name)
-    address = node.get("node_addr") or "<its cluster address>"
-    fix = ("on %s: make %s resolve to its cluster address first, e.g. the line '%s %s' in /etc/hosts before any "
+    mine = held(_node_facts(cluster, host, "nic_discovery"))
+    fix = ("on %s: make %s resolve to its cluster address first, e.g. the line '%s %s' in /etc/hosts, and no "
            "'127.0.1.1 %s' line (remove that one), or the cluster DNS; or name the interface in the jobs' "
-           "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME" % (host, name, address, name, name))
+           "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME" % (host, name, _own_address(answer, mine, node), name, name))
     early = _unanswered(host, name, answer, expected)
     if early:
         return early
@@ -118,7 +126,6 @@ def hostname_check(host, facts, cluster):
                       "error' / 'Unable to find address'" % (name, host, facts.get("job_user"), answer.get("error")),
                       expected, fix)
     found = "%s resolves on %s as %s to %s" % (name, host, facts.get("job_user"), ", ".join(answer["addresses"][:4]))
-    mine = held(_node_facts(cluster, host, "nic_discovery"))
     # gloo binds the first address it can: a loopback one, or one an interface of the node holds.
     bound = next((address for address in answer["addresses"]
                   if is_loopback(address) or mine is None or str(_ip(address)) in mine), None)

@@ -90,7 +90,7 @@ def test_interfaces_every_node_has_pass(env):
 
 
 @pytest.mark.parametrize("env, changes, words", [
-    ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": None}, "GLOO_SOCKET_IFNAME=fab1 names fab1, which pfn2 has no "),
+    ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": None}, "GLOO_SOCKET_IFNAME=fab1: pfn2 has no interface fab1 with an address"),
     ({"NCCL_SOCKET_IFNAME": "=fab1"}, {"fab1": None}, "matches no interface with an address on pfn2"),
     ({"NCCL_SOCKET_IFNAME": "ib"}, {}, "matches no interface with an address on pfn2"),
     ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": nic("198.19.71.2/24", up=False)}, "selects fab1, DOWN on pfn2"),
