@@ -106,7 +106,7 @@ def validate(settings):
     for name in ("job_env_shm_mb_per_gpu", "job_env_shm_min_mb"):
         if settings[name] < 0:
             problems.append(_problem(name, settings[name], "0 MiB or more", "set %s to 0 or a size in MiB" % name))
-    for name in ("job_env_shm_path", "job_env_root", "job_env_proc_root"):
+    for name in ("job_env_shm_path", "job_env_root", "job_env_proc_root", "job_env_sysfs_root"):
         if not str(settings[name] or "").startswith("/"):
             problems.append(_problem(name, settings[name], "an absolute path", "leave %s at its default" % name))
     if settings["job_env_task_timeout"] < 1:
@@ -126,6 +126,7 @@ def read_args(settings, node):
         "master_name": str(settings["job_env_master_name"] or ""),
         "shm_path": settings["job_env_shm_path"],
         "proc_root": settings["job_env_proc_root"],
+        "sysfs_root": settings["job_env_sysfs_root"],
         "root": settings["job_env_root"],
         "limits": {"path": settings["job_env_memlock_dropin"], "limits_conf": limits.LIMITS_CONF,
                    "limits_dir": limits.LIMITS_DIR, "pam_dir": limits.PAM_DIR},
@@ -254,7 +255,7 @@ def _files_part(limits_facts, settings):
 
 def memlock_check(host, facts, settings, rdma):
     """``memlock``: on RDMA nodes, the job user's locked-memory limit in a login session and what Slurm gives its
-    jobs, unlimited or at least ``job_env_memlock_min``.  ``rdma`` None: not known (bring-up reads no interfaces),
+    jobs, unlimited or at least ``job_env_memlock_min``.  ``rdma`` None: not known,
     then the limit bring-up writes is judged."""
     wanted = str(settings["job_env_memlock_min"])
     floor = _memlock_value(wanted)
@@ -307,11 +308,13 @@ def memlock_check(host, facts, settings, rdma):
     return passed(found, expected)
 
 
-def _rdma(cluster, host):
-    """Whether ``host`` has an RDMA device: True/False from nic_discovery's or fabric's facts, None when neither
-    was read (bring-up's audit)."""
+def _rdma(cluster, host, facts):
+    """Whether ``host`` has an RDMA device: from fabric's or nic_discovery's facts (what the gate judges the fabric
+    by), else from the devices job_env's own reader listed (bring-up's audit reads no interfaces); None when
+    nothing says."""
     if _other(cluster, host, "fabric") is None and _other(cluster, host, "nic_discovery") is None:
-        return None
+        listed = facts.get("rdma_devices")
+        return None if listed is None else bool(listed)
     return has_rdma(cluster, host)
 
 
@@ -327,7 +330,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
     env = job_env(settings)
     node = ((cluster or {}).get("nodes") or {}).get(host) or {}
     peers_rdma = [other for other in rdma_hosts(cluster) if other != host]
-    rdma = _rdma(cluster, host)
+    rdma = _rdma(cluster, host, facts)
     return {
         "hostname": names.hostname_check(host, facts, cluster),
         "master_name": names.master_check(host, facts, cluster),

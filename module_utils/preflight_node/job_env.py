@@ -220,6 +220,15 @@ def read_memlock(args, ops, account):
 # ---------------------------------------------------------------------------------------------
 # read (node)
 
+def rdma_devices(sysfs_root):
+    """The RDMA devices of the node (``<sysfs_root>/class/infiniband``), sorted; what bring-up's audit knows of the
+    fabric (the gate's own judgement uses the fabric and nic_discovery facts)."""
+    try:
+        return sorted(os.listdir(os.path.join(sysfs_root, "class", "infiniband")))
+    except OSError:
+        return []
+
+
 def read(args, ops):
     """The names, /dev/shm and the locked-memory limits of this node, in the job user's context (pure reads)."""
     account = job_account(ops)
@@ -235,5 +244,6 @@ def read(args, ops):
         "names": names,
         "shm": read_shm(args["shm_path"], args["proc_root"], account),
         "memlock": read_memlock(args, ops, account),
+        "rdma_devices": rdma_devices(args.get("sysfs_root") or "/sys"),
         "privileged": privileged(),
     }

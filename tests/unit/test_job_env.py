@@ -450,14 +450,20 @@ def test_a_floor_in_kib_passes_a_limit_above_it():
     assert check["memlock"]["status"] == "pass"
 
 
-def test_without_interface_facts_bring_ups_audit_judges_the_files():
+@pytest.mark.parametrize("listed, status", [(["mlx5_0"], "fail"), ([], "not_applicable"), (None, "fail")])
+def test_without_interface_facts_bring_ups_audit_judges_the_files(listed, status):
+    """Bring-up's audit reads no interfaces: the RDMA devices job_env's reader listed say whether memlock matters;
+    a reader that listed nothing (older facts) judges what bring-up writes."""
     memlock = {"session": None, "limits": limits_facts(), "slurm": {"slurmd": False}}
     cluster = healthy_cluster()
-    cluster["facts"][HOST] = node_facts(HOST, memlock=memlock)
+    cluster["facts"][HOST] = node_facts(HOST, memlock=memlock, rdma_devices=listed)
     cluster["node_facts"] = {}
     check = decide(HOST, cluster)["memlock"]
-    assert check["status"] == "fail" and "does not exist" in check["found"]
-    assert decide(HOST, cluster, job_env_memlock_dropin_enabled=False)["memlock"]["status"] == "not_applicable"
+    assert check["status"] == status
+    if status == "fail":
+        assert "does not exist" in check["found"]
+    if listed is None:
+        assert decide(HOST, cluster, job_env_memlock_dropin_enabled=False)["memlock"]["status"] == "not_applicable"
 
 
 # --- what Slurm propagates ----------------------------------------------------------------------------------------

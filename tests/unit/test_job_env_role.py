@@ -30,6 +30,8 @@ def sandbox(tmp_path):
     write(root, "/etc/security/limits.conf", "# site limits\n*  soft  nofile  65536\n")
     write(root, "/etc/pam.d/runuser", "session required pam_limits.so\n")
     os.makedirs(str(root / "etc/security/limits.d"))
+    # An RDMA node: bring-up's audit judges memlock where /sys/class/infiniband lists a device.
+    os.makedirs(str(root / "sys/class/infiniband/mlx5_0"))
     return root
 
 
@@ -59,7 +61,7 @@ def play(tmp_path, root, check=False, **extra):
 def audit(root):
     """memlock as bring-up's audit judges it: job_env's reader on the sandbox, no interface facts."""
     chosen = role_settings("job_env", job_env_root=str(root), job_env_proc_root=str(root / "proc"),
-                           job_env_master_name="", preflight_job_env={})
+                           job_env_sysfs_root=str(root / "sys"), job_env_master_name="", preflight_job_env={})
     facts = json.loads(json.dumps(job_env.read(controller.read_args(chosen, {"name": "localhost"}), FakeOps())))
     assert facts["memlock"]["session"] is None, "a sandbox root opens no login session"
     return controller.decide("localhost", facts, chosen, cluster={"hosts": ["localhost"], "nodes": {},
@@ -99,6 +101,12 @@ def test_a_later_file_that_lowers_memlock_is_named_by_the_audit(tmp_path):
     check = audit(root)["memlock"]
     assert check["status"] == "fail" and "99-site.conf" in check["found"], check
     assert "remove or change /etc/security/limits.d/99-site.conf:1" in check["fix"]
+
+
+def test_a_node_without_rdma_has_no_memlock_to_audit(tmp_path):
+    root = sandbox(tmp_path)
+    os.rmdir(str(root / "sys/class/infiniband/mlx5_0"))
+    assert audit(root)["memlock"]["status"] == "not_applicable"
 
 
 def test_the_drop_in_switch_writes_nothing(tmp_path):
