@@ -347,10 +347,16 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
     return args
 
 
+# The job environment's variables the gate's run does not take: its logs are what the gate diagnoses from (NCCL's
+# INFO lines name the transport; a debug file would take them out of the rank logs).  allreduce_env may set them.
+GATE_LOGGING = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+
+
 def gate_env(settings):
-    """The environment of the gate's ranks: the jobs' own (``preflight_job_env``), under ``allreduce_env``, which
-    wins for the gate's run."""
-    env = {str(key): str(value) for key, value in (settings.get("preflight_job_env") or {}).items()}
+    """The environment of the gate's ranks: the jobs' own (``preflight_job_env``, but its logging), under
+    ``allreduce_env``, which wins for the gate's run."""
+    env = {str(key): str(value) for key, value in (settings.get("preflight_job_env") or {}).items()
+           if str(key) not in GATE_LOGGING}
     env.update(settings.get("allreduce_env") or {})
     return env
 

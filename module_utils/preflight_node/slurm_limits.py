@@ -13,6 +13,7 @@ slurmd, a slurm.conf that cannot be read) is a fact.
 from __future__ import annotations
 
 import os
+import stat
 
 # The limit names of PropagateResourceLimits (slurm.conf(5)).
 LIMITS = ("AS", "CORE", "CPU", "DATA", "FSIZE", "MEMLOCK", "NOFILE", "NPROC", "RSS", "STACK")
@@ -25,7 +26,8 @@ def _read(path, limit=1 << 20):
 
 
 def slurmd_pids(proc_root):
-    """The pids of every process named ``slurmd`` (its ``comm``)."""
+    """The pids of every process named ``slurmd`` (its ``comm``) that root runs: any account can name a process
+    slurmd, and what root reads next (its slurm.conf) must not be a path another account chose."""
     pids = []
     try:
         names = os.listdir(proc_root)
@@ -38,7 +40,11 @@ def slurmd_pids(proc_root):
             comm = _read(os.path.join(proc_root, name, "comm"), 64).decode("utf-8", "replace").strip()
         except OSError:
             continue
-        if comm == "slurmd":
+        try:
+            owner = os.stat(os.path.join(proc_root, name)).st_uid
+        except OSError:
+            continue
+        if comm == "slurmd" and owner == 0:
             pids.append(int(name))
     return sorted(pids)
 
@@ -98,6 +104,22 @@ def _rooted(root, path):
     return os.path.join(root, path.lstrip("/")) if root and root != "/" else path
 
 
+def _read_conf(path):
+    """The text of slurm.conf at ``path``: a regular file root owns (never a FIFO that would hang the read, nor a
+    file another account could have put there), else OSError saying why."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(descriptor)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(0, "not a regular file")
+        if info.st_uid != 0:
+            raise OSError(0, "owned by uid %d, not root" % info.st_uid)
+        with os.fdopen(os.dup(descriptor), "rb") as handle:
+            return handle.read(1 << 20).decode("utf-8", "replace")
+    finally:
+        os.close(descriptor)
+
+
 def parse_propagation(text):
     """``{propagate, except, memlock}`` from slurm.conf text: the two settings (keys are case-insensitive, the
     last one wins) and whether MEMLOCK is propagated (ALL when neither is set)."""
@@ -135,7 +157,7 @@ def read(proc_root, candidates, root="/"):
     if conf:
         facts["conf"] = conf
         try:
-            text = _read(_rooted(root, conf)).decode("utf-8", "replace")
+            text = _read_conf(_rooted(root, conf))
         except OSError as exc:
             facts["conf_error"] = "%s cannot be read: %s" % (conf, exc.strerror or exc)
         else:

@@ -494,3 +494,24 @@ def test_slurmds_own_limit_and_conf_are_read_from_proc(tmp_path):
     assert facts["slurmd"] and facts["pid"] == 812 and (facts["soft"], facts["hard"]) == ("64", "64")
     assert facts["conf"] == conf and facts["propagation"]["memlock"] is False
     assert slurm_limits.read(str(tmp_path / "none"), [])["slurmd"] is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another account needs root")
+def test_a_process_another_account_named_slurmd_leads_root_nowhere(tmp_path):
+    """Any account can name a process slurmd: root reads the limits and slurm.conf of root's slurmd alone, and a
+    slurm.conf that is not a regular file root owns (a FIFO would hang the read) is refused, not read."""
+    proc = tmp_path / "proc"
+    write(proc, "/700/comm", "slurmd\n")
+    write(proc, "/700/cmdline", "slurmd\0-f\0/home/mallory/fifo\0")
+    os.chown(str(proc / "700"), 65534, 65534)
+    assert slurm_limits.read(str(proc), [])["slurmd"] is False
+    fifo = str(tmp_path / "slurm.fifo")
+    os.mkfifo(fifo)
+    write(proc, "/812/comm", "slurmd\n")
+    write(proc, "/812/cmdline", "slurmd\0-f\0%s\0" % fifo)
+    facts = slurm_limits.read(str(proc), [])
+    assert facts["slurmd"] and facts["propagation"] is None and "not a regular file" in facts["conf_error"]
+    theirs = write(tmp_path, "/etc/slurm/theirs.conf", "PropagateResourceLimits=NONE\n")
+    os.chown(theirs, 65534, 65534)
+    write(proc, "/812/cmdline", "slurmd\0-f\0%s\0" % theirs)
+    assert "not root" in slurm_limits.read(str(proc), [])["conf_error"]

@@ -184,9 +184,13 @@ def test_no_job_environment_leaves_nobody_out():
 
 
 def test_the_gates_ranks_run_with_the_job_environment_and_allreduce_env_wins():
-    settings = {"preflight_job_env": {"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN", "NCCL_IB_GID_INDEX": 3},
-                "allreduce_env": {"NCCL_DEBUG": "INFO"}}
-    assert allreduce.gate_env(settings) == {"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "INFO", "NCCL_IB_GID_INDEX": "3"}
+    settings = {"preflight_job_env": {"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN", "NCCL_IB_GID_INDEX": 3,
+                                      "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p", "GLOO_SOCKET_IFNAME": "fab1"},
+                "allreduce_env": {"GLOO_SOCKET_IFNAME": "fab0"}}
+    # The gate's logs stay its own (its diagnosis reads them); allreduce_env wins over the job's.
+    assert allreduce.gate_env(settings) == {"NCCL_IB_HCA": "mlx5", "NCCL_IB_GID_INDEX": "3",
+                                            "GLOO_SOCKET_IFNAME": "fab0"}
+    assert allreduce.gate_env(dict(settings, allreduce_env={"NCCL_DEBUG": "TRACE"}))["NCCL_DEBUG"] == "TRACE"
     assert allreduce.gate_env({"allreduce_env": {}}) == {}
 
 
