@@ -24,7 +24,7 @@ description:
   - Optionally runs C(gdb -batch -ex 'thread apply all bt') on the newest core file in O(core_dir), bounded by
     O(core_timeout).
   - Only reads. The controller (action C(preflight_diagnose)) groups the ranks of every node by the innermost
-    frame of their main thread and names the suspects (C(cluster_preflight/diagnosis.py)). The node side is in
+    frame of their main thread and names the suspects (C(cluster_preflight/stages/diagnosis.py)). The node side is in
     C(module_utils/preflight_node/diagnose.py).
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.no_change]
@@ -55,7 +55,8 @@ options:
         project's venv. Another is not run and RV(refused) says so.
     type: path
   core_dir:
-    description: Directory holding core files; the newest one matching O(core_glob) gets a gdb backtrace. Empty for none.
+    description: Directory holding core files; the newest one matching O(core_glob) gets a gdb backtrace. Empty for
+    none.
     type: path
   core_glob:
     description: Shell pattern of the core file names in O(core_dir).
@@ -114,7 +115,8 @@ processes:
     - One entry per process found, sorted by pid, with pid, ppid, state (C(/proc) letter) and state_name, role
       (C(launcher), C(rank), C(child)), launcher, rank, local_rank, world_size, uid, user, cmdline, env (only the
       torch launchers' rank variables) and env_readable.
-    - For a launcher or a rank also frame (innermost Python frame of the main thread, as py-spy prints it), native_frame,
+    - For a launcher or a rank also frame (innermost Python frame of the main thread, as py-spy prints it),
+    native_frame,
       thread, dump_error, dump_finished, dump_user (who py-spy ran as), dump_native and stack (py-spy's text).
   returned: always
   type: list
@@ -140,7 +142,7 @@ refused:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.diagnose import read, user_uid, validate
-from ansible.module_utils.preflight_node.ops import NodeOps
+from ansible.module_utils.preflight_node.host.ops import NodeOps
 
 
 def main():

@@ -14,7 +14,8 @@ short_description: Read every preflight capability's facts on a node in one call
 description:
   - Runs the reader (the C(read) function of C(module_utils/preflight_node/<capability>.py), registered in
     C(module_utils/preflight_node/readers.py)) of every capability named in O(capabilities) on the node and returns
-    their facts. No probe code is shipped with it (the node-local health check's call is C(preflight_local)). Readers only read (files under /proc, /sys, /etc; the
+    their facts. No probe code is shipped with it (the node-local health check's call is C(preflight_local)). Readers
+    only read (files under /proc, /sys, /etc; the
     training Python asked where torch is); nothing on the node changes.
   - Each reader is its own failure domain; one that raises is reported under RV(errors) with the exception and
     the others still run. The controller (C(preflight_decide)) turns facts into checks.
@@ -29,7 +30,7 @@ options:
   lock:
     description:
       - The gate's run lock, C({dir, run_id, controller, controller_pid, controller_start, user, lease_seconds,
-        live_runs, take_over}) from the C(inputs) decision (C(module_utils/preflight_node/lock.py)). Taken before
+        live_runs, take_over}) from the C(inputs) decision (C(module_utils/preflight_node/host/lock.py)). Taken before
         anything is read - a lease file (0600, never through a link) in C(dir), a directory of root's alone, named
         after the node's hostname, written under C(flock); it reaches C(lease_seconds) ahead (this call's bound plus
         the controller's slack) and each later node call of the run renews it.

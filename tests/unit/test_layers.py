@@ -49,7 +49,7 @@ def test_node_code_imports_its_own_package_relatively():
     """Inside the node package an absolute import of itself would name a package a node may not have
     under that name; relative imports work as shipped and as installed."""
     offenders = []
-    for path in glob.glob(os.path.join(ROOT, "module_utils", "preflight_node", "*.py")):
-        offenders += ["%s: %s" % (os.path.basename(path), name) for name in imported_modules(path)
+    for path in glob.glob(os.path.join(ROOT, "module_utils", "preflight_node", "**", "*.py"), recursive=True):
+        offenders += ["%s: %s" % (os.path.relpath(path, ROOT), name) for name in imported_modules(path)
                       if name.startswith(("preflight_node", "ansible.module_utils.preflight_node"))]
     assert not offenders, offenders

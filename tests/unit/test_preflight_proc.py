@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from preflight_node import proc
+from preflight_node.host import proc
 
 # A parent that starts a grandchild in a new session (as torchrun does) and sleeps.
 SPAWNER = r"""
