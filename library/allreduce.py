@@ -106,10 +106,8 @@ options:
     default: ""
   lock:
     description:
-      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/stages/run_lock.py)), renewed before
-      the
-        launch (C(module_utils/preflight_node/host/lock.py)) to cover it; the task fails, starting nothing, when another
-        run
+      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/stages/run_lock.py)), renewed before the
+        launch (C(module_utils/preflight_node/host/lock.py)) to cover it; the task fails, starting nothing, when another run
         took the node over. Empty (the default) touches no lock.
     type: dict
     default: {}
@@ -205,8 +203,7 @@ options:
     type: bool
     default: false
   results_file:
-    description: Where the background run writes its result; C(~/.ansible_async/preflight-allreduce-<id>.json) by
-    default.
+    description: Where the background run writes its result; C(~/.ansible_async/preflight-allreduce-<id>.json) by default.
     type: path
 attributes:
   check_mode:
@@ -285,8 +282,7 @@ log:
   type: str
 rank_logs:
   description:
-    - "The head and tail (O(rank_log_max_bytes) in all) of each rank's own log file as torchrun wrote it under
-    C(--log-dir), so the
+    - "The head and tail (O(rank_log_max_bytes) in all) of each rank's own log file as torchrun wrote it under C(--log-dir), so the
       controller can keep them with the run: rank, local_rank, stream (C(stdout) or C(stderr)), attempt, name
       (a file name such as C(rank1.stderr.log)), bytes (the file's full size), truncated, text."
     - "A file or directory the module would not read (a link, not the ranks' user's, more than one link) has

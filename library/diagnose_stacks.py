@@ -55,8 +55,7 @@ options:
         project's venv. Another is not run and RV(refused) says so.
     type: path
   core_dir:
-    description: Directory holding core files; the newest one matching O(core_glob) gets a gdb backtrace. Empty for
-    none.
+    description: Directory holding core files; the newest one matching O(core_glob) gets a gdb backtrace. Empty for none.
     type: path
   core_glob:
     description: Shell pattern of the core file names in O(core_dir).
@@ -115,8 +114,7 @@ processes:
     - One entry per process found, sorted by pid, with pid, ppid, state (C(/proc) letter) and state_name, role
       (C(launcher), C(rank), C(child)), launcher, rank, local_rank, world_size, uid, user, cmdline, env (only the
       torch launchers' rank variables) and env_readable.
-    - For a launcher or a rank also frame (innermost Python frame of the main thread, as py-spy prints it),
-    native_frame,
+    - For a launcher or a rank also frame (innermost Python frame of the main thread, as py-spy prints it), native_frame,
       thread, dump_error, dump_finished, dump_user (who py-spy ran as), dump_native and stack (py-spy's text).
   returned: always
   type: list

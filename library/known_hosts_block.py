@@ -181,8 +181,7 @@ import socket
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.host.files import refuse_symlinks, write_atomic
 from ansible.module_utils.preflight_node.ssh.known_hosts_plan import join_block, plan_block, sha256_text
-from ansible.module_utils.preflight_node.ssh.primitives import (MARKER, SshTrustError, markers, read_text, rooted,
-                                                                split_block)
+from ansible.module_utils.preflight_node.ssh.primitives import MARKER, SshTrustError, markers, read_text, rooted, split_block
 from ansible.module_utils.preflight_node.ssh.checks import known_hosts_check
 
 

@@ -86,10 +86,8 @@ options:
     default: false
   lock:
     description:
-      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/stages/run_lock.py)), renewed before
-      anything
-        else (C(module_utils/preflight_node/host/lock.py)); the task fails, probing nothing, when another run took the
-        node
+      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/stages/run_lock.py)), renewed before anything
+        else (C(module_utils/preflight_node/host/lock.py)); the task fails, probing nothing, when another run took the node
         over. Empty (the default) touches no lock.
     type: dict
     default: {}

@@ -14,8 +14,7 @@ short_description: Read every preflight capability's facts on a node in one call
 description:
   - Runs the reader (the C(read) function of C(module_utils/preflight_node/<capability>.py), registered in
     C(module_utils/preflight_node/readers.py)) of every capability named in O(capabilities) on the node and returns
-    their facts. No probe code is shipped with it (the node-local health check's call is C(preflight_local)). Readers
-    only read (files under /proc, /sys, /etc; the
+    their facts. No probe code is shipped with it (the node-local health check's call is C(preflight_local)). Readers only read (files under /proc, /sys, /etc; the
     training Python asked where torch is); nothing on the node changes.
   - Each reader is its own failure domain; one that raises is reported under RV(errors) with the exception and
     the others still run. The controller (C(preflight_decide)) turns facts into checks.

@@ -24,8 +24,7 @@ description:
     node fault from a network fault; round 3 runs only if still ambiguous. Each launch is the C(allreduce) module
     with its own hard timeout and its own master port (above the run's C(allreduce_master_port)).
   - When every pair passed (every node proven good) but the all-node run did not, from 6 nodes the group rounds
-    (C(cluster_preflight/capabilities/allreduce/groups.py)) bisect by substitution - halves run at once, the failing
-    half's nodes halved
+    (C(cluster_preflight/capabilities/allreduce/groups.py)) bisect by substitution - halves run at once, the failing half's nodes halved
     again and padded with proven nodes to the failing group's size - and name the node of a fault that shows only in
     a large group (kind C(group)), retested once in one more such group; the steps go through the same
     C(first_args_by_host) and C(second_args_by_host) as the pair rounds.
@@ -77,8 +76,7 @@ round:
 steps_max:
   description:
     - The most steps the localisation may plan - three node rounds, the retest's two steps and three GPU rounds, or
-      the node rounds and the group rounds C(cluster_preflight/capabilities/allreduce/groups.py) can take for this many
-      nodes.
+      the node rounds and the group rounds C(cluster_preflight/capabilities/allreduce/groups.py) can take for this many nodes.
       C(localize_round.yml) includes itself until C(done); a plan past this ends the localisation with
       C(allreduce.localize_error) on every node (a defect), so the run always reaches its verdict.
   returned: when needed
@@ -97,8 +95,7 @@ second_args_by_host:
   type: dict
 retest_first_args_by_host:
   description:
-    - Node to C(allreduce) arguments of the retest's first step (C(cluster_preflight/capabilities/allreduce/retest.py))
-    - a node the
+    - Node to C(allreduce) arguments of the retest's first step (C(cluster_preflight/capabilities/allreduce/retest.py)) - a node the
       rounds named for a slow or failed run paired with a node proven good. Only in the round that retests.
   returned: when a node is retested
   type: dict

@@ -29,8 +29,7 @@ options:
     type: str
   renew:
     description:
-      - This run's lock arguments with C(lease_seconds) (the localisation's C(lock),
-      C(cluster_preflight/stages/run_lock.py));
+      - This run's lock arguments with C(lease_seconds) (the localisation's C(lock), C(cluster_preflight/stages/run_lock.py));
         the lease is renewed to at least now plus C(lease_seconds) and nothing is removed. Fails when another run
         took the node over (RV(lock) says which).
     type: dict

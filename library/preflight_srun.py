@@ -17,8 +17,7 @@ description:
     O(call) as one C(srun) step over every node it concerns - the same node-side code the ssh engine's module runs
     (C(module_utils/preflight_node/srun_task.py), from an archive sent with C(sbcast)), its JSON result collected
     per node (C(cluster_preflight/engine/srun.py)).
-  - All-reduce launches run one task per rank started by Slurm
-  (C(module_utils/preflight_node/allreduce_run/rank_run.py)); every
+  - All-reduce launches run one task per rank started by Slurm (C(module_utils/preflight_node/allreduce_run/rank_run.py)); every
     launch of a localisation step runs in one step, each pair its own process group; the confirmation run
     excludes the named nodes (C(--exclude)).
   - Every step is bounded (the controller stops C(srun) at the call's bound, reaped within seconds; C(--time) is

@@ -62,8 +62,7 @@ EXAMPLES = r"""
 RETURN = r"""
 outputs:
   description:
-    - File name to path of what other tools read, written next to the verdict before it
-    (cluster_preflight/outputs/formats.py)
+    - File name to path of what other tools read, written next to the verdict before it (cluster_preflight/outputs/formats.py)
       C(junit.xml) (one test case per node and check), C(preflight.prom) (node_exporter textfile format),
       C(hostfile) (C(host slots=N) of the healthy nodes), C(hosts.txt) and C(hosts.csv).
   returned: when the verdict was written

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 import known_hosts_block
-from cluster_preflight.capabilities.ssh_trust import plan as ssh_trust_plan
+from cluster_preflight.capabilities.ssh_trust import cluster_plan as ssh_trust_plan
 from preflight_node.ssh import primitives as ps
 from preflight_node.ssh import mesh as psm
 from preflight_node.ssh import sshd as psd

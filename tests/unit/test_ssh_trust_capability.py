@@ -11,7 +11,7 @@ import pytest
 import known_hosts_block
 from preflight_node import checks as pc
 from cluster_preflight.capabilities import ssh_trust as st
-from cluster_preflight.capabilities.ssh_trust import plan as ssh_trust_plan, settings as ssh_trust_settings
+from cluster_preflight.capabilities.ssh_trust import cluster_plan as ssh_trust_plan, settings as ssh_trust_settings
 from preflight_node.ssh import known_hosts_plan, primitives as ps
 from preflight_node.capabilities import ssh_trust as node_st
 from fake_ops import FakeOps

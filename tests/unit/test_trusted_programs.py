@@ -271,7 +271,7 @@ def test_the_interpreters_own_venv_is_root_s_place_also_without_site(tmp_path):
     the venv the interpreter lives in is still the one its programs (py-spy next to it) may come from."""
     module_utils = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "module_utils")
-    code = "import sys; sys.path.insert(0, %r); from preflight_node import trust; print(trust.own_venv())" % module_utils
+    code = "import sys; sys.path.insert(0, %r); from preflight_node.host import ownership; print(ownership.own_venv())" % module_utils
     venv = os.path.realpath(os.path.dirname(os.path.dirname(sys.executable)))
     plain = subprocess.run([os.path.join(venv, "bin", "python"), "-I", "-S", "-c", code], capture_output=True,
                            text=True, timeout=60, check=True).stdout.strip()

@@ -30,7 +30,7 @@ from preflight_node.capabilities import ssh_trust as node_half
 from .checks import (_client_dropin_check, _cluster_key_check, _host_key_unchanged_check, _hostname_check,
                      _known_hosts_decision, _names_check, _served_check, _ssh_dirs_check)
 from .mesh import _inbound_check, _mesh_checks
-from .plan import _analysis, mesh_peers
+from .cluster_plan import _analysis, mesh_peers
 from .settings import (COMMENT, DEFAULTS, DROPIN, KEY_NAME, POLICIES, USER_NAME, _is_int, _port, as_bool, as_list,
                        setting)
 

@@ -16,7 +16,7 @@ from preflight_node.ssh.checks import BRINGUP, describe_sshd, known_hosts_check
 from preflight_node.ssh.keys_write import ssh_dir_refusal
 
 from .mesh import _mesh_view
-from .plan import ASSUMED_FIX, assumption, reported_names
+from .cluster_plan import ASSUMED_FIX, assumption, reported_names
 from .settings import _nodes, _summary, as_bool, as_list, policy, setting
 
 

@@ -12,7 +12,7 @@ from preflight_node.checks import check, failed, passed, skipped, warned, worst
 from preflight_node.ssh.checks import (LIST_LIMIT, LOGIN_FIX, NOT_LOGIN, _last_line, client_config_check, pdsh_check,
                                        peer_host_key_check, peer_login_check)
 
-from .plan import _settings
+from .cluster_plan import _settings
 from .settings import _port, _summary, as_bool, policy, setting
 
 _MEMO = {}

@@ -2,7 +2,7 @@
 """Planning the managed block of known_hosts (node layer, ``module_utils/preflight_node/ssh/known_hosts_plan.py``).
 
 The bring-up writer ``library/known_hosts_block.py`` and the controller half of ssh_trust
-(``cluster_preflight/capabilities/ssh_trust/plan.py``) plan the block here: :func:`normalize_entries`
+(``cluster_preflight/capabilities/ssh_trust/cluster_plan.py``) plan the block here: :func:`normalize_entries`
 validates the wanted nodes and keys, :func:`plan_block` works out the new block, :func:`join_block` puts it
 back into the file.  Reading and parsing known_hosts (and finding the block, :func:`split_block`) is in
 ``module_utils/preflight_node/ssh/primitives.py``, the part the ssh_trust reader ships.

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Capability ``ssh_trust``, controller half: the cluster plan over every node's facts.
 
-Controller layer (``cluster_preflight/capabilities/ssh_trust/plan.py``, never shipped): the names each
+Controller layer (``cluster_preflight/capabilities/ssh_trust/cluster_plan.py``, never shipped): the names each
 node is known by (the inventory only), the known-hosts entries and each node's block compared with
 them, the client drop-in, the mesh peers and the cluster key's public halves, computed once per
 cluster view (:func:`_analysis`) for ``plan`` and ``decide`` in ``cluster_preflight/capabilities/ssh_trust/``.
