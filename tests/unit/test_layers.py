@@ -53,3 +53,21 @@ def test_node_code_imports_its_own_package_relatively():
         offenders += ["%s: %s" % (os.path.relpath(path, ROOT), name) for name in imported_modules(path)
                       if name.startswith(("preflight_node", "ansible.module_utils.preflight_node"))]
     assert not offenders, offenders
+
+
+def test_pyproject_lists_every_package_of_both_layers():
+    """setuptools installs only the packages pyproject.toml names: a subpackage left out would be missing from a
+    non-editable install (and from the controller's imports) while every test here still passed."""
+    import tomllib  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as handle:
+        listed = set(tomllib.load(handle)["tool"]["setuptools"]["packages"])
+    found = set()
+    for top, name in (("cluster_preflight", "cluster_preflight"),
+                      (os.path.join("module_utils", "preflight_node"), "preflight_node")):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            if "__init__.py" in files:
+                relative = os.path.relpath(folder, os.path.join(ROOT, top))
+                found.add(name if relative == "." else "%s.%s" % (name, relative.replace(os.sep, ".")))
+    assert listed == found, "pyproject.toml packages: missing %s, extra %s" % (sorted(found - listed),
+                                                                              sorted(listed - found))
