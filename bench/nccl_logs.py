@@ -7,7 +7,8 @@ through ``allreduce_outcome.signature_check`` (every signature looked for, as af
 what the final decision does with each node's torchrun and rank logs.  The cause the check names (its primary
 finding; with a diagnosis that has none, its first finding that warns or fails) is compared with the file's
 expectation, ``<category>/<cause id>``: ``bench/nccl_logs_expected.py`` for ``../shared/nccl-logs``, or a JSON
-file ``{"<file name>": "<category>/<cause id>"}`` for another folder (``--expected``).
+file ``{"<file name>": "<category>/<cause id>"}`` for another folder (``--expected``), where ``healthy`` marks lines of
+a run that did not fail (naming any cause there is wrong).
 
 Prints one line per file (RIGHT, WRONG: another cause named, NOTHING: no cause named, NO-EXPECTATION) with the cause
 named, then a summary line.  Exit status 0 only when every file is right.  Use the project's venv:
@@ -29,6 +30,7 @@ from cluster_preflight.allreduce_outcome import signature_check  # noqa: E402
 HOST = "sample-node"
 OUTCOMES = ("right", "wrong", "nothing", "no expectation")
 TEXT_LIMIT = 160
+HEALTHY = "healthy"
 
 
 def logs(folder):
@@ -43,8 +45,9 @@ def load_expected(path):
         return dict(EXPECTED)
     with open(path) as handle:
         data = json.load(handle)
-    if not isinstance(data, dict) or not all(isinstance(value, str) and "/" in value for value in data.values()):
-        raise SystemExit("%s: expected a JSON object {file name: \"<category>/<cause id>\"}" % path)
+    if not isinstance(data, dict) or not all(isinstance(value, str) and ("/" in value or value == HEALTHY)
+                                             for value in data.values()):
+        raise SystemExit("%s: expected a JSON object {file name: \"<category>/<cause id>\" or \"healthy\"}" % path)
     return data
 
 
@@ -72,9 +75,13 @@ def diagnose(path, fabric):
     return signature_check(HOST, result, ["infiniband"] if fabric else None, "nccl", True)
 
 
-def judge(expected, category, cause):
+def judge(expected, cause):
+    """``right``, ``wrong``, ``nothing`` or ``no expectation``.  ``healthy``: lines of a run that did not fail
+    (no cause may be named: one named is ``wrong``, none is ``right``)."""
     if expected is None:
         return "no expectation"
+    if expected == HEALTHY:
+        return "wrong" if cause else "right"
     if cause is None:
         return "nothing"
     return "right" if expected.split("/", 1)[1] == cause else "wrong"
@@ -99,7 +106,7 @@ def main(argv=None):
         check = diagnose(path, args.fabric)
         category, cause, finding = named_cause(check)
         want = expected.get(name)
-        outcome = judge(want, category, cause)
+        outcome = judge(want, cause)
         counts[outcome] += 1
         named = "%s/%s" % (category, cause) if cause else "-"
         print("%-14s %-40s expected %-45s named %s" % (outcome.upper().replace(" ", "-"), name, want or "-", named))

@@ -30,7 +30,7 @@ EXPECTED = {
     "grmg11-port-leftover.log": "port/store_port_in_use",
     "mmdet2129-port-second-job.log": "port/store_port_in_use",
     # RoCE: the GID the queue pairs use does not reach the peer (retries exhausted).
-    "nccl426-roce-gid.log": "roce_gid/ib_retry_exceeded",
+    "nccl426-roce-gid.log": "roce_gid/nccl_ib_error_12",
     # Two ranks on one GPU (the job's own device selection).
     "dfine289-dup-gpu.log": "duplicate_gpu/duplicate_gpu",
     # GPUDirect RDMA broken by PCIe ACS (a local protection error on the completion queue).
