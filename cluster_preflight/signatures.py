@@ -83,6 +83,8 @@ def _lines(lines_or_text):
 def _strip_prefix(raw):
     """``(line, rank, local rank)``: the line without the launchers' prefixes, and the rank they name."""
     line, rank, local = raw.strip(), None, None
+    if not line.startswith("["):
+        return line, rank, local
     for regex in (_TEE_RE, _RANK_RE, _MPI_RE):
         found = regex.match(line)
         if found:
@@ -119,9 +121,16 @@ def _line_facts(line, found, nodes):
     return facts
 
 
-def _row_facts(sig, line, nodes):
-    """The line's facts for the first of the row's shapes that matches and satisfies its ``when``; else None."""
-    for regex in sig.regex:
+def _row_facts(sig, shapes, line, nodes):
+    """The line's facts for the first of the row's shapes that matches and satisfies its ``when``; else None.
+    ``shapes``: ``[(regex, keys)]``; a shape is searched only in a line holding one of its keys."""
+    for regex, keys in shapes:
+        if keys is not None:
+            for key in keys:
+                if key in line:
+                    break
+            else:
+                continue
         hit = regex.search(line)
         if hit:
             facts = _line_facts(line, hit, nodes)
@@ -145,25 +154,109 @@ def _has_fabric(need, fabric):
     return isinstance(fabric, (list, tuple, set)) and need in fabric
 
 
-def _walk_order(rows):
-    """Cause rows are tried first on every line, so the line's own facts win over a generic reading."""
-    return [row for row in rows if row.level == "cause"] + [row for row in rows if row.level != "cause"]
+_QUANTIFIERS = "?*{+"
+_META = ".^$*+?{}[]()|"
+_LITERAL_ESCAPES = ".()[]{}?*+|^$\\/-'\" <>=:,"
+
+
+def _branches(pattern):
+    """The top-level alternatives of a regular expression (``|`` outside groups and character classes)."""
+    parts, depth, start, index, in_class = [], 0, 0, 0, False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "|" and depth == 0:
+            parts.append(pattern[start:index])
+            start = index + 1
+        index += 1
+    return parts + [pattern[start:]]
+
+
+def _required(branch):
+    """The longest run of literal characters a match of ``branch`` must contain (outside groups, classes and
+    optional characters), or ``""``."""
+    runs, run, index, depth, in_class = [], [], 0, 0, False
+    while index < len(branch):
+        char, literal = branch[index], None
+        if char == "\\" and index + 1 < len(branch):
+            if depth == 0 and not in_class and branch[index + 1] in _LITERAL_ESCAPES:
+                literal = branch[index + 1]
+            width = 2
+        else:
+            width = 1
+            if in_class:
+                in_class = char != "]"
+            elif char == "[":
+                in_class = True
+            elif char == "(":
+                depth += 1
+            elif char == ")":
+                depth -= 1
+            elif depth == 0 and char not in _META:
+                literal = char
+        following = branch[index + width:index + width + 1]
+        if literal is not None and following and following in _QUANTIFIERS:
+            literal = None
+        if literal is None:
+            if char == "(" or char == "[" or depth or in_class or char in _META or char == "\\":
+                runs.append("".join(run))
+                run = []
+        else:
+            run.append(literal)
+        index += width
+    runs.append("".join(run))
+    return max(runs, key=len)
+
+
+def _keys(regex):
+    """Literals of which a line the shape matches contains at least one (one per top-level alternative); None when
+    an alternative requires none of 3 characters or more (the shape is then tried on every line)."""
+    if regex.flags & re.IGNORECASE:
+        return None
+    keys = [_required(branch) for branch in _branches(regex.pattern)]
+    return tuple(keys) if all(len(key) >= 3 for key in keys) else None
+
+
+_PLANS = {}
+
+
+def _plan(rows):
+    """``[(row, [(regex, keys)])]`` in the order rows are tried on a line: cause rows first, so the line's own facts
+    win over a generic reading (computed once per set of rows)."""
+    key = tuple(row.id for row in rows)
+    if key not in _PLANS:
+        ordered = [row for row in rows if row.level == "cause"] + [row for row in rows if row.level != "cause"]
+        _PLANS[key] = [(row, [(regex, _keys(regex)) for regex in row.regex]) for row in ordered]
+    return _PLANS[key]
 
 
 def _scan(lines, rows, nodes):
     """``(found, context)``: per row id, the first line it took (``line``, ``facts``, ``count``, ranks)."""
     found, context = {}, {}
-    walk = _walk_order(rows)
+    plan = _plan(rows)
+    # Only rows that write their text from facts read the log's context (a healthy run's transport rows do not).
+    with_context = any(callable(row.cause) or callable(row.fix) for row in rows)
     for source_rank, raw in lines:
         line, rank, local = _strip_prefix(raw)
         if not line:
             continue
-        _read_context(line, context)
+        if with_context:
+            _read_context(line, context)
         claimed = False
-        for sig in walk:
+        for sig, shapes in plan:
             if claimed and sig.level == "symptom":
                 continue
-            facts = _row_facts(sig, line, nodes)
+            facts = _row_facts(sig, shapes, line, nodes)
             if facts is None:
                 continue
             claimed = claimed or sig.level == "cause"

@@ -54,7 +54,9 @@ ROWS = (
         "the job's own device selection", "fail", "duplicate_gpu", level="cause"),
     sig("gpu_unavailable", (
         r"(?P<what>busy or unavailable|cudaErrorDevicesUnavailable)",
-        r"(?P<what>[Rr]eset [Rr]equired|requires? (?:a )?reset|NV_ERR_RESET_REQUIRED|GPU is lost|fallen off the bus)",
+        # nvidia-smi -q prints the field on every GPU ("Reset Required : No"): only a value other than No / N/A counts.
+        r"(?P<what>[Rr]eset [Rr]equired(?!\s*:\s*(?:No|N/A)\b)|requires? (?:a )?reset|NV_ERR_RESET_REQUIRED|GPU is lost|"
+        r"fallen off the bus)",
         r"(?P<what>uncorrectable ECC error encountered|cudaErrorECCUncorrectable)"),
         lambda facts: ("a GPU of this node is unusable ('%s'): in a reset-required state after an unrecoverable error "
                        "(NV_ERR_RESET_REQUIRED, Xid 79 / 74 / 48 / 94 / 95), fallen off the bus, or - for 'busy or "

@@ -204,7 +204,7 @@ ROWS = (
         r"[Nn]o (?:usable |socket |IP |listening |NCCL_SOCKET_IFNAME )*interfaces? (?:was )?found",
         r"connecting to address\s+with family (?P<family>\d+) is neither AF_INET",
         r"Socket creation failed\s*:\s*(?P<err>Address family not supported by protocol)",
-        r"(?:(?P<gloo_cond>\w+) != nullptr\.?\s*)?Unable to find address for:?\s*(?P<ifname>[^\s\]]+)"),
+        r"(?:(?P<gloo_cond>rp|ifa) != nullptr\.?\s*)?Unable to find address for:?\s*(?P<ifname>[^\s\]]+)"),
         _no_interface_cause, _no_interface_fix, "fail", "interface", level="cause",
         when=lambda facts: "ifname" not in facts or _gloo_interface(facts)),
     sig("address_family_mismatch", (
@@ -230,7 +230,7 @@ ROWS = (
     sig("name_unresolvable", (
         r"addresses of \((?P<name>[^,()]+), (?P<port>\d+)\) cannot be retrieved \(gai error: (?P<gai>-?\d+)"
         r"(?: - (?P<gai_text>[^)]+))?\)",
-        r"(?:(?P<gloo_cond>\w+) != nullptr\.?\s*)?Unable to find address for:?\s*(?P<name>[^\s\]]+)",
+        r"(?:(?P<gloo_cond>rp|ifa) != nullptr\.?\s*)?Unable to find address for:?\s*(?P<name>[^\s\]]+)",
         r"(?P<gai_text>Name or service not known|Temporary failure in name resolution|nodename nor servname provided|"
         r"Non-recoverable failure in name resolution|getaddrinfo failed)"),
         _unresolved_cause, _unresolved_fix, "fail", "name_resolution", level="cause",

@@ -101,6 +101,7 @@ SHAPED = {
     "gpu_unavailable": [
         "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
         "NVRM: GPU 0000:41:00.0: GPU has fallen off the bus.",
+        "        Reset Required                    : Yes",
     ],
     "cuda_driver_too_old": ["RuntimeError: The NVIDIA driver on your system is too old (found version 11040)."],
     "driver_library_mismatch": ["Failed to initialize NVML: Driver/library version mismatch"],
@@ -275,6 +276,12 @@ def test_the_info_lines_of_a_healthy_run_name_no_cause(name, fabric, nodes):
     assert all(finding["status"] == "pass" for finding in findings), findings
 
 
+@pytest.mark.parametrize("value", ["No", "N/A"])
+def test_nvidia_smi_fields_of_a_healthy_gpu_name_no_cause(value):
+    assert diagnose("        Reset Required                    : %s\n        Drain and Reset Recommended       : No"
+                    % value)[0] == []
+
+
 def test_facts_of_the_whole_log_and_the_ranks_of_a_finding_are_kept():
     text = [(None, "[node1:1]:node1:3301:3301 [1] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth9\n"
                    "[node1:1]:node1:3301:3301 [1] misc/socket.cc:511 NCCL WARN Bootstrap : no socket interface found"),
@@ -282,3 +289,15 @@ def test_facts_of_the_whole_log_and_the_ranks_of_a_finding_are_kept():
     finding = diagnose(text)[1]
     assert finding["facts"]["socket_ifname"] == "eth9" and "eth9" in finding["cause"]
     assert finding["local_ranks"] == [1] and finding["ranks"] == [3] and finding["count"] == 2
+
+
+@pytest.mark.parametrize("pattern, keys", [
+    (r"[Nn]o (?:usable )*interfaces? (?:was )?found", ("interface",)),
+    (r"errno:? 111\b|ECONNREFUSED", ("errno", "ECONNREFUSED")),
+    (r"connect\(\) to (?P<addr>\S+) failed", ("connect() to ",)),
+    (r"(?P<fallback>Unable to resolve hostname)", None),
+    (r"ab|cdef", None),
+])
+def test_a_shape_is_searched_only_in_lines_holding_a_literal_it_requires(pattern, keys):
+    import re  # pylint: disable=import-outside-toplevel
+    assert sig._keys(re.compile(pattern)) == keys  # pylint: disable=protected-access
