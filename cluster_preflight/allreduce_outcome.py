@@ -178,8 +178,9 @@ def _described(host, finding, local_ranks):
     out["found"] = "%s: %s [%s%s]" % (where, finding["cause"], finding["line"], more)
     out["expected"] = signature_expected(finding)
     if finding["fix"]:
-        before = ("; before the next job: %s" % ", ".join(finding["checks"])) if finding["checks"] else ""
-        out["fix"] = "on %s: %s%s" % (where, finding["fix"], before)
+        named = any(name in finding["fix"] for name in finding["checks"])
+        before = "; before the next job: %s" % ", ".join(finding["checks"]) if finding["checks"] and not named else ""
+        out["fix"] = "for %s: %s%s" % (where, finding["fix"], before)
     return out
 
 

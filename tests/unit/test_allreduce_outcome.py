@@ -210,12 +210,12 @@ def test_the_cause_leads_the_check_and_every_finding_names_its_node_rank_and_the
     assert mine["status"] == "fail" and mine["details"]["cause"] == "shm_too_small"
     assert mine["details"]["category"] == "shm" and mine["details"]["checks"] == ["job_env.dev_shm"]
     assert mine["found"].startswith("n2 (fabric not read): cause shm_too_small: n2 rank 3:"), "local rank 1 is rank 3"
-    assert mine["fix"].startswith("on n2 rank 3:") and "before the next job: job_env.dev_shm" in mine["fix"]
+    assert mine["fix"].startswith("for n2 rank 3:") and "job_env.dev_shm checks" in mine["fix"]
     assert "/dev/shm" in mine["expected"]
     by_id = {finding["id"]: finding for finding in mine["details"]["findings"]}
     assert by_id["nccl_system_error"]["where"] == "n2 rank 2" and by_id["nccl_system_error"]["node"] == "n2"
     for finding in by_id.values():
-        assert finding["found"] and finding["expected"] and finding["fix"].startswith("on n2 rank")
+        assert finding["found"] and finding["expected"] and finding["fix"].startswith("for n2 rank")
 
 
 @pytest.mark.parametrize("hosts, cause", [(["n1", "n2"], "hostname_loopback"), (["n1"], "connection_refused")])
