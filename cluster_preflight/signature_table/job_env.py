@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from cluster_preflight.signature_table import sig
 from cluster_preflight.signature_table.facts import (
-    FAMILIES, GAI_NAMES, GAI_UNRESOLVED, errno_text, interface_kind, is_loopback, looks_like_interface,
-    loopback_fault, wrong_interface)
+    FAMILIES, GAI_NAMES, GAI_UNRESOLVED, errno_text, interface_kind, looks_like_interface, loopback_fault,
+    wrong_interface)
 
 # -- network interfaces --------------------------------------------------------------------------------------------
 
@@ -262,5 +262,3 @@ ROWS = (
         r"RLIMIT_MEMLOCK is (?P<limit>\d+) bytes"),
         _memlock_cause, _MEMLOCK_FIX, "fail", "memlock", level="cause"),
 )
-
-__all__ = ["ROWS", "is_loopback"]
