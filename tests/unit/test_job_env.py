@@ -10,9 +10,10 @@ import pytest
 
 from cluster_preflight import capabilities as registry
 from cluster_preflight.capabilities import job_env as controller
-from cluster_preflight.capabilities import job_env_names as names
-from preflight_node import job_env, slurm_limits
-from preflight_node.ops import NO_JOB_USER, TIMEOUT_RC
+from cluster_preflight.capabilities.job_env import names
+from preflight_node.capabilities import job_env
+from preflight_node.host.ops import NO_JOB_USER, TIMEOUT_RC
+from preflight_node.limits import slurm as slurm_limits
 from fake_ops import FakeOps
 from capability_helpers import assert_contract, assert_one_problem, role_settings, statuses, write
 

@@ -6,7 +6,7 @@ import pytest
 
 from cluster_preflight.capabilities import allreduce
 from cluster_preflight.capabilities import job_env as controller
-from cluster_preflight.capabilities import job_env_ifaces as ifaces
+from cluster_preflight.capabilities.job_env import interfaces as ifaces
 from capability_helpers import assert_contract, role_settings
 
 HOST = "pfn2"

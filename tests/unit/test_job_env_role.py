@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from cluster_preflight.capabilities import job_env as controller
-from preflight_node import job_env
+from preflight_node.capabilities import job_env
 from capability_helpers import role_settings, write
 from fake_ops import FakeOps
 
