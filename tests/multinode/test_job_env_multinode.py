@@ -3,7 +3,8 @@ network, the gate over real SSH, the all-reduce real (gloo), the job user's logi
 
 Bring-up (the real bringup.yml, job_env alone) writes the memlock drop-in on every node.  Then one gate run with
 the cluster's job environment naming the second fabric rail (``GLOO_SOCKET_IFNAME=fab1``, ``NCCL_SOCKET_IFNAME=
-=fab1``) and a fault on each node but the first, each on a node of its own:
+=fab1``) and two HCAs (``NCCL_IB_HCA``, on every node's fake fabric), and a fault on each node but the first, each on
+a node of its own:
 
 * pfn2: its hostname resolves to Debian's 127.0.1.1 alias first (a line in its /etc/hosts);
 * pfn3: it has no fab1 (renamed in its namespace), so the job environment names an interface it lacks;
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.timeout(900)
 NODES = 6
 # The job's need in /dev/shm on these CPU nodes (the GPU floor does not apply without GPUs): a job setting.
 SHM_MIN_MB = 256
-JOB_ENV = {"GLOO_SOCKET_IFNAME": "fab1", "NCCL_SOCKET_IFNAME": "=fab1", "NCCL_DEBUG": "WARN"}
+JOB_ENV = {"GLOO_SOCKET_IFNAME": "fab1", "NCCL_SOCKET_IFNAME": "=fab1", "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1",
+           "NCCL_DEBUG": "WARN"}
 EXTRA = {"ssh_trust_mesh": False, "preflight_nproc_per_node": 1}
 LOW_MEMLOCK = "/etc/security/limits.d/99-site-memlock.conf"
 # The memlock floor and what bring-up writes, in KiB.  NCCL's figure is unlimited (the role's default), but the
@@ -143,9 +145,10 @@ def test_each_nodes_job_context_fault_is_named_alone_with_its_cause_and_fix(bed,
     healthy = job_env_checks(verdict, "pfn1")
     assert {name: check["status"] for name, check in healthy.items()} == {
         "job_env.hostname": "pass", "job_env.master_name": "pass", "job_env.address_family": "pass",
-        "job_env.socket_ifname": "pass", "job_env.ib_hca": "not_applicable", "job_env.dev_shm": "pass",
+        "job_env.socket_ifname": "pass", "job_env.ib_hca": "pass", "job_env.dev_shm": "pass",
         "job_env.memlock": "pass"}, healthy
     assert "fab1" in healthy["job_env.socket_ifname"]["found"]
+    assert "selects mlx5_0:1 (ACTIVE), mlx5_1:1 (ACTIVE)" in healthy["job_env.ib_hca"]["found"]
     assert "ulimit -l is 8192" in healthy["job_env.memlock"]["found"]
 
     for name in names[1:]:
