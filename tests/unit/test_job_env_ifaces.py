@@ -90,14 +90,16 @@ def test_interfaces_every_node_has_pass(env):
 
 
 @pytest.mark.parametrize("env, changes, words", [
-    ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": None}, "GLOO_SOCKET_IFNAME=fab1: pfn2 has no interface fab1 with an address"),
+    ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": None},
+     "GLOO_SOCKET_IFNAME=fab1: pfn2 has no interface fab1 with an address"),
     ({"NCCL_SOCKET_IFNAME": "=fab1"}, {"fab1": None}, "matches no interface with an address on pfn2"),
     ({"NCCL_SOCKET_IFNAME": "ib"}, {}, "matches no interface with an address on pfn2"),
     ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": nic("198.19.71.2/24", up=False)}, "selects fab1, DOWN on pfn2"),
     ({"NCCL_SOCKET_IFNAME": "fab"}, {"fab1": nic("198.19.71.2/24", up=False)}, "selects fab1, DOWN on pfn2"),
     ({"NCCL_SOCKET_IFNAME": "^docker"}, {}, "selects lo (127.0.0.1/8): loopback"),
     ({"NCCL_SOCKET_IFNAME": "docker0"}, {}, "the same address as pfn1, pfn3"),
-    ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": nic("10.1.1.2/24")}, "fab1 on pfn2 is on 10.1.1.0/24, where no other is of the 3 nodes"),
+    ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": nic("10.1.1.2/24")},
+     "fab1 on pfn2 is on 10.1.1.0/24, where no other is of the 3 nodes"),
 ])
 def test_a_node_where_the_named_interfaces_do_not_serve_fails_naming_what_it_has(env, changes, words):
     check = socket(env, three(**changes))

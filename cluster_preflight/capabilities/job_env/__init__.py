@@ -2,8 +2,8 @@
 """Capability ``job_env``, the controller half: the node as a training job finds it.
 
 The reader (``read``: names resolved as the job user, ``/dev/shm``, the job user's locked-memory limits and what
-Slurm gives a job) is the node half, ``module_utils/preflight_node/capabilities/job_env.py``; the role ``roles/job_env`` holds
-the variables and bring-up's memlock drop-in.  Here: ``validate``, ``read_args``, ``decide`` (pure) and
+Slurm gives a job) is the node half, ``module_utils/preflight_node/capabilities/job_env.py``; the role
+``roles/job_env`` holds the variables and bring-up's memlock drop-in.  Here: ``validate``, ``read_args``, ``decide`` (pure) and
 ``validate_job_env`` (the run-wide ``preflight_job_env``, every capability's ``settings["preflight_job_env"]``).
 
 ``decide`` also reads what other capabilities read on the node (the controller passes every node's facts as
@@ -101,7 +101,8 @@ def validate(settings):
                                  "correct job_env_memlock_domains (%s)" % limits_write.MAN))
     problem = limits_write.path_problem(settings["job_env_memlock_dropin"])
     if problem:
-        problems.append(_problem("job_env_memlock_dropin", problem, "a *.conf file of its own in %s" % limits.LIMITS_DIR,
+        problems.append(_problem("job_env_memlock_dropin", problem,
+                                 "a *.conf file of its own in %s" % limits.LIMITS_DIR,
                                  "set job_env_memlock_dropin to e.g. /etc/security/limits.d/90-preflight-memlock.conf"))
     for name in ("job_env_shm_mb_per_gpu", "job_env_shm_min_mb"):
         if settings[name] < 0:

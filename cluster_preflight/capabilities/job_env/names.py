@@ -6,8 +6,8 @@ resolves to and tells the peers to connect there: Debian's ``127.0.1.1 <hostname
 connect to its own loopback) and the rendezvous (master) name (c10d's store; ``gai error`` when it does not
 resolve).  Each node resolved both as the job user (``job_env.read``); here each answer is judged against what the
 gate saw: the addresses each node's interfaces hold (``nic_discovery``) and the family of the gate's own addresses
-(IPv4: the interface choice, ``cluster_preflight/capabilities/nic_discovery/nic_select.py``, takes IPv4 addresses only), compared across the
-nodes (gloo cannot connect an IPv6 device to an IPv4 one).
+(IPv4: the interface choice, ``cluster_preflight/capabilities/nic_discovery/nic_select.py``, takes IPv4 addresses
+only), compared across the nodes (gloo cannot connect an IPv6 device to an IPv4 one).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
-"""Capability ``job_env``, the node half's reader (``module_utils/preflight_node/capabilities/job_env.py``, shipped in the
-``preflight_facts`` and ``preflight_local`` calls): the node as a training job will find it, in the job user's
-context.
+"""Capability ``job_env``, the node half's reader (``module_utils/preflight_node/capabilities/job_env.py``, shipped
+in the ``preflight_facts`` and ``preflight_local`` calls): the node as a training job will find it, in the job
+user's context.
 
 ``read`` gathers, as pure reads:
 
