@@ -20,7 +20,7 @@ import re
 
 from . import lspci
 from .gpus import normalize_bus_id
-from .iommu import pci_devices_dir, read_pci
+from .iommu import normalise_id, pci_devices_dir, read_pci
 
 PEER_MODULES = ("nvidia_peermem", "nv_peer_mem")
 PEER_MODULE_FILES = ("nvidia-peermem", "nv_peer_mem")
@@ -104,6 +104,15 @@ def pairs(sysfs_root, gpus, nics):
 def _bridge_ids(sysfs_root, address):
     base = os.path.join(pci_devices_dir(sysfs_root), address)
     return {"vendor": _read(os.path.join(base, "vendor")), "device": _read(os.path.join(base, "device"))}
+
+
+def bridge_ids(sysfs_root, address):
+    """``"1000:c030"``: a device's PCI id as the kernel's ``pci:VENDOR:DEVICE`` names it; None when unreadable."""
+    ids = _bridge_ids(sysfs_root, address)
+    try:
+        return "%s:%s" % tuple(normalise_id(ids[key])[2:] for key in ("vendor", "device"))
+    except (TypeError, ValueError):
+        return None
 
 
 def read_acs(args, ops, nics):
