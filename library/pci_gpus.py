@@ -22,7 +22,7 @@ description:
     a bus that exists but cannot be read fails the task, saying what to check.
   - The scan is the reader the preflight audit's C(iommu) capability runs (C(module_utils/preflight_node/iommu.py)).
   - Also lists the NVSwitches (NVIDIA devices of class C(0x0680xx)) in RV(nvswitches), as the C(gpu_health) reader does
-    (C(module_utils/preflight_node/nvswitch.py)): a node with NVSwitches needs the NVIDIA fabric manager.
+    (C(module_utils/preflight_node/nvswitch.py)); a node with NVSwitches needs the NVIDIA fabric manager.
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.no_change]
 options:

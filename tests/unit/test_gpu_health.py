@@ -5,6 +5,7 @@ import functools
 import os
 
 import pytest
+import yaml
 
 from preflight_node import checks as preflight_checks
 from preflight_node import gpu_health as node_half
@@ -399,8 +400,13 @@ def test_settings_typed_from_the_command_line():
     assert gpu_health.read_args(typed_settings(ROLE_NAME, gpu_health_enabled="false"), NODE) is None
 
 
-def test_the_role_only_holds_settings():
-    assert sorted(os.listdir(role_path(ROLE_NAME))) == ["README.md", "defaults", "meta"]
+def test_the_role_writes_only_the_fabric_manager_in_bring_up():
+    assert sorted(os.listdir(role_path(ROLE_NAME))) == ["README.md", "defaults", "meta", "tasks"]
+    with open(os.path.join(role_path(ROLE_NAME), "tasks", "main.yml")) as handle:
+        tasks = yaml.safe_load(handle)
+    assert [sorted(set(task) & {"pci_gpus", "service_enabled"}) for task in tasks] == [["pci_gpus"],
+                                                                                      ["service_enabled"]]
+    assert tasks[0]["check_mode"] is False and tasks[0]["changed_when"] is False
 
 
 @pytest.mark.parametrize("case", switched_off_cases(ROLE_NAME, HOST), ids=lambda case: case[0])
