@@ -337,9 +337,9 @@ def decide(host, facts, settings, probe=None, cluster=None):
             "rate": rate_check(host, ports, settings, facts, cluster),
             "counters": counters_check(host, ports, settings, facts, probe),
             "roce_gid": roce_gid(host, ports, settings),
-            "peer_memory": peer_memory(host, facts, settings),
-            "pcie_acs": pcie_acs(host, facts, settings),
-            "net_plugin": net_plugin(host, facts, settings)}
+            "peer_memory": peer_memory(host, facts, settings, ports),
+            "pcie_acs": pcie_acs(host, facts, settings, ports),
+            "net_plugin": net_plugin(host, facts, settings, ports)}
 
 
 def profile_fields(facts):

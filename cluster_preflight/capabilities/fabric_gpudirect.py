@@ -17,15 +17,19 @@ from preflight_node.checks import blocked, failed, not_applicable, passed, warne
 from preflight_node.privilege import needs_root
 
 from .common import switched_on
-from .fabric_roce import job_env
+from .fabric_roce import hca_filter, job_env
 
 RDMA_KINDS = ("infiniband", "roce")
 DMABUF_DRIVER = 515
 DMABUF_KERNEL = (5, 12)
 
 
-def _rdma(facts, kinds):
-    return sorted(name for name, device in (facts.get("devices") or {}).items() if device.get("kind") in kinds)
+def _rdma(ports, kinds, settings=None):
+    """The devices of ``ports`` (the fabric checks' ``[(label, name, device, port)]``: ``fabric_ignore_devices`` and
+    ``fabric_check_ethernet`` applied) of the given kinds, and of those the job's ``NCCL_IB_HCA`` selects."""
+    chosen = hca_filter(job_env(settings or {}).get("NCCL_IB_HCA"))
+    return sorted(set(name for _label, name, device, port in ports
+                      if device.get("kind") in kinds and chosen(name, port.get("port"))))
 
 
 def _driver_major(version):
@@ -53,13 +57,13 @@ def _dmabuf(memory, env):
     return not reasons, reasons
 
 
-def peer_memory(host, facts, settings):
+def peer_memory(host, facts, settings, ports):
     """GPU + InfiniBand/RoCE nodes: a peer-memory module loaded, or DMA-BUF usable."""
     section = facts.get("gpudirect") or {}
     gpus = section.get("gpus") or {}
     expected = ("on a node with NVIDIA GPUs and InfiniBand/RoCE NICs: nvidia_peermem (or nv_peer_mem) loaded, or "
                 "DMA-BUF usable (open GPU kernel module R%d+, Linux %d.%d+)" % ((DMABUF_DRIVER,) + DMABUF_KERNEL))
-    nics = _rdma(facts, RDMA_KINDS)
+    nics = _rdma(ports, RDMA_KINDS, settings)
     if not gpus.get("nvidia"):
         other = " (AMD GPUs: RCCL's GPUDirect is not judged here)" if gpus.get("amd") else ""
         return not_applicable("no NVIDIA GPU on the PCI bus of %s%s" % (host, other), expected)
@@ -97,17 +101,20 @@ def _pair_text(pairs, bridge):
     return ", ".join("GPU %s - NIC %s" % (pair["gpu"], pair["nic"]) for pair in pairs if bridge in pair["bridges"])
 
 
-def pcie_acs(host, facts, settings):
+def pcie_acs(host, facts, settings, ports):
     """No ACS control that redirects peer-to-peer traffic on the bridges between a GPU and an RDMA NIC."""
     section = facts.get("gpudirect") or {}
-    pairs = section.get("pairs") or []
+    used = set(device.get("pci") for _label, name, device, _port in ports
+               if name in _rdma(ports, RDMA_KINDS + ("efa",), settings))
+    pairs = [pair for pair in section.get("pairs") or [] if pair["nic"] in used]
     expected = "no PCIe ACS redirect (ReqRedir, CmpltRedir, EgressCtrl) on the bridges between a GPU and an RDMA NIC"
     if not pairs:
         gpus = section.get("gpus") or {}
         why = ("no GPU on the PCI bus" if not (gpus.get("nvidia") or gpus.get("amd"))
                else "no GPU and RDMA NIC share a PCIe switch")
         return not_applicable("%s of %s: no peer-to-peer path through a PCIe switch to judge" % (why, host), expected)
-    bridges = section.get("bridges") or {}
+    between = set(bridge for pair in pairs for bridge in pair["bridges"])
+    bridges = {address: bridge for address, bridge in (section.get("bridges") or {}).items() if address in between}
     tool = section.get("lspci") or {}
     names = ", ".join(sorted(bridges))
     if not tool.get("present"):
@@ -148,10 +155,10 @@ def pcie_acs(host, facts, settings):
     return passed(text, expected)
 
 
-def net_plugin(host, facts, settings):
+def net_plugin(host, facts, settings, ports):
     """EFA devices: NCCL's network plugin (aws-ofi-nccl) where the job's dlopen finds it."""
     section = facts.get("net_plugin")
-    efa = _rdma(facts, ("efa",))
+    efa = _rdma(ports, ("efa",))
     expected = "on a node with EFA devices: the NCCL network plugin (aws-ofi-nccl) on the job's library path"
     if section is None or not efa:
         return not_applicable("no EFA device on %s: NCCL needs no network plugin for its fabric" % host, expected)

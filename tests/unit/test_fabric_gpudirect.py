@@ -292,3 +292,18 @@ def test_a_job_on_sockets_needs_no_plugin(tmp_path):
     checks, _facts, _ops = audit(tmp_path, job_env={"NCCL_NET": "Socket"})
     assert checks["net_plugin"]["status"] == "not_applicable"
     assert node_plugin.wanted_names("ofi") == ["libnccl-net-ofi.so", "ofi.so"]
+
+
+def test_ignored_devices_and_nccl_ib_hca_leave_the_gpudirect_checks(tmp_path):
+    """A management RDMA device the site leaves out (fabric_ignore_devices), or that NCCL_IB_HCA does not select,
+    makes no GPUDirect demand."""
+    layout = hgx(tmp_path, modules=("nvidia",))
+    every = ["mlx5_%d" % index for index in range(8)]
+    checks, _facts, _ops = audit(tmp_path, programs=("lspci",), fabric_ignore_devices=every)
+    assert {checks[name]["status"] for name in ("peer_memory", "pcie_acs", "net_plugin")} == {"not_applicable"}
+    text = lspci_text(layout, acs_on=("0000:17:01.0",))
+    checks, _facts, _ops = audit(tmp_path, job_env={"NCCL_IB_HCA": "=mlx5_2,mlx5_3"}, programs=("lspci",),
+                                 answers={(LSPCI, "-D", "-vvv"): (0, text, "")})
+    # mlx5_0 (19:00.0) sits behind 17:01.0: not selected, so its bridge is not judged; peer memory still applies.
+    assert checks["pcie_acs"]["status"] == "pass" and "0000:17:01.0" not in checks["pcie_acs"]["found"]
+    assert checks["peer_memory"]["status"] == "fail"
