@@ -129,6 +129,10 @@ def main():
     if not before["systemd"]:
         module.exit_json(msg="systemd is not the init of this node: no unit to enable (the audit reads %s's process)"
                              % params["program"], **result)
+    command = ops.which(params["systemctl"])
+    if not command:
+        module.fail_json(msg="systemd is the init but %s is not found. Expected: systemctl on the search path. Fix: "
+                             "set systemctl to its path" % params["systemctl"], **result)
     if before["unit_error"]:
         module.fail_json(msg="%s. Expected: systemctl show to answer for %s. Fix: run systemctl status %s by hand"
                              % (before["unit_error"], name, name), **result)
@@ -145,7 +149,6 @@ def main():
         module.exit_json(msg="%s.service %s" % (name, "would be %s" % " and ".join(
             verb for verb, wanted in (("enabled", enable), ("started", start)) if wanted) if enable or start
             else "is enabled and active"), **result)
-    command = ops.which(params["systemctl"])
     if enable:
         _act(module, ops, command, "enable", name)
     if start:
