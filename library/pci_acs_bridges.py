@@ -15,7 +15,7 @@ short_description: List the PCIe bridges between a node's GPUs and RDMA NICs and
 description:
   - Finds, in sysfs, every GPU and RDMA NIC that sit under a shared PCIe bridge (a switch) and the bridges from that
     shared one down to each of them, as the preflight audit's C(fabric.pcie_acs) check does
-    (C(module_utils/preflight_node/gpudirect.py)).
+    (C(module_utils/preflight_node/net/gpudirect.py)).
   - Returns RV(kernel_arg), the kernel's C(pci=disable_acs_redir=pci:VENDOR:DEVICE) for the bridges' PCI id, so the next
     boot clears their ACS P2P redirect bits (Request Redirect, Completion Redirect, Egress Control) and GPUDirect RDMA
     traffic stays inside the switch. The kernel takes one C(disable_acs_redir) list, and grub's configuration cannot
@@ -62,9 +62,9 @@ kernel_arg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.gpudirect import bridge_ids, pairs
-from ansible.module_utils.preflight_node.iommu import read_pci
-from ansible.module_utils.preflight_node.nic import gather_rdma
+from ansible.module_utils.preflight_node.capabilities.iommu import read_pci
+from ansible.module_utils.preflight_node.net.gpudirect import bridge_ids, pairs
+from ansible.module_utils.preflight_node.net.interfaces import gather_rdma
 
 
 def main():

@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 module: service_enabled
 short_description: Ensure an installed systemd service is enabled at boot and running
 description:
-  - Reads the service the way the preflight audit does (C(module_utils/preflight_node/services.py)) - C(systemctl show)
+  - Reads the service the way the preflight audit does (C(module_utils/preflight_node/host/services.py)) - C(systemctl show)
     when systemd is the node's init, the process table otherwise - then decides, then acts outside check mode only.
   - A unit systemd does not know (LoadState C(not-found)) is not installed; the module changes nothing and says so in
     RV(installed). A node whose init is not systemd has nothing to enable; RV(managed) is false.
@@ -95,8 +95,8 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node import services
-from ansible.module_utils.preflight_node.ops import NodeOps
+from ansible.module_utils.preflight_node.host import services
+from ansible.module_utils.preflight_node.host.ops import NodeOps
 
 
 def _text(state):

@@ -19,7 +19,7 @@ import shutil
 import stat
 import xml.etree.ElementTree as ElementTree
 
-from preflight_node.gpus import QUERY_FIELDS
+from preflight_node.gpu.nvidia_gpus import QUERY_FIELDS
 
 DATA_DIR = ".fake_gpu"
 FABRIC_MANAGER = "nv-fabricmanager"

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from preflight_node import fabric as node_fabric
-from preflight_node import lspci, net_plugin as node_plugin, roce_gid as node_gid
+from preflight_node.capabilities import fabric as node_fabric
+from preflight_node.net import lspci, nccl_plugin as node_plugin, roce_gid as node_gid
 from cluster_preflight.capabilities import fabric
-from cluster_preflight.capabilities.fabric_roce import hca_filter
+from cluster_preflight.capabilities.fabric.roce import hca_filter
 from fabric_tree import ACS_ON, gid_table, hgx_layout, lspci_text, make_modules, make_pci, make_tree, write_gids
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, capability_under_test, role_settings
@@ -233,9 +233,9 @@ def test_gpus_and_nics_under_no_shared_switch_need_no_acs_check(tmp_path):
 def test_lspci_parser_reads_acs_and_denied_capabilities():
     text = lspci_text(acs_on=("0000:17:01.0",))
     devices = lspci.parse(text)
-    assert lspci.redirecting(devices["00000000:17:01.0"]["acs"]) == ["ReqRedir", "CmpltRedir"]
-    assert lspci.redirecting(devices["00000000:17:00.0"]["acs"]) == []
-    assert lspci.parse(lspci_text(denied=True))["00000000:17:01.0"] == {
+    assert lspci.redirecting(devices["0000:17:01.0"]["acs"]) == ["ReqRedir", "CmpltRedir"]
+    assert lspci.redirecting(devices["0000:17:00.0"]["acs"]) == []
+    assert lspci.parse(lspci_text(denied=True))["0000:17:01.0"] == {
         "name": "PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0) (prog-if 00 [Normal decode])",
         "acs": None, "denied": True}
     assert len(hgx_layout()["gpus"]) == 8

@@ -8,7 +8,8 @@ import functools
 import pytest
 
 from preflight_node import checks as preflight_checks
-from preflight_node import kernel_log, nvidia_smi_xml, nvlink, nvswitch, services
+from preflight_node.gpu import nvidia_smi_xml, nvlink, nvswitch, xid_log as kernel_log
+from preflight_node.host import services
 from cluster_preflight.capabilities import gpu_health
 from capability_helpers import assert_contract as check_contract, statuses
 from gpu_health_helpers import (ASPEED, H100, H100_BUS, HOST, MI300X, MI300X_BUS, NVSWITCH, NVSWITCH_BUS, PROGRAMS,
@@ -277,7 +278,7 @@ def test_lost_messages_read_from_real_shapes_and_never_from_xid_lines():
 
 
 def test_gpu_lost_needs_the_kernel_log(tmp_path, monkeypatch):
-    from preflight_node import gpu_health as node_half
+    from preflight_node.capabilities import gpu_health as node_half
     monkeypatch.setattr(node_half, "privileged", lambda: False)
     checks, _facts, _ops = audit(tmp_path, kernel_log=None,
                                  dmesg=(1, "", "dmesg: read kernel buffer failed: Operation not permitted\n"))
