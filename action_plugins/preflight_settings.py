@@ -239,6 +239,11 @@ class ActionModule(ControllerAction):
             for name in wanted:
                 for item in capabilities.get(name).validate(settings[name]):
                     errors.append(_problem(name, item["name"], item["found"], item["expected"], item["fix"]))
+        # The run-wide settings every capability reads as its own (the job's environment), copied in this one place.
+        run_shared = capabilities.shared(settings.get(capabilities.RUN_ROLE) or {})
+        for name in wanted:
+            if name in settings:
+                settings[name].update(run_shared)
         node = capabilities.node_info(task_vars.get("inventory_hostname"), {
             key: templar.template(task_vars.get(key)) for key in
             ("ansible_host", "ansible_user", "ansible_port", "preflight_node_addr") if task_vars.get(key)})

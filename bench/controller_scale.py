@@ -78,7 +78,7 @@ def template_facts(workdir, settings):
     fabric node's for the NICs; the nodes below differ by addresses and host keys."""
     node = {"name": "n0", "ansible_host": "198.18.0.1", "node_addr": "198.18.0.1", "user": "root", "ssh_port": 22}
     facts = {}
-    for name in ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust"):
+    for name in ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust", "job_env"):
         args = capabilities.get(name).read_args(settings[name], node)
         if args is not None:
             facts[name] = node_halves.get(name).read(args, LocalOps())
@@ -120,6 +120,11 @@ def node_facts(template, host, index):
     trust = dict(template["ssh_trust"], hostname=host, fqdn=host, short_name=host, keys=[fake_key(host)], problems=[])
     facts["ssh_trust"] = trust
     facts["allreduce"] = dict(template["allreduce"], hostname=host)
+    # The job's context: each node resolves its own name and the master's to their addresses.
+    resolved = {"how": "getent ahosts", "error": None, "kind": None}
+    facts["job_env"] = dict(template["job_env"], hostname=host, master_name="n0000", names={
+        host: dict(resolved, name=host, addresses=[addr(index, "198.18")]),
+        "n0000": dict(resolved, name="n0000", addresses=[addr(0, "198.18")])})
     return facts
 
 

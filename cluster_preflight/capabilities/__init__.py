@@ -36,7 +36,10 @@ Controller half (loaded here, in verdict order):
     ``host`` (None when it did not read); ``cluster`` is the view of every
     targeted node for decisions that need peers (``hosts``, ``nodes``,
     ``facts``, ``settings``, ``probes``: each mapping host -> this
-    capability's data).
+    capability's data; ``node_facts``: host -> every capability's facts, for
+    a decision that reads what another capability read, as ``job_env`` reads
+    the interfaces ``nic_discovery`` found).  ``settings`` also carry the
+    run-wide :data:`SHARED_SETTINGS` (``preflight_job_env``).
 
 ``profile_fields(facts) -> {field: value}``  (optional, pure)
     the fields of ``cluster_preflight/capabilities/profile/known_good.py`` this capability's facts measure; the
@@ -102,6 +105,15 @@ def job_user_wanted(run_settings, node, python=""):
 
 
 RUN_ROLE = "preflight"
+# Run-wide settings every capability's settings carry as well (``settings["preflight_job_env"]``), copied in one
+# place (``preflight_settings``): the environment the cluster's jobs run with, which the gate's all-reduce runs with
+# and which job_env, fabric and gpu_health judge.
+SHARED_SETTINGS = ("preflight_job_env",)
+
+
+def shared(run_settings):
+    """``{name: value}`` of the :data:`SHARED_SETTINGS` in the run-wide settings (``{}`` for a missing mapping)."""
+    return {name: run_settings.get(name) or {} for name in SHARED_SETTINGS}
 
 
 def validate_run(settings):
@@ -130,6 +142,7 @@ def validate_run(settings):
     if not str(settings.get("preflight_lock_dir") or "/").startswith("/"):
         problems.append({"name": "preflight_lock_dir", "found": settings.get("preflight_lock_dir"),
                          "expected": "an absolute path", "fix": "leave preflight_lock_dir at /run/cluster-preflight"})
+    problems += BY_NAME["job_env"].validate_job_env(settings.get("preflight_job_env") or {})
     selftest = settings.get("preflight_selftest_error") or ""
     if selftest and selftest not in NAMES:
         problems.append({"name": "preflight_selftest_error", "found": selftest,

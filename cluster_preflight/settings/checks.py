@@ -71,6 +71,8 @@ RANGES = {
     "gpu_health_xid_ignore": (0, 1 << 16), "gpu_health_xid_warn_only": (0, 1 << 16),
     # iommu
     "iommu_grub_update_timeout": (1, DAY), "iommu_reboot_timeout": (1, DAY),
+    # job_env
+    "job_env_shm_mb_per_gpu": (0, 1 << 20), "job_env_shm_min_mb": (0, 1 << 24), "job_env_task_timeout": (1, DAY),
     # kernel_debug
     "kernel_debug_ptrace_scope": (0, 3), "kernel_debug_ptrace_probe_timeout": (1, 3600),
     "kernel_debug_task_timeout": (1, DAY),

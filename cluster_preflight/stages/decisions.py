@@ -26,6 +26,7 @@ from cluster_preflight.capabilities.port_mesh.peers import DEFAULT_DEGREE, DEFAU
 from cluster_preflight.capabilities.allreduce import localize
 from cluster_preflight.stages.run_lock import lock_args, renewal
 from cluster_preflight.capabilities.allreduce import single_node
+from cluster_preflight.capabilities import job_env as preflight_job_env
 from cluster_preflight.capabilities import nic_discovery as preflight_nic_discovery
 from cluster_preflight.capabilities import port_mesh as preflight_port_mesh
 from cluster_preflight.capabilities import profile as preflight_profile
@@ -198,6 +199,9 @@ def stage_launch(view):
     excluded = dict(lost)
     for host in report.get("suspect_nodes") or []:
         excluded.setdefault(host, "the port mesh blames it (see port_mesh.reach)")
+    for host, reason in _job_env_excluded(view, [host for host in plan["hosts"] if host not in excluded],
+                                          checks_by_host).items():
+        excluded.setdefault(host, reason)
     singles = _single_outcomes(view, plan.get("single") or {}, checks_by_host, excluded)
     gate_hosts = [host for host in plan["hosts"]]
     blockers = list(plan.get("blockers") or []) + list(report.get("blockers") or [])
@@ -257,16 +261,18 @@ def stage_final(view):
                     name, "the %s probe raised on %s: %s" % (name, host, problem.get("found")),
                     "read the traceback in the check's details and report it",
                     traceback=problem.get("traceback"))})
+    # Only nodes whose facts came back: a capability absent from them was switched off there.
+    read = view.read_hosts()
+    node_facts = _node_facts(view, read)
     for name in capabilities.NAMES:
         module = capabilities.BY_NAME[name]
         if not hasattr(module, "decide"):
             continue
-        # Only nodes whose facts came back: a capability absent from them was switched off there.
-        read = view.read_hosts()
         deciding = [host for host in read if name in view.settings[host] and name not in view.facts(host)[1]]
         cluster = {"hosts": read, "all_hosts": view.all_hosts, "nodes": view.nodes,
                    "facts": view.capability_facts(name, read), "settings": view.capability_settings(name, read),
-                   "probes": {host: probes.get(host, {}).get(name) for host in read}, "lost": lost}
+                   "probes": {host: probes.get(host, {}).get(name) for host in read}, "lost": lost,
+                   "node_facts": node_facts}
         for host in deciding:
             checks = _guarded(checks_by_host, [host], name, module.decide, host, cluster["facts"][host],
                               cluster["settings"][host], probe=cluster["probes"][host], cluster=cluster)
@@ -313,6 +319,23 @@ def stage_final(view):
     for host, checks in compared.items():
         _put(checks_by_host, host, "profile", checks)
     return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost, logs=logs)
+
+
+def _node_facts(view, hosts):
+    """``{host: every capability's facts}`` of ``hosts`` (read in place), for a decider that reads what another
+    capability read on the node (job_env: the interfaces nic_discovery found)."""
+    return {host: view.facts(host)[0] or {} for host in hosts}
+
+
+def _job_env_excluded(view, hosts, checks_by_host):
+    """``{host: reason}``: the nodes whose ranks could not start with the job's environment (job_env.socket_ifname
+    fails there: an interface it names is missing or down), left out of the gate's own all-reduce."""
+    deciding = [host for host in hosts if "job_env" in view.settings.get(host, {})]
+    if not deciding:
+        return {}
+    cluster = {"hosts": view.read_hosts(), "nodes": view.nodes, "node_facts": _node_facts(view, view.read_hosts()),
+               "settings": view.capability_settings("job_env", deciding)}
+    return _guarded(checks_by_host, deciding, "job_env", preflight_job_env.launch_exclusions, deciding, cluster) or {}
 
 
 def _single_outcomes(view, single, checks_by_host, excluded):
@@ -407,7 +430,8 @@ def stage_local(view):
             _put(checks_by_host, host, name, {"probe_error": error(
                 name, "the %s probe raised on %s: %s" % (name, host, problem.get("found")),
                 "read the traceback in the check's details and report it", traceback=problem.get("traceback"))})
-        alone = {"hosts": [host], "all_hosts": [host], "nodes": {host: view.nodes[host]}, "lost": {}}
+        alone = {"hosts": [host], "all_hosts": [host], "nodes": {host: view.nodes[host]}, "lost": {},
+                 "node_facts": {host: facts or {}}}
         for name in capabilities.LOCAL_NAMES:
             if name not in settings or name in errors:
                 continue

@@ -66,6 +66,8 @@ CAPABILITIES = (
     _declare("fabric", reader=True, probe=True, after_job=True, local=True,
              bringup=("Apply the PCIe ACS setting for GPUDirect RDMA",
                       "Clear the ACS redirect between GPUs and NICs at boot (opt-in)")),
+    _declare("job_env", reader=True, local=True,
+             bringup=("Apply the job user's locked-memory limit", "Write the memlock limits drop-in")),
     _declare("kernel_debug", reader=True, probe=True, local=True,
              bringup=("Apply the kernel settings for debuggers", "Configure ptrace_scope and the extra sysctls")),
     _declare("core_dumps", reader=True, probe=True, local=True,

@@ -42,7 +42,9 @@ MIG_XML = os.path.join(FIXTURES, "nvidia_smi_h100_mig.xml")
 # Two ConnectX-6 (MT4123) HDR ports next to the node's six ConnectX-7 NDR ones, all InfiniBand.
 MIXED = {"slow": {"mlx5_6": "200 Gb/sec (4X HDR)", "mlx5_7": "200 Gb/sec (4X HDR)"},
          "adapters": {"mlx5_6": ("MT4123", "MT_0000000223"), "mlx5_7": ("MT4123", "MT_0000000223")}}
-EXTRA = {"ssh_trust_mesh": False}
+# The nodes' fake fabrics make job_env judge the job user's memlock there: these beds' login sessions get 8 MiB
+# (their kernel may refuse root more; tests/multinode/test_job_env_multinode.py judges memlock itself).
+EXTRA = {"ssh_trust_mesh": False, "job_env_memlock_min": "8192"}
 
 
 @pytest.fixture(scope="module")

@@ -333,7 +333,7 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
         "role": host,
         # The ranks and py-spy of them run as the node's job user (None: the connecting user).
         "run_as": (facts.get("job_user") or {}).get("run_as") or "",
-        "env": settings["allreduce_env"],
+        "env": gate_env(settings),
         "keep_scratch": settings["allreduce_keep_scratch"],
         "selftest_fault": settings["allreduce_selftest_fault"],
         "selftest_rank": settings["allreduce_selftest_rank"],
@@ -348,10 +348,30 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
     return args
 
 
+# The job environment's variables the gate's run does not take: its logs are what the gate diagnoses from (NCCL's
+# INFO lines name the transport; a debug file would take them out of the rank logs).  allreduce_env may set them.
+GATE_LOGGING = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+
+
+def gate_env(settings):
+    """The environment of the gate's ranks: the jobs' own (``preflight_job_env``, but its logging), under
+    ``allreduce_env``, which wins for the gate's run."""
+    env = {str(key): str(value) for key, value in (settings.get("preflight_job_env") or {}).items()
+           if str(key) not in GATE_LOGGING}
+    env.update(settings.get("allreduce_env") or {})
+    return env
+
+
+# The variables that name the interface of the collectives; a run over lo names lo instead of the job's.
+SOCKET_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
 def alone_args(host, facts, settings):
     """The ``allreduce`` module's arguments for ``host`` running its ranks alone over ``lo`` (its single-node run,
     planned before any peer is): the all-node launch's shape, one node."""
-    return _node_args(host, 0, [host], settings, facts, facts["nproc_per_node"], "127.0.0.1", facts["backend"], "lo")
+    args = _node_args(host, 0, [host], settings, facts, facts["nproc_per_node"], "127.0.0.1", facts["backend"], "lo")
+    args["env"] = dict(args["env"], **{name: "lo" for name in SOCKET_VARIABLES if name in args["env"]})
+    return args
 
 
 def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, nic_plan, blockers=()):
