@@ -15,7 +15,7 @@ import traceback
 
 from cluster_preflight import capabilities as registry
 from cluster_preflight import registers
-from cluster_preflight.capabilities.allreduce import candidates, launch_plan, readiness
+from cluster_preflight.capabilities.allreduce import candidates, launch_plan, reach_checks, readiness
 from cluster_preflight.allreduce_outcome import summarize
 from cluster_preflight.allreduce_versions import version_checks
 from preflight_node.checks import CheckError, decision, error, put
@@ -272,6 +272,7 @@ def stage_final(view):
                               cluster["settings"][host], probe=cluster["probes"][host], cluster=cluster)
             if checks is not None:
                 _put(checks_by_host, host, name, checks)
+    _bringup_reach(view, checks_by_host)
     gate = launch.get("gate") or {"launch": False}
     # Lost before or while the all-node run was collected (a node lost in the confirmation run is not lost there).
     first_lost = view.lost(registry.STAGE_ORDER[:registry.STAGE_ORDER.index("probes") + 1])
@@ -313,6 +314,20 @@ def stage_final(view):
     for host, checks in compared.items():
         _put(checks_by_host, host, "profile", checks)
     return decision(checks_by_host=checks_by_host, allreduce=summary, lost=lost, logs=logs)
+
+
+def _bringup_reach(view, checks_by_host):
+    """Bring-up (its settings load no all-reduce): whether the job's account exists and can reach the training
+    Python on every node it read, from the job user its facts call resolved (allreduce.job_user, allreduce.python),
+    so a venv the job cannot run is named before the first gate."""
+    for host in view.read_hosts():
+        if "allreduce" in view.settings[host]:
+            continue
+        job = view.field(host, registers.FACTS, "job_user") or {}
+        python = str(((view.result(host, registers.SETTINGS) or {}).get("job") or {}).get("python") or "")
+        checks = _guarded(checks_by_host, [host], "allreduce", reach_checks, host, job, python)
+        if checks is not None:
+            _put(checks_by_host, host, "allreduce", checks)
 
 
 def _single_outcomes(view, single, checks_by_host, excluded):
