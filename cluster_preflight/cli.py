@@ -7,9 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
-import threading
 
 from . import history_cli, known_hosts, playbooks, summary
 from .engine import ENGINES, SETTING as ENGINE_SETTING
@@ -309,32 +307,24 @@ def _run_and_show(args, passthrough):
     progress = None
     if not args.quiet:
         progress = Progress(sys.stderr, tty=tty, width=shutil.get_terminal_size((100, 20)).columns).start()
-    interrupted = threading.Event()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def _on_sigint(signum, frame):  # pylint: disable=unused-argument
-            # The first Ctrl-C stops the run cleanly (runner ends ansible-playbook and its tree);
-            # a second one is Python's default.
-            interrupted.set()
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-
-        previous = signal.signal(signal.SIGINT, _on_sigint)
+    # Ctrl-C (SIGINT) or SIGTERM stops the run: ansible-playbook and what it left running here are ended first
+    # (cluster_preflight/leftovers.py), the summary is printed, then the signal goes on (below).
+    stopping = playbooks.Stopping(None)
     kwargs = dict(inventory=args.inventory, limit=args.limit, extravars=args.extravars, results_dir=args.results_dir,
-                  cmdline=passthrough, progress=progress, cancel=interrupted.is_set, timeout=args.timeout,
+                  cmdline=passthrough, progress=progress, cancel=stopping.asked, timeout=args.timeout,
                   color=sys.stdout.isatty() and not args.quiet)
     try:
-        if args.command == "diagnose":
-            result = playbooks.diagnose(**kwargs)
-        else:
-            result = playbooks.run_playbook(playbooks.PLAYBOOKS[args.command], **kwargs)
+        with stopping:
+            if args.command == "diagnose":
+                result = playbooks.diagnose(**kwargs)
+            else:
+                result = playbooks.run_playbook(playbooks.PLAYBOOKS[args.command], **kwargs)
     except playbooks.UsageError as exc:
         _out("%s: %s" % (args.command, exc), sys.stderr)
         return None, EXIT_USAGE
     finally:
         if progress is not None:
             progress.close()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
     if not args.quiet:
         for host, task, diff in result.diffs:
             _out("--- diff: %s on %s" % (task, host))
@@ -351,6 +341,8 @@ def _run_and_show(args, passthrough):
         _out("%s: %s" % (word, result.error), sys.stderr)
     if not args.quiet:
         _out("exit %d (%s)" % (result.exit_code, EXIT_MEANING.get(result.exit_code, "")), sys.stderr)
+    # A Ctrl-C goes on to whoever called (KeyboardInterrupt: python -m cluster_preflight exits 130, a test run stops).
+    stopping.deliver()
     return result, result.exit_code
 
 
