@@ -39,7 +39,7 @@ from cluster_preflight.printable import printable
 from cluster_preflight.accounting import FILE_MODE, atomic_write
 from cluster_preflight.cluster import without_gc
 from cluster_preflight.json_text import indented
-from cluster_preflight.summary import notes
+from cluster_preflight.summary import allreduce_line, notes
 from cluster_preflight.verdict_file import VerdictError, load
 
 VERDICT_ACTION = "preflight_verdict"
@@ -128,26 +128,6 @@ def not_applicable(verdict):
     return [name for index, name in enumerate(every)
             if all(cells[host][index] in (NOT_APPLICABLE, NONE) for host in verdict["hosts"])
             and any(cells[host][index] == NOT_APPLICABLE for host in verdict["hosts"])]
-
-
-def allreduce_line(verdict):
-    """The all-reduce in one line: status, world size, backend, busbw at the largest message size."""
-    gate = verdict.get("allreduce")
-    if not gate:
-        return "all-reduce: not part of this playbook"
-    if gate.get("status") == "skipped":
-        return "all-reduce: skipped (%s)" % (gate.get("reason") or "not launched")
-    line = "all-reduce: %s, world size %s of %s planned, backend %s" % (
-        gate.get("status"), gate.get("world_size"), gate.get("planned_world_size"), gate.get("backend"))
-    sizes = gate.get("sizes") or []
-    if sizes:
-        largest = max(sizes, key=lambda row: row["size_bytes"])
-        line += ", busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes" % (
-            largest["busbw_gbps"], largest["algbw_gbps"], largest["size_bytes"])
-    suspects = gate.get("suspects") or []
-    if suspects:
-        line += "; suspects: %s" % ", ".join("rank %s on %s" % (item.get("rank"), item.get("host")) for item in suspects)
-    return line
 
 
 def summary_lines(verdict, path):

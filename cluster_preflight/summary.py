@@ -226,6 +226,47 @@ def cause_records(raw):
     return out
 
 
+def allreduce_line(verdict):
+    """The all-reduce in one line: status, world size, backend, busbw at the largest message size (the summary and
+    report.html)."""
+    gate = verdict.get("allreduce")
+    if not gate:
+        return "all-reduce: not part of this playbook"
+    if gate.get("status") == "skipped":
+        return "all-reduce: skipped (%s)" % (gate.get("reason") or "not launched")
+    line = "all-reduce: %s, world size %s of %s planned, backend %s" % (
+        gate.get("status"), gate.get("world_size"), gate.get("planned_world_size"), gate.get("backend"))
+    sizes = gate.get("sizes") or []
+    if sizes:
+        largest = max(sizes, key=lambda row: row["size_bytes"])
+        line += ", busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes" % (
+            largest["busbw_gbps"], largest["algbw_gbps"], largest["size_bytes"])
+    suspects = gate.get("suspects") or []
+    if suspects:
+        line += "; suspects: %s" % ", ".join("rank %s on %s" % (item.get("rank"), item.get("host")) for item in suspects)
+    return line
+
+
+def counts_text(raw):
+    """How many nodes are in which state, worded so that a pass never reads as an alarm: healthy nodes (``pass`` and
+    ``warn``) are counted together, those with warnings said apart (``3 nodes: all 3 healthy, 3 with warnings to
+    read``)."""
+    statuses = [raw["nodes"][host]["status"] for host in raw["hosts"]]
+    total, healthy = len(statuses), sum(1 for status in statuses if status in ("pass", "warn"))
+    warned = statuses.count("warn")
+    parts = []
+    for status, word in (("fail", "failed"), ("unverified", "unverified")):
+        if statuses.count(status):
+            parts.append("%d %s" % (statuses.count(status), word))
+    if healthy == total:
+        parts.append("all %d healthy" % total if total > 1 else "healthy")
+    else:
+        parts.append("%d healthy" % healthy)
+    if warned:
+        parts.append("%d with warnings to read" % warned)
+    return "%d node%s: %s" % (total, "" if total == 1 else "s", ", ".join(parts))
+
+
 def profile_lines(raw):
     """``profile: ...`` lines of a gate: which profile file each node was compared with, or that none was set (the
     nodes were then compared with each other); nothing for a run without the profile capability's checks."""
