@@ -72,12 +72,19 @@ def build_parser():
     parser = _Parser(prog="python -m cluster_preflight", allow_abbrev=False,
                      description="Run the cluster preflight and answer with its verdict "
                                  "(exit codes: README.md, 'Exit codes'; docs/cli.md).")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="this checkout's version and commit, ansible-core's and Python's, then exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     for name, text in RUN_COMMANDS.items():
         sub = commands.add_parser(name, help=text, description=text + ". Other options go to "
                                   "ansible-playbook as they are (-v, --forks N, -e @vars.yml).", allow_abbrev=False)
         _run_options(sub)
+        sub.add_argument("--check", action="store_true", help="dry run (ansible-playbook --check): read and judge, "
+                         "write nothing on a node" + ("; bring-up then says what it would change" if name == "bringup"
+                                                      else ""))
+        sub.add_argument("--diff", action="store_true", help="print each file's change (ansible-playbook --diff); "
+                         "with --check, what would change")
         if name == "gate":
             sub.add_argument("--engine", choices=ENGINES, help="how the gate reaches its nodes (preflight_engine): "
                              "ssh, a module over each node's connection (the default); srun, one Slurm step per "
@@ -113,6 +120,39 @@ def build_parser():
     return parser
 
 
+class _Version(argparse.Action):
+    """``--version``: one line, worked out only when asked (it asks git for the commit)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _out(version_text())
+        parser.exit(0)
+
+
+def version_text():
+    """``cluster-preflight 1.0.0 (commit abc1234, /opt/preflight); ansible-core 2.19.4; Python 3.11.7``: what a bug
+    report needs (the checkout's commit when it is a git checkout; git bounded, never required)."""
+    import importlib.metadata  # pylint: disable=import-outside-toplevel
+    import platform  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    def _version(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    commit = ""
+    try:
+        done = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5, check=False)
+        commit = done.stdout.strip() if done.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "cluster-preflight %s (%s%s); ansible-core %s; Python %s" % (
+        _version("cluster-preflight"), "commit %s, " % commit if commit else "", ROOT, _version("ansible-core"),
+        platform.python_version())
+
+
 def parse_args(argv):
     """``(namespace, passthrough)``: our options, and those ansible-playbook gets as they are."""
     args, rest = build_parser().parse_known_args(argv)
@@ -127,6 +167,9 @@ def parse_args(argv):
             args.extravars.update(pairs)
     if getattr(args, "inventory", None):
         args.inventory = args.inventory[0] if len(args.inventory) == 1 else args.inventory
+    for option in ("check", "diff"):
+        if getattr(args, option, False):
+            passthrough.append("--" + option)
     if getattr(args, "engine", None):
         # One setting, whichever way it is given: the run's settings check it (srun outside an allocation: exit 4).
         args.extravars[ENGINE_SETTING] = args.engine
