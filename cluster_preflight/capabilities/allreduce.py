@@ -246,7 +246,8 @@ def python_checks(host, facts, job):
     checks = {}
     python = facts.get("python_path")
     fix_python = ("set preflight_training_python in the inventory to the Python of the training environment on "
-                  "%s, or install torch into it (pip install torch==<version>)" % host)
+                  "%s, or install the torch your jobs use into it (as root on %s: %s -m pip install torch, with the "
+                  "version they pin)" % (host, host, python or "the training Python"))
     user = job.get("name") or "the connecting user"
     if facts.get("python_blocked"):
         blocked_at = facts["python_blocked"]
