@@ -35,12 +35,12 @@ import os
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
-from cluster_preflight.printable import printable
-from cluster_preflight.accounting import FILE_MODE, atomic_write
-from cluster_preflight.cluster import without_gc
-from cluster_preflight.json_text import indented
-from cluster_preflight.summary import allreduce_line, notes
-from cluster_preflight.verdict_file import VerdictError, load
+from cluster_preflight.verdict.printable import printable
+from cluster_preflight.verdict.accounting import FILE_MODE, atomic_write
+from cluster_preflight.stages.view import without_gc
+from cluster_preflight.verdict.json_text import indented
+from cluster_preflight.outputs.summary import allreduce_line, notes
+from cluster_preflight.verdict.file import VerdictError, load
 
 VERDICT_ACTION = "preflight_verdict"
 PLAYBOOKS = ("preflight.yml", "bringup.yml", "healthcheck.yml")

@@ -1,9 +1,9 @@
-"""``python -m cluster_preflight``: see cluster_preflight.cli; the process exits with main()'s code."""
+"""``python -m cluster_preflight``: see cluster_preflight.cli.main; the process exits with main()'s code."""
 
 import sys
 
-from .cli import main
-from .verdict import EXIT_INTERRUPTED
+from .cli.main import main
+from .verdict.value import EXIT_INTERRUPTED
 
 if __name__ == "__main__":
     try:

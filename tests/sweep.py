@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "module_utils"))
 
-from preflight_node.proc import all_pids, cmdline_of, environ_of, proc_stat  # noqa: E402
+from preflight_node.host.proc import all_pids, cmdline_of, environ_of, proc_stat  # noqa: E402
 
 ENV = "PREFLIGHT_TEST_SESSION"
 GRACE = 5.0

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from preflight_node.proc import all_pids, cmdline_of, environ_of, proc_stat
+from preflight_node.host.proc import all_pids, cmdline_of, environ_of, proc_stat
 from stop_target import LONG_GATE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

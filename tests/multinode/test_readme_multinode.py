@@ -35,7 +35,7 @@ import time
 import pytest
 import yaml
 
-from cluster_preflight.known_hosts import ON_THE_NODE
+from cluster_preflight.cli.known_hosts import ON_THE_NODE
 from job_env import job_python
 from readme_steps import ROOT, inventory_of, readme_steps
 from testbed import testbed_fixture, unavailable_reason

@@ -2,8 +2,8 @@
 the job user its facts call resolved (allreduce.job_user, allreduce.python, the gate's names and words), with the
 least-privilege fix first."""
 
-from cluster_preflight import registers
-from cluster_preflight.stages import decide
+from cluster_preflight.plays import stage_results as registers
+from cluster_preflight.stages.decisions import decide
 
 PYTHON = "/root/train/.venv/bin/python"
 BLOCKED = {"path": "/root", "kind": "permission", "links": [],

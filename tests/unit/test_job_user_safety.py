@@ -1,4 +1,4 @@
-"""Who runs job-side code on a node (module_utils/preflight_node/ops.py resolve_job_user): root only when
+"""Who runs job-side code on a node (module_utils/preflight_node/host/ops.py resolve_job_user): root only when
 ``preflight_job_user: root`` asks; with no account that can run the training Python, nothing job-side runs and the
 node is unverified with the fix, never failed; a deliberate root is acknowledged; a job user who cannot reach the
 training Python gets one finding naming the directory that stops it (docs/security.md).  Needs root.

@@ -7,8 +7,9 @@ import json
 import re
 
 from cluster_preflight import capabilities as registry
-from cluster_preflight import history, registers, summary
-from cluster_preflight.cluster import ClusterView
+from cluster_preflight.outputs import history, summary
+from cluster_preflight.plays import stage_results as registers
+from cluster_preflight.stages.view import ClusterView
 from verdict_build_helpers import build, every_capability_passes, gate, records, run_action
 
 HOSTS = ["pfn1", "pfn2", "pfn3"]
