@@ -144,8 +144,12 @@ def group_findings(raw):
 
 
 def _named(fix, hosts, every):
-    """A group's fix with the node placeholder replaced by the group's nodes (``on all 3 nodes: ...``)."""
-    return fix.replace(NODE, node_list(hosts, every)) if NODE in fix else fix
+    """A group's fix with the node placeholder replaced by the group's nodes (``on all 3 nodes: ...``; ``node <node>``
+    reads ``all 3 nodes`` too)."""
+    if NODE not in fix:
+        return fix
+    nodes = node_list(hosts, every)
+    return fix.replace("node %s" % NODE, nodes if len(set(hosts)) > 1 else "node %s" % nodes).replace(NODE, nodes)
 
 
 def _sentence(text):

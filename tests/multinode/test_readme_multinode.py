@@ -129,7 +129,8 @@ def operator_edit(path, bed, python, interpreter=True):
     """What README step 2 leaves to the operator: the nodes and their training Python and job user in the copied
     example; the rest of it kept (its ``ansible_python_interpreter`` too, unless ``interpreter`` is false: the
     mistake of the first fault run).  A small, quick all-reduce and the bed's own lock directory keep the bed fast
-    and apart from other beds."""
+    and apart from other beds; its 20 timed iterations (a few tens of milliseconds) make the bus bandwidth step 5
+    compares with the profile a mean, not the time of one or two collectives on a machine other beds share."""
     with open(path, encoding="utf-8") as handle:
         inventory = yaml.safe_load(handle)
     cluster = inventory["all"]["children"]["cluster"]
@@ -141,8 +142,8 @@ def operator_edit(path, bed, python, interpreter=True):
     cluster["hosts"] = {name: {"ansible_host": node.address, "preflight_node_addr": node.node_addr}
                         for name, node in zip(NAMES, bed.nodes)}
     cluster["vars"].update(preflight_training_python=python, preflight_job_user="nobody", preflight_nproc_per_node=1,
-                           preflight_lock_dir=bed.lock_dir, allreduce_sizes=[65536], allreduce_iters=2,
-                           allreduce_warmup=1)
+                           preflight_lock_dir=bed.lock_dir, allreduce_sizes=[65536], allreduce_iters=20,
+                           allreduce_warmup=3)
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(inventory, handle, sort_keys=False)
 

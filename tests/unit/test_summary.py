@@ -165,3 +165,12 @@ def test_the_command_line_keeps_each_diff_without_the_task_banner():
                          "+++ after: /etc/a.conf\r\n@@ -0,0 +1 @@\r\n+x = 1\r\n"})
     assert collector.diffs == [("gpu-node-1", "Ensure the pattern.",
                                 "--- before: /etc/a.conf\n+++ after: /etc/a.conf\n@@ -0,0 +1 @@\n+x = 1")]
+
+
+def test_a_fix_naming_its_node_reads_right_for_a_group():
+    verdict = synthetic_verdict(hosts=HOSTS)
+    for host in HOSTS:
+        _put(verdict, host, "profile.allreduce_busbw_gbps", "fail", "slow on %s" % host,
+             "see the localisation rounds (node %s)" % host)
+    group = summary.group_findings(verdict)[0]
+    assert group.fix == "see the localisation rounds (all 3 nodes)"
