@@ -23,6 +23,7 @@ from cluster_preflight.capabilities.allreduce.retest import STEPS as RETEST_STEP
 from cluster_preflight.outputs.formats import launch_names, write_outputs
 from cluster_preflight.verdict.printable import printable_verdict
 from cluster_preflight.outputs.report import after_verdict
+from cluster_preflight.outputs.summary import cause_records
 from cluster_preflight.verdict.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
 
 KINDS = {
@@ -199,6 +200,8 @@ class ActionModule(ControllerAction):
         verdict.update((key, value) for key, value in notes.items() if key != "hostfile_mode")
         verdict["hostfile"] = launch_names(verdict, {host: (view.nodes.get(host) or {}).get("node_addr")
                                                      for host in view.hosts}, notes["hostfile_mode"])
+        # The findings grouped by cause, each cause once with its consequences counted (what the summary prints).
+        verdict["causes"] = cause_records(verdict)
         logs = (by_name.get(stage_results.FINAL) or {}).get("logs") or {}
         outputs = {}
         try:

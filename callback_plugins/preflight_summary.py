@@ -19,7 +19,9 @@ description:
     caller passes C(ANSIBLE_CALLBACK_PLUGINS=<project>/callback_plugins) and
     C(ANSIBLE_CALLBACKS_ENABLED=preflight_summary) in C(envvars).
   - A cell holds the worst outcome of the node's checks of that capability; C(n/a) when every one
-    was C(not_applicable) or C(skipped); C(-) when the node has none.
+    was C(not_applicable) or C(skipped); C(-) when the node has none. A capability that is C(n/a) on every
+    node (the GPU and fabric checks on CPU nodes) is named in one line under the matrix instead of a
+    column, and each header is split at its first underscore, so the matrix stays about 100 columns wide.
   - Under the matrix, a gate says which known-good profile each node was compared with (or that none
     was set) and how the host lists name the nodes; a bring-up says how many tasks changed (or, in
     check mode, would change) something on each node, Ansible's own count, which it also records in
@@ -37,7 +39,7 @@ from cluster_preflight.verdict.printable import printable
 from cluster_preflight.verdict.accounting import FILE_MODE, atomic_write
 from cluster_preflight.stages.view import without_gc
 from cluster_preflight.verdict.json_text import indented
-from cluster_preflight.outputs.summary import notes
+from cluster_preflight.outputs.summary import allreduce_line, notes
 from cluster_preflight.verdict.file import VerdictError, load
 
 VERDICT_ACTION = "preflight_verdict"
@@ -73,41 +75,59 @@ def capabilities(verdict):
     return sorted(names, key=lambda name: (name != "preflight", name))
 
 
+def _cells(verdict, columns):
+    """``{host: [cell, ...]}`` in the order of ``columns``."""
+    out = {}
+    for host in verdict["hosts"]:
+        by_capability = {}
+        for name, check in verdict["nodes"][host]["checks"].items():
+            by_capability.setdefault(name.split(".", 1)[0], []).append(check)
+        out[host] = [capability_cell(by_capability.get(name)) for name in columns]
+    return out
+
+
+def _header(name):
+    """A column's header on two lines, split at its first underscore (``core`` over ``dumps``), so a column is as
+    wide as its longer word, not its whole name."""
+    top, _sep, bottom = name.partition("_")
+    return (top, bottom) if bottom else ("", name)
+
+
 def matrix(verdict):
-    """``[(header, None)] + [(row, node status)]``: one row per node, one column per capability."""
-    columns = capabilities(verdict)
+    """``[(header line, None), ...] + [(row, node status)]``: one row per node, one column per capability that
+    applies somewhere; a column is as wide as its header's longer word or its widest cell (about 100 characters
+    for every capability).  ``not_applicable(verdict)`` names the columns left out (n/a on every node)."""
+    every = capabilities(verdict)
+    cells = _cells(verdict, every)
+    keep = [index for index, _name in enumerate(every)
+            if any(cells[host][index] not in (NOT_APPLICABLE, NONE) for host in verdict["hosts"])]
+    columns = [every[index] for index in keep]
+    headers = [_header(name) for name in columns]
+    widths = [max([len(top), len(bottom)] + [len(cells[host][index]) for host in verdict["hosts"]])
+              for (top, bottom), index in zip(headers, keep)]
     width = max([len("node")] + [len(host) for host in verdict["hosts"]])
-    widths = [max(len(name), len("unverified")) for name in columns]
-    header = "  ".join(["node".ljust(width), "status".ljust(10)] + [name.ljust(w) for name, w in zip(columns, widths)])
-    rows = [(header.rstrip(), None)]
+    status_width = max([len("status")] + [len(verdict["nodes"][host]["status"]) for host in verdict["hosts"]])
+    rows = []
+    if any(top for top, _bottom in headers):
+        rows.append(("  ".join([" " * width, " " * status_width] + [top.ljust(w) for (top, _b), w in
+                                                                    zip(headers, widths)]).rstrip(), None))
+    rows.append(("  ".join(["node".ljust(width), "status".ljust(status_width)] +
+                           [bottom.ljust(w) for (_t, bottom), w in zip(headers, widths)]).rstrip(), None))
     for host in verdict["hosts"]:
         node = verdict["nodes"][host]
-        by_capability = {}
-        for name, check in node["checks"].items():
-            by_capability.setdefault(name.split(".", 1)[0], []).append(check)
-        cells = [capability_cell(by_capability.get(name)).ljust(w) for name, w in zip(columns, widths)]
-        rows.append(("  ".join([host.ljust(width), node["status"].ljust(10)] + cells).rstrip(), node["status"]))
+        row = [cells[host][index].ljust(w) for index, w in zip(keep, widths)]
+        rows.append(("  ".join([host.ljust(width), node["status"].ljust(status_width)] + row).rstrip(),
+                     node["status"]))
     return rows
 
 
-def allreduce_line(verdict):
-    """The all-reduce in one line: status, world size, backend, busbw at the largest message size."""
-    gate = verdict.get("allreduce")
-    if not gate:
-        return "all-reduce: not part of this playbook"
-    if gate.get("status") == "skipped":
-        return "all-reduce: skipped (%s)" % (gate.get("reason") or "not launched")
-    line = "all-reduce: %s, world size %s of %s planned, backend %s" % (
-        gate.get("status"), gate.get("world_size"), gate.get("planned_world_size"), gate.get("backend"))
-    sizes = gate.get("sizes") or []
-    if sizes:
-        largest = max(sizes, key=lambda row: row["size_bytes"])
-        line += ", busbw %.3f GB/s (algbw %.3f GB/s) at %d bytes" % (
-            largest["busbw_gbps"], largest["algbw_gbps"], largest["size_bytes"])
-    suspects = gate.get("suspects") or []
-    if suspects:
-        line += "; suspects: %s" % ", ".join("rank %s on %s" % (item.get("rank"), item.get("host")) for item in suspects)
-    return line
+def not_applicable(verdict):
+    """The capabilities the matrix leaves out: not applicable (or without a check) on every node."""
+    every = capabilities(verdict)
+    cells = _cells(verdict, every)
+    return [name for index, name in enumerate(every)
+            if all(cells[host][index] in (NOT_APPLICABLE, NONE) for host in verdict["hosts"])
+            and any(cells[host][index] == NOT_APPLICABLE for host in verdict["hosts"])]
 
 
 def summary_lines(verdict, path):
@@ -118,6 +138,9 @@ def summary_lines(verdict, path):
         verdict["status"].upper(), len(verdict["healthy_hosts"]), len(verdict["hosts"]))
     lines = [(title, C.COLOR_OK if verdict["status"] == "pass" else C.COLOR_ERROR)]
     lines += [(text, COLORS.get(status)) for text, status in matrix(verdict)]
+    left_out = not_applicable(verdict)
+    if left_out:
+        lines.append(("not applicable on any node (not shown): %s" % ", ".join(left_out), None))
     lines.append((allreduce_line(verdict), None))
     lines += [(text, None) for text in notes(verdict)]
     lines.append(("run directory: %s" % (verdict.get("run_dir") or os.path.dirname(path)), None))

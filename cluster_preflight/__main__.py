@@ -3,6 +3,11 @@
 import sys
 
 from .cli.main import main
+from .verdict.value import EXIT_INTERRUPTED
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        # A Ctrl-C after the run it stopped was ended (cli hands it on), or before any run started.
+        sys.exit(EXIT_INTERRUPTED)

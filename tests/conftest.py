@@ -11,7 +11,9 @@ import importlib
 import importlib.abc
 import importlib.util
 import os
+import signal
 import sys
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LIBRARY = os.path.join(ROOT, "library")
@@ -46,3 +48,17 @@ if LIBRARY not in sys.path:
     sys.path.insert(0, LIBRARY)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+
+def _stop_on_sigterm(number, frame):  # pylint: disable=unused-argument
+    """SIGTERM stops the test run as Ctrl-C does: a KeyboardInterrupt, so pytest tears every fixture down (beds,
+    Slurm daemons, browsers) instead of dying with them running.  A second SIGTERM is the default again."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt("SIGTERM")
+
+
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started in the background of a script (SIGINT ignored): scripts/run-pytest hands a Ctrl-C on as SIGINT.
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -57,6 +57,8 @@ def collect(db, node=None, since=None, limit=10, window=10, cluster=None, kinds=
             {key: row[key] for key in ("run_id", "kind", "finished", "status", "summary")})
     nodes = sorted(timelines) if node is None else [node]
     flaky = [item for item in history.flaky(db, window=window, **scope) if node is None or item["node"] == node]
+    configuration = [item for item in history.configuration_failures(db, window=window, **scope)
+                     if node is None or item["node"] == node]
     trends, where = {}, scope
     for scope in ("node", "pair"):
         for subject in history.subjects(db, scope, **where):
@@ -68,7 +70,7 @@ def collect(db, node=None, since=None, limit=10, window=10, cluster=None, kinds=
                 trends.setdefault(scope, {})[subject] = [
                     {key: point[key] for key in ("run_id", "finished", "size_bytes", "busbw_gbps")} for point in points]
     return {"db": db, "since": since, "cluster": cluster, "kinds": list(kinds or history.REAL_KINDS),
-            "timelines": timelines, "flaky": flaky, "busbw": trends,
+            "timelines": timelines, "flaky": flaky, "configuration": configuration, "busbw": trends,
             "last_pass": {name: history.last_pass(db, name, **where) for name in nodes},
             "last_run_pass": history.last_pass(db, **where)}
 
@@ -93,6 +95,10 @@ def text_lines(data):
     lines.append("")
     lines.append("Flaky nodes:")
     lines += ["  " + item["text"] for item in data["flaky"]] or ["  none"]
+    if data.get("configuration"):
+        lines.append("")
+        lines.append("Failures of the run's configuration (not counted as flaky):")
+        lines += ["  " + item["text"] for item in data["configuration"]]
     for scope, title in (("node", "per node"), ("pair", "per pair")):
         trends = data["busbw"].get(scope) or {}
         if not trends:

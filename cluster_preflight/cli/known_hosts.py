@@ -5,7 +5,7 @@
 Ansible connects with host-key checking on, so the controller must know every node's host key before the first
 ping.  This scans each node of the inventory (``ssh-keyscan``, each bounded), shows every key's SHA256 fingerprint
 next to the node, and records the keys in the controller's known-hosts file only once the operator has compared
-them with what the nodes show themselves (``ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`` on a console or a
+them with what the nodes show themselves (:data:`ON_THE_NODE`, the keys its sshd presents, on a console or a
 channel already trusted) and answered yes.  A key that differs from the one already known for a node is never
 replaced: that is the warning host-key checking exists for.  Nothing here turns checking off.
 """
@@ -26,6 +26,9 @@ from ..outputs.cluster_names import GROUP, load_inventory
 KEY_TYPES = "ed25519,ecdsa,rsa"
 SCAN_TIMEOUT = 5
 PARALLEL = 32
+# On a node, as root: the fingerprint of every host key its sshd presents (sshd -T names the files, which need not be
+# /etc/ssh/ssh_host_*_key: a site's sshd_config or a drop-in may put them elsewhere).
+ON_THE_NODE = "for key in $(sshd -T | awk '$1 == \"hostkey\" {print $2}'); do ssh-keygen -lf \"$key.pub\"; done"
 # Exit codes of this command.
 EXIT_RECORDED = 0
 EXIT_DECLINED = 1
@@ -173,9 +176,9 @@ def run(args, out, ask=None):
         out("CHANGED %s" % text)
     if found["changed"]:
         out("known-hosts: nothing recorded: a node's host key differs from the one %s knows. Either the node was "
-            "reinstalled, or something else answers at its address. Check on the node itself (ssh-keygen -lf "
-            "/etc/ssh/ssh_host_ed25519_key.pub); only then remove the old key (ssh-keygen -R ADDRESS -f %s) and run "
-            "this again" % (path, path), "stderr")
+            "reinstalled, or something else answers at its address. Check on the node itself, as root: %s; only "
+            "then remove the old key (ssh-keygen -R ADDRESS -f %s) and run this again" % (path, ON_THE_NODE, path),
+            "stderr")
         return EXIT_CHANGED
     for name, address, port, kind, key in found["known"]:
         out("known     %-20s %-22s %-20s %s" % (name, pattern(address, port), kind, fingerprint(key)))
@@ -183,7 +186,8 @@ def run(args, out, ask=None):
         out("new       %-20s %-22s %-20s %s" % (name, pattern(address, port), kind, fingerprint(key)))
     if found["new"]:
         out("Compare each fingerprint with what the node shows itself, on its console or a channel you already "
-            "trust: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub (and _ecdsa_, _rsa_).")
+            "trust, as root: %s (the host keys its sshd presents, wherever its configuration puts them; sshd -T -f "
+            "FILE when sshd runs with another configuration: ps -o args= -C sshd)." % ON_THE_NODE)
         answer = (ask or _ask)("Record these %d keys in %s? [yes/no] " % (len(found["new"]), path))
         if str(answer).strip().lower() not in ("y", "yes"):
             out("known-hosts: nothing recorded (not confirmed)", "stderr")

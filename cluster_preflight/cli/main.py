@@ -7,9 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
-import threading
 
 from . import history as history_cli, known_hosts, playbooks
 from ..outputs import summary
@@ -75,12 +73,19 @@ def build_parser():
     parser = _Parser(prog="python -m cluster_preflight", allow_abbrev=False,
                      description="Run the cluster preflight and answer with its verdict "
                                  "(exit codes: README.md, 'Exit codes'; docs/cli.md).")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="this checkout's version and commit, ansible-core's and Python's, then exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     for name, text in RUN_COMMANDS.items():
         sub = commands.add_parser(name, help=text, description=text + ". Other options go to "
                                   "ansible-playbook as they are (-v, --forks N, -e @vars.yml).", allow_abbrev=False)
         _run_options(sub)
+        sub.add_argument("--check", action="store_true", help="dry run (ansible-playbook --check): read and judge, "
+                         "write nothing on a node" + ("; bring-up then says what it would change" if name == "bringup"
+                                                      else ""))
+        sub.add_argument("--diff", action="store_true", help="print each file's change (ansible-playbook --diff); "
+                         "with --check, what would change")
         if name == "gate":
             sub.add_argument("--engine", choices=ENGINES, help="how the gate reaches its nodes (preflight_engine): "
                              "ssh, a module over each node's connection (the default); srun, one Slurm step per "
@@ -116,6 +121,39 @@ def build_parser():
     return parser
 
 
+class _Version(argparse.Action):
+    """``--version``: one line, worked out only when asked (it asks git for the commit)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _out(version_text())
+        parser.exit(0)
+
+
+def version_text():
+    """``cluster-preflight 1.0.0 (commit abc1234, /opt/preflight); ansible-core 2.19.4; Python 3.11.7``: what a bug
+    report needs (the checkout's commit when it is a git checkout; git bounded, never required)."""
+    import importlib.metadata  # pylint: disable=import-outside-toplevel
+    import platform  # pylint: disable=import-outside-toplevel
+    import subprocess  # pylint: disable=import-outside-toplevel
+
+    def _version(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    commit = ""
+    try:
+        done = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5, check=False)
+        commit = done.stdout.strip() if done.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "cluster-preflight %s (%s%s); ansible-core %s; Python %s" % (
+        _version("cluster-preflight"), "commit %s, " % commit if commit else "", ROOT, _version("ansible-core"),
+        platform.python_version())
+
+
 def parse_args(argv):
     """``(namespace, passthrough)``: our options, and those ansible-playbook gets as they are."""
     args, rest = build_parser().parse_known_args(argv)
@@ -130,6 +168,9 @@ def parse_args(argv):
             args.extravars.update(pairs)
     if getattr(args, "inventory", None):
         args.inventory = args.inventory[0] if len(args.inventory) == 1 else args.inventory
+    for option in ("check", "diff"):
+        if getattr(args, option, False):
+            passthrough.append("--" + option)
     if getattr(args, "engine", None):
         # One setting, whichever way it is given: the run's settings check it (srun outside an allocation: exit 4).
         args.extravars[ENGINE_SETTING] = args.engine
@@ -310,32 +351,24 @@ def _run_and_show(args, passthrough):
     progress = None
     if not args.quiet:
         progress = Progress(sys.stderr, tty=tty, width=shutil.get_terminal_size((100, 20)).columns).start()
-    interrupted = threading.Event()
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        def _on_sigint(signum, frame):  # pylint: disable=unused-argument
-            # The first Ctrl-C stops the run cleanly (runner ends ansible-playbook and its tree);
-            # a second one is Python's default.
-            interrupted.set()
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-
-        previous = signal.signal(signal.SIGINT, _on_sigint)
+    # Ctrl-C (SIGINT) or SIGTERM stops the run: ansible-playbook and what it left running here are ended first
+    # (cluster_preflight/cli/leftovers.py), the summary is printed, then the signal goes on (below).
+    stopping = playbooks.Stopping(None)
     kwargs = dict(inventory=args.inventory, limit=args.limit, extravars=args.extravars, results_dir=args.results_dir,
-                  cmdline=passthrough, progress=progress, cancel=interrupted.is_set, timeout=args.timeout,
+                  cmdline=passthrough, progress=progress, cancel=stopping.asked, timeout=args.timeout,
                   color=sys.stdout.isatty() and not args.quiet)
     try:
-        if args.command == "diagnose":
-            result = playbooks.diagnose(**kwargs)
-        else:
-            result = playbooks.run_playbook(playbooks.PLAYBOOKS[args.command], **kwargs)
+        with stopping:
+            if args.command == "diagnose":
+                result = playbooks.diagnose(**kwargs)
+            else:
+                result = playbooks.run_playbook(playbooks.PLAYBOOKS[args.command], **kwargs)
     except playbooks.UsageError as exc:
         _out("%s: %s" % (args.command, exc), sys.stderr)
         return None, EXIT_USAGE
     finally:
         if progress is not None:
             progress.close()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
     if not args.quiet:
         for host, task, diff in result.diffs:
             _out("--- diff: %s on %s" % (task, host))
@@ -352,6 +385,8 @@ def _run_and_show(args, passthrough):
         _out("%s: %s" % (word, result.error), sys.stderr)
     if not args.quiet:
         _out("exit %d (%s)" % (result.exit_code, EXIT_MEANING.get(result.exit_code, "")), sys.stderr)
+    # A Ctrl-C goes on to whoever called (KeyboardInterrupt: python -m cluster_preflight exits 130, a test run stops).
+    stopping.deliver()
     return result, result.exit_code
 
 

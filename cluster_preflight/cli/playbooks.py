@@ -15,11 +15,15 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from . import leftovers
 from ..verdict.value import (EXIT_FAIL, EXIT_INTERRUPTED, EXIT_PASS, EXIT_UNKNOWN, EXIT_USAGE, ROOT, Verdict,
                              VerdictError, exit_code, load_verdict)
 
@@ -31,6 +35,8 @@ SUMMARY_CALLBACK = "preflight_summary"
 SUMMARY_TITLE = re.compile(r"^(PREFLIGHT|BRING-UP|HEALTH CHECK) SUMMARY: ")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 TASK_BANNER = re.compile(r"^TASK \[.*\] \**$")
+# Seconds between two looks of ansible-runner at the cancel request (its default, 5, made a Ctrl-C wait that long).
+CANCEL_POLL = 0.5
 
 
 class UsageError(ValueError):
@@ -57,6 +63,8 @@ class Result:
     stats: Dict[str, Any] = field(default_factory=dict)
     # What each changed file would look like, ``[(host, task, diff text)]``, when ansible-playbook ran with --diff.
     diffs: List[Any] = field(default_factory=list)
+    # The signal (SIGINT, SIGTERM) that stopped the run, when one did; what it left running was ended.
+    signal: Optional[int] = None
 
     @property
     def passed(self) -> bool:
@@ -78,6 +86,7 @@ class _Collector:
         self.errors = []
         self.diffs = []
         self.after_stats = False
+        self.playbook_pid = None
 
     def __call__(self, event):
         kind = event.get("event")
@@ -91,6 +100,9 @@ class _Collector:
             self.report_lines = [str(line) for line in res.get("lines") or []]
         if kind == "playbook_on_play_start":
             self.plays += 1
+        if kind == "playbook_on_start" and isinstance(event.get("pid"), int):
+            # The ansible-playbook process itself: its run id names what it started (cluster_preflight/cli/leftovers.py).
+            self.playbook_pid = event["pid"]
         if kind == "runner_on_file_diff" and event.get("stdout"):
             # The diff alone: the stdout callback puts the task's banner before a task's first output.
             text = ANSI.sub("", event["stdout"]).replace("\r\n", "\n")
@@ -146,8 +158,11 @@ def run_playbook(playbook: str, inventory: Optional[str] = None, limit: Optional
     ``inventory``: a path (default: the embedded ``inventory/hosts.yml``); ``limit`` as ``--limit``;
     ``extravars`` as ``-e`` (``results_dir`` sets ``preflight_results_dir``); ``cmdline``: further
     ansible-playbook arguments (``-v``, ``--forks 8``, ``-e @vars.yml``); ``progress``: called with
-    every runner event; ``cancel``: polled, True stops the run (exit code 130); ``timeout``: seconds
-    for the whole run. Raises :class:`UsageError` when the run cannot start.
+    every runner event; ``cancel``: polled, True stops the run (exit code 130); without it, in the main thread,
+    SIGINT and SIGTERM stop the run, and once it and what it left running on this machine are ended
+    (:mod:`cluster_preflight.cli.leftovers`) the signal goes on to the handler that was there before (a Ctrl-C then
+    raises KeyboardInterrupt in the caller); ``timeout``: seconds for the whole run. Raises :class:`UsageError`
+    when the run cannot start.
     """
     import ansible_runner  # pylint: disable=import-outside-toplevel  (the verdict reader needs no Ansible)
 
@@ -165,17 +180,69 @@ def run_playbook(playbook: str, inventory: Optional[str] = None, limit: Optional
     if results_dir:
         extravars["preflight_results_dir"] = os.path.abspath(results_dir)
     collector = _Collector(progress)
+    marker = uuid.uuid4().hex
+    env[leftovers.MARKER_ENV] = marker
     private = tempfile.mkdtemp(prefix="cluster-preflight-")
-    try:
-        run = ansible_runner.run(
-            private_data_dir=private, project_dir=ROOT, playbook=path, inventory=inventory, limit=limit or None,
-            extravars=extravars or None, envvars=env, cmdline=shlex.join(cmdline) if cmdline else None,
-            quiet=True, suppress_env_files=True, event_handler=collector, cancel_callback=cancel,
-            timeout=timeout)
-        rc, status = run.rc, run.status
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
-    return _result(playbook, rc, status, collector)
+    with Stopping(cancel) as stopping:
+        try:
+            run = ansible_runner.run(
+                private_data_dir=private, project_dir=ROOT, playbook=path, inventory=inventory, limit=limit or None,
+                extravars=extravars or None, envvars=env, cmdline=shlex.join(cmdline) if cmdline else None,
+                quiet=True, suppress_env_files=True, event_handler=collector, cancel_callback=stopping.asked,
+                timeout=timeout, settings={"pexpect_timeout": CANCEL_POLL})
+            rc, status = run.rc, run.status
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        ended = None
+        if status in ("canceled", "timeout"):
+            # ansible-runner killed ansible-playbook's process group; what left it is ended here.
+            ended = leftovers.stop(marker, [leftovers.run_prefix(collector.playbook_pid)]
+                                   if collector.playbook_pid else [])
+    result = _result(playbook, rc, status, collector)
+    result.signal = stopping.signal
+    if ended and ended["survivors"]:
+        result.error = "; ".join(filter(None, (result.error, "still running after the stop (stuck in the kernel?): "
+                                                              "%s" % ", ".join(ended["survivors"]))))
+    stopping.deliver()
+    return result
+
+
+class Stopping:
+    """A run's stop requests: the caller's ``cancel``, else SIGINT and SIGTERM caught while the run goes on (never
+    ansible-runner's handlers, which it leaves installed), restored after it.  :meth:`deliver` hands the signal on to
+    the handler that was there before (pytest's, a caller's: a KeyboardInterrupt then stops them too) once the run
+    and what it left are ended."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, cancel):
+        self.cancel = cancel
+        self.signal = None
+        self.previous = {}
+
+    def __enter__(self):
+        if self.cancel is None and threading.current_thread() is threading.main_thread():
+            for number in self.SIGNALS:
+                self.previous[number] = signal.signal(number, self._caught)
+        return self
+
+    def _caught(self, number, frame):  # pylint: disable=unused-argument
+        # The first one stops the run; more are the same request (the stop is bounded: see leftovers.stop).
+        if self.signal is None:
+            self.signal = number
+
+    def asked(self):
+        return self.signal is not None or bool(self.cancel is not None and self.cancel())
+
+    def __exit__(self, *exc):
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        return False
+
+    def deliver(self):
+        """The caught signal, to the handler that was there before when it is Python's (never a default action)."""
+        if self.signal is not None and callable(self.previous.get(self.signal)):
+            signal.raise_signal(self.signal)
 
 
 def _result(playbook, rc, status, collector):

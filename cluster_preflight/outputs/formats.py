@@ -57,7 +57,7 @@ Host lists, of the nodes the verdict calls healthy (``healthy_hosts``: ``pass``
 and ``warn``), in the verdict's order; empty files when none is, so a stale list
 is never used.  Each node is named as the other nodes reach it (the verdict's
 ``hostfile``, :func:`launch_names`): its inventory name, or its address when the
-gate saw that name not resolve on its peers (``preflight_hostfile_names``):
+gate saw that name not resolve on its peers or did not check it (``preflight_hostfile_names``):
 
 * ``hostfile`` -- ``<host> slots=<N>`` (MPI, DeepSpeed), ``N`` the ranks the
   all-reduce planned on that node.  A verdict without an all-reduce
@@ -328,36 +328,57 @@ def unresolved_names(verdict):
     return found
 
 
+def unchecked_names(verdict):
+    """The nodes of a multi-node gate whose name's resolution on the peers no check of this run looked at (the ssh
+    mesh off: ``ssh_trust_mesh: false``; the node left out of it)."""
+    if "allreduce" not in verdict or len(verdict["hosts"]) < 2:
+        return []
+    return [host for host in verdict["hosts"]
+            if (verdict["nodes"][host]["checks"].get(UNRESOLVED_CHECK) or {}).get("status") not in ("pass", "warn",
+                                                                                                   "fail")]
+
+
 def launch_names(verdict, addresses, mode="auto"):
     """``{names: {host: entry}, mode, note}``: how the host lists name each node.  ``addresses``: ``{host:
-    address}`` (preflight_node_addr, else ansible_host); ``mode``: ``auto`` (the inventory name, or the address of
-    a node whose name did not resolve on its peers), ``inventory`` or ``address``.  ``note`` says which nodes are
-    listed by address and why, or that their names were used as they are; empty when there is nothing to say."""
+    address}`` (preflight_node_addr, else ansible_host: the address the all-reduce used); ``mode``: ``auto`` (the
+    inventory name when this run saw it resolve on the peers; the address of a node whose name did not resolve, or
+    whose resolution this run did not check, so a list is usable whatever check a warning's fix turned off),
+    ``inventory`` or ``address``.  ``note`` says which nodes are listed by address and why, or that names were kept
+    although they did not resolve; empty when there is nothing to say or no node to list."""
     unresolved = unresolved_names(verdict)
+    unchecked = set(unchecked_names(verdict))
     mode = mode if mode in HOSTFILE_NAMES else "auto"
     by_address = [host for host in verdict["hosts"] if addresses.get(host) and addresses[host] != host and (
-        mode == "address" or (mode == "auto" and host in unresolved))]
+        mode == "address" or (mode == "auto" and (host in unresolved or host in unchecked)))]
     names = {host: addresses[host] if host in by_address else host for host in verdict["hosts"]}
     note = ""
-    if by_address and mode == "address":
+    failing = [host for host in by_address if host in unresolved]
+    quiet = [host for host in by_address if host not in unresolved]
+    if not verdict.get("healthy_hosts"):
+        note = ""
+    elif by_address and mode == "address":
         note = ("hostfile, hosts.txt and hosts.csv list the nodes by address (preflight_hostfile_names: address): "
                 "%s" % ", ".join("%s=%s" % (host, names[host]) for host in by_address))
     elif by_address:
-        note = ("hostfile, hosts.txt and hosts.csv list %s by address: the name did not resolve on its peers (%s); "
-                "make the names resolvable on every node (/etc/hosts or DNS), or set preflight_hostfile_names: "
-                "inventory to list names anyway" % (", ".join("%s as %s" % (host, names[host]) for host in by_address),
-                                                    "; ".join("%s on %s" % (host, ", ".join(unresolved[host]))
-                                                              for host in by_address)))
+        parts = []
+        if failing:
+            parts.append("%s by address: the name did not resolve on its peers (%s); make the names resolvable on "
+                         "every node (/etc/hosts or DNS)" % (
+                             ", ".join("%s as %s" % (host, names[host]) for host in failing),
+                             "; ".join("%s on %s" % (host, ", ".join(unresolved[host])) for host in failing)))
+        if quiet:
+            parts.append("%s by address: whether the name resolves on the nodes was not checked in this run (the "
+                         "ssh mesh is off: ssh_trust_mesh); the addresses are those the all-reduce used" % (
+                             ", ".join("%s as %s" % (host, names[host]) for host in quiet)))
+        note = "hostfile, hosts.txt and hosts.csv list %s; or set preflight_hostfile_names: inventory to list " \
+               "names anyway" % "; ".join(parts)
     elif mode == "inventory" and unresolved:
         note = ("hostfile, hosts.txt and hosts.csv list inventory names as asked (preflight_hostfile_names: inventory), "
                 "though %s did not resolve on peers: a launcher on a node cannot reach them by name"
                 % ", ".join(sorted(unresolved)))
-    elif mode == "auto" and "allreduce" in verdict and len(verdict["hosts"]) > 1 and not any(
-            (verdict["nodes"][host]["checks"].get(UNRESOLVED_CHECK) or {}).get("status") in ("pass", "warn", "fail")
-            for host in verdict["hosts"]):
-        note = ("hostfile, hosts.txt and hosts.csv list inventory names; whether they resolve on the nodes was not "
-                "checked (no ssh mesh in this run: ssh_trust_mesh); set preflight_hostfile_names: address to list "
-                "the nodes' addresses instead")
+    elif mode == "inventory" and unchecked:
+        note = ("hostfile, hosts.txt and hosts.csv list inventory names as asked (preflight_hostfile_names: inventory); "
+                "whether they resolve on the nodes was not checked in this run (ssh_trust_mesh)")
     return {"names": names, "mode": mode, "note": note}
 
 

@@ -96,6 +96,12 @@ MIGRATIONS = (
         "ALTER TABLE runs ADD COLUMN check_mode INTEGER NOT NULL DEFAULT 0",
         "CREATE INDEX runs_cluster ON runs (cluster, finished)",
     )),
+    (4, (
+        # What a node's failure was (cause_kind): 'configuration' (the run's settings or inventory, a node call that
+        # could not start, the job user, or one cause on every node of the run) or 'node'; NULL for a node that did
+        # not fail, and for runs recorded before.  flaky() counts only the node's own failures.
+        "ALTER TABLE node_results ADD COLUMN cause_kind TEXT",
+    )),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -189,12 +195,52 @@ def migrate(conn, upto=SCHEMA_VERSION):
 # Recording a verdict
 
 
-def node_summary(verdict, host):
-    """The node's first finding as ``check: found`` (a failure before a blocked check before a warning)."""
-    items = [item for item in findings_of({"hosts": [host], "nodes": {host: verdict["nodes"][host]}})]
+# Checks whose failure is the run's configuration (its settings, the inventory, the job's account and Python),
+# not the node's health: fixed once, they are no sign of a flaky node.
+CONFIGURATION_CHECKS = ("preflight.inputs", "preflight.unknown_variables", "allreduce.job_user", "allreduce.python")
+
+
+def _node_findings(verdict, host):
+    """The node's findings, causes before their consequences, then failures before blocked checks before
+    warnings."""
+    checks = verdict["nodes"][host]["checks"]
+    items = list(findings_of({"hosts": [host], "nodes": {host: verdict["nodes"][host]}}))
     order = {"fail": 0, "unverified": 1, "warn": 2}
-    items.sort(key=lambda item: order.get(item.status, 3))
+
+    def consequence(item):
+        details = (checks.get(item.check) or {}).get("details") or {}
+        return any(name in checks and name != item.check
+                   for name in details.get("caused_by") or details.get("blocked_by") or [])
+
+    items.sort(key=lambda item: (consequence(item), order.get(item.status, 3)))
+    return items
+
+
+def node_summary(verdict, host):
+    """The node's first finding as ``check: found``: its cause, never a consequence of it (a capability without a
+    result because the node's facts could not be read), a failure before a blocked check before a warning."""
+    items = _node_findings(verdict, host)
     return "%s: %s" % (items[0].check, items[0].found) if items else ""
+
+
+def cause_kind(verdict, host):
+    """``configuration`` or ``node`` for a failed node (None otherwise): configuration when its cause is the run's
+    settings or inventory (an ``.inputs`` check, one of :data:`CONFIGURATION_CHECKS`, a node call that could not
+    start: ``details.configuration``) or the same cause failed every node of a run of several."""
+    if verdict["nodes"][host]["status"] != "fail":
+        return None
+    items = _node_findings(verdict, host)
+    if not items:
+        return "node"
+    cause = items[0]
+    details = (verdict["nodes"][host]["checks"].get(cause.check) or {}).get("details") or {}
+    if cause.check.endswith(".inputs") or cause.check in CONFIGURATION_CHECKS or details.get("configuration"):
+        return "configuration"
+    hosts = verdict["hosts"]
+    if len(hosts) > 1 and all(verdict["nodes"][other]["status"] == "fail" and (
+            verdict["nodes"][other]["checks"].get(cause.check) or {}).get("status") == "fail" for other in hosts):
+        return "configuration"
+    return "node"
 
 
 def busbw_rows(verdict):
@@ -241,10 +287,11 @@ def _insert(conn, verdict, kind, verdict_path, started):
          verdict_path, cluster_key(cluster), ",".join(str(item) for item in cluster.get("inventory") or []) or None,
          int(bool(verdict.get("check_mode")))))
     run = cursor.lastrowid
-    conn.executemany("INSERT INTO node_results (run, node, status, summary, reachable) VALUES (?, ?, ?, ?, ?)",
+    conn.executemany("INSERT INTO node_results (run, node, status, summary, reachable, cause_kind) "
+                     "VALUES (?, ?, ?, ?, ?, ?)",
                      [(run, host, verdict["nodes"][host]["status"], node_summary(verdict, host),
                        None if verdict["nodes"][host].get("reachable") is None
-                       else int(bool(verdict["nodes"][host]["reachable"])))
+                       else int(bool(verdict["nodes"][host]["reachable"])), cause_kind(verdict, host))
                       for host in verdict["hosts"]])
     conn.executemany("INSERT INTO findings (run, node, \"check\", status, found, expected, fix) "
                      "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -395,18 +442,51 @@ def recent_statuses(path, nodes=None, limit=10, cluster=None, kinds=None):
 
 
 def flaky(path, window=10, min_failures=1, cluster=None, kinds=None):
-    """Nodes that failed at least ``min_failures`` of their last ``window`` runs and passed at least one:
-    ``{node, failed, runs, text}`` ("gpu02 failed 3 of its last 10 runs"), most failures first."""
+    """Nodes that failed at least ``min_failures`` of their last ``window`` runs on a fault of their own and passed
+    at least one: ``{node, failed, runs, configuration, text}`` ("gpu02 failed 3 of its last 10 runs"), most
+    failures first.  Failures of the run's configuration (:func:`cause_kind`: settings, inventory, interpreter, job
+    user, or one cause on every node) are no sign of a flaky node: they are not counted, and said apart."""
     where, params = _runs_filter(cluster, kinds)
     rows = _query(path, """
-        SELECT node, SUM(status = 'fail') AS failed, SUM(status IN ('pass', 'warn')) AS good, COUNT(*) AS runs
-        FROM (SELECT n.node, n.status,
+        SELECT node, SUM(status = 'fail' AND COALESCE(cause_kind, 'node') != 'configuration') AS failed,
+               SUM(status = 'fail' AND cause_kind = 'configuration') AS configuration,
+               SUM(status IN ('pass', 'warn')) AS good, COUNT(*) AS runs
+        FROM (SELECT n.node, n.status, n.cause_kind,
                      ROW_NUMBER() OVER (PARTITION BY n.node ORDER BY r.finished DESC, r.id DESC) AS nth
               FROM node_results n JOIN runs r ON r.id = n.run WHERE %s)
         WHERE nth <= ? GROUP BY node""" % where, params + (int(window),))
     found = [{"node": row["node"], "failed": row["failed"], "runs": row["runs"],
-              "text": "%s failed %d of its last %d runs" % (row["node"], row["failed"], row["runs"])}
+              "configuration": row["configuration"],
+              "text": "%s failed %d of its last %d runs%s" % (
+                  row["node"], row["failed"], row["runs"],
+                  " (and %d more on the run's configuration, not counted)" % row["configuration"]
+                  if row["configuration"] else "")}
              for row in rows if row["failed"] >= min_failures and row["good"]]
+    return sorted(found, key=lambda item: (-item["failed"], item["node"]))
+
+
+def configuration_failures(path, window=10, cluster=None, kinds=None):
+    """Nodes whose last ``window`` runs include failures of the run's configuration (not of the node):
+    ``{node, failed, runs, passed_since, text}``, for ``history`` to say apart from flaky nodes."""
+    where, params = _runs_filter(cluster, kinds)
+    rows = _query(path, """
+        SELECT node, SUM(status = 'fail' AND cause_kind = 'configuration') AS failed, COUNT(*) AS runs,
+               MIN(CASE WHEN status IN ('pass', 'warn') THEN nth END) AS good_nth,
+               MIN(CASE WHEN status = 'fail' AND cause_kind = 'configuration' THEN nth END) AS bad_nth
+        FROM (SELECT n.node, n.status, n.cause_kind,
+                     ROW_NUMBER() OVER (PARTITION BY n.node ORDER BY r.finished DESC, r.id DESC) AS nth
+              FROM node_results n JOIN runs r ON r.id = n.run WHERE %s)
+        WHERE nth <= ? GROUP BY node""" % where, params + (int(window),))
+    found = []
+    for row in rows:
+        if not row["failed"]:
+            continue
+        since = row["good_nth"] is not None and row["good_nth"] < row["bad_nth"]
+        found.append({"node": row["node"], "failed": row["failed"], "runs": row["runs"], "passed_since": since,
+                      "text": "%s failed %d of its last %d runs on the run's configuration (settings, inventory, "
+                              "interpreter, job user, or one cause on every node), not a fault of the node%s" % (
+                                  row["node"], row["failed"], row["runs"],
+                                  "; it passed since" if since else "")})
     return sorted(found, key=lambda item: (-item["failed"], item["node"]))
 
 

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 """``report.html``: one self-contained page of a run, written next to its verdict file.
 
-Controller layer only (Jinja2, never shipped).  The page holds the node x capability matrix (failed
+Controller layer only (Jinja2, never shipped).  The page holds what the console's summary says (the node counts, the
+all-reduce, the profile and host-list notes, the findings grouped by cause), the node x capability matrix (failed
 nodes first), every finding with found / expected / fix, the bus bandwidth per node and per pair as SVG
 bars with their names and values written next to them, the localisation rounds when they ran, and each node's recent
 runs from the history database as a
@@ -18,6 +19,7 @@ import jinja2
 from cluster_preflight.verdict.accounting import atomic_write
 from cluster_preflight.outputs.history import (KINDS, HistoryError, busbw_rows, cluster_key, db_path, recent_statuses,
                                                record)
+from cluster_preflight.outputs import summary
 from cluster_preflight.outputs.formats import MODE
 from cluster_preflight.verdict.value import findings_of
 
@@ -125,19 +127,41 @@ def sparkline(statuses):
     return [{"x": index * 7, "status": status} for index, status in enumerate(statuses[-SPARK_RUNS:])]
 
 
+def causes(verdict):
+    """The findings grouped by cause as the console prints them (``cluster_preflight/outputs/summary.py``): one row per
+    group, ``{status, title, checks, nodes, found, fix, findings, consequences}``."""
+    out = []
+    for group in summary.group_findings(verdict):
+        first = group.items[0]
+        out.append({"status": group.status, "title": group.title or first.check,
+                    "checks": list(dict.fromkeys(item.check for item in group.items)),
+                    "hosts": list(dict.fromkeys(item.host for item in group.items)),
+                    "nodes": summary.node_list([item.host for item in group.items], verdict["hosts"]),
+                    "found": ("%s %s: %s" % (first.host, first.check, first.found)) if len(group.items) > 1
+                    else first.found,
+                    "fix": group.fix or first.fix, "findings": len(group.items),
+                    "consequences": summary.consequence_line(group, verdict["hosts"])})
+    return out
+
+
 def render(verdict, history=None, kind="gate"):
     """The page as text.  ``history``: ``{node: [status, ...]}`` oldest first (see
-    :func:`cluster_preflight.outputs.history.recent_statuses`), or None when there is no database."""
+    :func:`cluster_preflight.outputs.history.recent_statuses`), or None when there is no database.  It carries what
+    the console's summary does: the counts (a pass with warnings reads as healthy), the all-reduce, the profile and
+    host-list notes, the findings grouped by cause (each once, its consequences counted), then every finding."""
     capabilities, rows = matrix(verdict)
     node_chart, pair_chart = bandwidth(verdict)
     findings = sorted(findings_of(verdict), key=lambda item: (
         {"fail": 0, "unverified": 1, "warn": 2}.get(item.status, 3), item.host, item.check))
     localize = verdict.get("localize") or {}
+    gate = verdict.get("allreduce") or {}
     return _ENV.get_template("report.html.j2").render(
         verdict=verdict, kind=kind, capabilities=capabilities, rows=rows, findings=findings,
         node_chart=node_chart, pair_chart=pair_chart, localize=localize,
         sparks={node: sparkline(statuses) for node, statuses in (history or {}).items()},
-        counts={status: sum(1 for row in rows if row["status"] == status) for status in NODE_ORDER})
+        counts=summary.counts_text(verdict), allreduce=summary.allreduce_line(verdict) if "allreduce" in verdict
+        else None, notes=summary.notes(verdict), causes=causes(verdict),
+        skipped=gate.get("reason") if gate.get("status") == "skipped" else None)
 
 
 def write_report(verdict, run_dir, db_path=None, kind="gate"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 SETTINGS = "preflight_settings"
 INPUTS = "preflight_inputs"
 FACTS = "preflight_facts"
+AUDIT_FACTS = "preflight_audit_facts"
 PLAN = "preflight_plan"
 PORT_MESH_PROBE = "port_mesh_probe"
 PORT_MESH_WAIT = "port_mesh_wait"
@@ -39,6 +40,8 @@ REGISTERS = {
     SETTINGS: ("preflight_settings (controller, per node)", "typed, validated settings and reader arguments"),
     INPUTS: ("preflight_decide stage=inputs", "invalid settings stop the run; the run lock's id"),
     FACTS: ("preflight_facts (node)", "every capability's reader result, the job user, the run lock"),
+    AUDIT_FACTS: ("preflight_facts (node), bring-up's audit after the changes",
+                  "the facts read again where the bring-up applied; where it did not, the first read stands"),
     PLAN: ("preflight_decide stage=plan", "interface, ready nodes, port-mesh plan, probe arguments"),
     PORT_MESH_PROBE: ("port_probe (node)", "every peer's answer on the rendezvous port"),
     PORT_MESH_WAIT: ("job_wait (node)", "the port probe's result when it ran in the background"),

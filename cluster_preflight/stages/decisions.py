@@ -15,7 +15,7 @@ import traceback
 
 from cluster_preflight import capabilities
 from cluster_preflight.plays import stage_results
-from cluster_preflight.capabilities.allreduce import candidates, launch_plan, readiness
+from cluster_preflight.capabilities.allreduce import candidates, launch_plan, reach_checks, readiness
 from cluster_preflight.capabilities.allreduce.outcome import summarize
 from cluster_preflight.capabilities.allreduce.versions import version_checks
 from preflight_node.checks import CheckError, decision, error, put
@@ -278,6 +278,7 @@ def stage_final(view):
                               cluster["settings"][host], probe=cluster["probes"][host], cluster=cluster)
             if checks is not None:
                 _put(checks_by_host, host, name, checks)
+    _bringup_reach(view, checks_by_host)
     gate = launch.get("gate") or {"launch": False}
     # Lost before or while the all-node run was collected (a node lost in the confirmation run is not lost there).
     first_lost = view.lost(stage_results.STAGE_ORDER[:stage_results.STAGE_ORDER.index("probes") + 1])
@@ -336,6 +337,20 @@ def _job_env_excluded(view, hosts, checks_by_host):
     cluster = {"hosts": view.read_hosts(), "nodes": view.nodes, "node_facts": _node_facts(view, view.read_hosts()),
                "settings": view.capability_settings("job_env", deciding)}
     return _guarded(checks_by_host, deciding, "job_env", preflight_job_env.launch_exclusions, deciding, cluster) or {}
+
+
+def _bringup_reach(view, checks_by_host):
+    """Bring-up (its settings load no all-reduce): whether the job's account exists and can reach the training
+    Python on every node it read, from the job user its facts call resolved (allreduce.job_user, allreduce.python),
+    so a venv the job cannot run is named before the first gate."""
+    for host in view.read_hosts():
+        if "allreduce" in view.settings[host]:
+            continue
+        job = view.field(host, stage_results.FACTS, "job_user") or {}
+        python = str(((view.result(host, stage_results.SETTINGS) or {}).get("job") or {}).get("python") or "")
+        checks = _guarded(checks_by_host, [host], "allreduce", reach_checks, host, job, python)
+        if checks is not None:
+            _put(checks_by_host, host, "allreduce", checks)
 
 
 def _single_outcomes(view, single, checks_by_host, excluded):

@@ -199,6 +199,12 @@ class ClusterView(object):
         key = (host, stage_results.known(name))
         if key not in self._raw:
             value = self._stored(host, name)
+            if name == stage_results.FACTS:
+                # Bring-up reads the facts again after its changes where it applied them: the newest read that
+                # ran is the node's facts; a skipped one never hides the first read's failure.
+                audit = self._stored(host, stage_results.AUDIT_FACTS)
+                if isinstance(audit, collections.abc.Mapping) and not audit.get("skipped"):
+                    value = audit
             self._raw[key] = engine.node_result(value, host) if engine.is_by_node(value) else value
         return self._raw[key]
 

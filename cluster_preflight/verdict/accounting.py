@@ -146,12 +146,14 @@ def _stage_checks(host, records, stages):
             # How the node was reached: over SSH (the ssh engine), or through Slurm (the srun engine's "via").
             unreachable = (stage, message, (result or {}).get("via") or "over SSH")
         elif state == "failed":
+            fix = start_fix(result, login, host)
+            # A node call that could not start (its interpreter) is the inventory's configuration, not the node's
+            # health: the run history does not count it as a flaky node.
             checks[(RUN, stage)] = failed(
                 "%s failed on %s while %s: %s" % (stage, host, what, message[:600]),
                 "every preflight task completes on the node within its bound",
-                start_fix(result, login) or
-                "read the play output for %s; a timeout means the node is overloaded or hung (check it with "
-                "uptime and dmesg); then re-run" % host)
+                fix or "read the play output for %s; a timeout means the node is overloaded or hung (check it with "
+                "uptime and dmesg); then re-run" % host, **({"configuration": True} if fix else {}))
     if unreachable:
         stage, message, via = unreachable
         checks[(RUN, "reachable")] = failed(
@@ -165,16 +167,16 @@ def _stage_checks(host, records, stages):
 
 
 def _why_nothing(host, records, capability, stages):
-    """The first stage a capability depended on that did not deliver, as text."""
+    """``(text, cause)``: the first stage a capability depended on that did not deliver, and the check that names
+    it on the node (``preflight.reachable``, ``preflight.<stage>``; None when no stage explains it)."""
     for stage in ("facts",) + tuple(capabilities.DEPENDS.get(capability, ())):
         if stage not in stages:
             continue
-        state, message = task_outcome(records.get(stage_results.STAGE_REGISTERS[stage]))
+        state, _message = task_outcome(records.get(stage_results.STAGE_REGISTERS[stage]))
         if state in ("unreachable", "failed", "missing"):
-            return "%s was %s while %s (see preflight.%s): %s" % (
-                host, state, stage_results.STAGE_WHAT[stage], "reachable" if state == "unreachable" else stage,
-                message[:300])
-    return "no decision covered %s (a defect of the preflight)" % host
+            cause = "%s.%s" % (RUN, "reachable" if state == "unreachable" else stage)
+            return "%s was %s while %s (%s says why)" % (host, state, stage_results.STAGE_WHAT[stage], cause), cause
+    return "no decision covered %s (a defect of the preflight)" % host, None
 
 
 def budget_check(elapsed, limit):
@@ -241,12 +243,22 @@ def _no_result_checks(host, records, capabilities, stages, busy, flat, _add):
             _add(capability, "no_result", blocked("not checked on %s: %s" % (host, busy), "a node this run "
                                                   "holds", "wait for that run to end, then re-run"))
         elif capability not in covered:
-            _add(capability, "no_result", failed(
-                "no result from %s on %s: %s" % (capability, host,
-                                                 _why_nothing(host, records, capability, stages)),
-                "every capability that applies gives its outcome on every targeted node",
-                "fix the stage the finding names (preflight.reachable, preflight.facts, ...) on %s, see the "
-                "play output for it, then re-run" % host))
+            why, cause = _why_nothing(host, records, capability, stages)
+            if cause and cause in flat:
+                # A consequence: its cause is a finding of this node with the error and the fix; the summary counts
+                # this one under it (details.caused_by), and nothing here repeats the error.
+                _add(capability, "no_result", failed(
+                    "no result from %s on %s: %s" % (capability, host, why),
+                    "every capability that applies gives its outcome on every targeted node",
+                    "fix %s on %s (its finding says how), then re-run" % (cause, host), caused_by=[cause]))
+            else:
+                _add(capability, "no_result", failed(
+                    "no result from %s on %s: %s" % (capability, host, why),
+                    "every capability that applies gives its outcome on every targeted node",
+                    "a defect of the preflight when no stage failed on %s: report it with this verdict file; "
+                    "re-run meanwhile" % host if cause is None else
+                    "find in the play output why the stage named did not run on %s (an error earlier in the play), "
+                    "fix it, then re-run" % host))
 
 
 def build_verdict(hosts, records_by_host, decisions, capabilities, stages, run_id, run_dir, bound_seconds=None,

@@ -44,20 +44,41 @@ def node_said(result):
     return ""
 
 
-def start_fix(result, user=""):
-    """The fix for a module that could not start (``user``: the login, from the inventory), or None when
-    the cause is not one of these (the caller keeps its own fix)."""
+def discovered_interpreter(result):
+    """The interpreter Ansible's discovery chose for this node call (``ansible_python_interpreter`` unset), or
+    "" when it was set (Ansible reports what it discovered in the result's ``ansible_facts``)."""
+    facts = result.get("ansible_facts") if isinstance(result, dict) else None
+    found = (facts or {}).get("discovered_interpreter_python") if isinstance(facts, dict) else None
+    return str(found) if isinstance(found, str) and found else ""
+
+
+# What every Debian, Ubuntu, RHEL 8+ and SUSE node has; the value the example inventory names.
+SYSTEM_PYTHON = "/usr/bin/python3"
+SET_IT = ("set ansible_python_interpreter: %s (a Python every node has; any node's Python 3 that root can run "
+          "will do) under the cluster group's vars: in the inventory, then re-run" % SYSTEM_PYTHON)
+
+
+def start_fix(result, user="", host=""):
+    """The fix for a module that could not start (``user``: the login, from the inventory; ``host``: the node),
+    or None when the cause is not one of these (the caller keeps its own fix)."""
     if not not_started(result):
         return None
     said = " ".join(str(result.get(key) or "") for key in ("module_stderr", "module_stdout", "msg"))
     login = "the login user %s" % user if user else "the login user"
+    on = " on %s" % host if host else " on the node"
+    discovered = discovered_interpreter(result)
+    if discovered:
+        # Interpreter discovery picked the first Python on the login's PATH (a pyenv or conda shim on a root
+        # PATH is the usual one); what the node said shows why it does not run.
+        return ("Ansible's interpreter discovery chose %s%s (ansible_python_interpreter is not set) and it does "
+                "not run there (rc %s): %s" % (discovered, on, result.get("rc"), SET_IT))
     refused, missing, quoted = _REFUSED.search(said), _MISSING.search(said), _QUOTED.search(said)
     if refused or (result.get("rc") == 126 and not missing):
         interpreter = refused.group(1) if refused else "(see ansible_python_interpreter)"
-        return ("%s cannot execute the interpreter %s on the node: set ansible_python_interpreter to a Python that "
-                "user can run, or connect as root / set preflight_become: true" % (login, interpreter))
+        return ("%s cannot execute the interpreter %s%s: set ansible_python_interpreter to a Python that "
+                "user can run, or connect as root / set preflight_become: true" % (login, interpreter, on))
     if missing or quoted or result.get("rc") == 127:
         interpreter = (quoted or missing).group(1) if (quoted or missing) else "(see ansible_python_interpreter)"
-        return ("no such interpreter %s on the node: set ansible_python_interpreter to a Python the node has (the "
-                "training Python, or /usr/bin/python3), or install it there" % interpreter)
+        return ("no such interpreter %s%s: set ansible_python_interpreter to a Python the node has (%s, or "
+                "the training Python), or install it there" % (interpreter, on, SYSTEM_PYTHON))
     return None

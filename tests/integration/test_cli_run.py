@@ -108,3 +108,16 @@ def test_baseline_runs_the_gate_records_the_profile_and_the_next_gate_holds_to_i
     assert {"profile.torch_version", "profile.allreduce_backend", "profile.allreduce_busbw_gbps",
             "profile.summary"} <= set(compared)
     assert all(check["status"] == "pass" for check in compared.values()), compared
+
+
+def test_setup_sets_up_the_venv_and_runs_nothing(tmp_path):
+    """scripts/setup (a node's checkout for the Slurm hooks): the venv, no playbook, no results directory."""
+    results = os.path.join(ROOT, "results")
+    before = sorted(os.listdir(results)) if os.path.isdir(results) else []
+    done = subprocess.run([os.path.join(ROOT, "scripts", "setup")], cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=540, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("set up: %s" % os.path.join(ROOT, ".venv")), done.stdout
+    assert "PLAY" not in done.stdout + done.stderr
+    assert (sorted(os.listdir(results)) if os.path.isdir(results) else []) == before
+    assert os.listdir(str(tmp_path)) == []

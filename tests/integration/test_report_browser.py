@@ -73,9 +73,57 @@ def page(tmp_path_factory):
         verdict = synthetic_verdict(12, failed=("node0003",) if number != 2 else (), warned=("node0007",),
                                     run_id="r%d" % number, finished="2026-11-0%dT00:00:00Z" % number, localize=True)
         history.record(db, verdict, "preflight", "x")
+    # A consequence on the failed node: counted under its cause, not a cause of its own.
+    verdict["nodes"]["node0003"]["checks"]["core_dumps.no_result"] = {
+        "status": "fail", "found": "no result from core_dumps on node0003", "expected": "a result",
+        "fix": "fix allreduce.ranks on node0003 (its finding says how), then re-run",
+        "details": {"caused_by": ["allreduce.ranks"]}}
     run_dir = base / "r3"
     run_dir.mkdir()
     return verdict, report.write_report(verdict, str(run_dir), db)
+
+
+@pytest.fixture(scope="module")
+def passing_page(tmp_path_factory):
+    """A gate that passed on 3 nodes that all warn (one fix for two checks), whose host lists name them by address."""
+    nodes = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
+    verdict = synthetic_verdict(hosts=nodes, warned=nodes)
+    for host in nodes:
+        checks = verdict["nodes"][host]["checks"]
+        for name in ("core_dumps.core_pattern", "core_dumps.core_pattern_boot"):
+            checks[name] = {"status": "warn", "found": "%s: no core pattern on %s" % (name, host),
+                            "expected": "cores under /var/crash",
+                            "fix": "on %s: sysctl -w kernel.core_pattern=/var/crash/core-%%e (bring-up does it)" % host}
+        checks["profile.summary"] = {"status": "pass", "found": "", "expected": "",
+                                     "details": {"fields": {}, "profile": "/c/profiles/cluster.yml"}}
+    verdict["hostfile"] = {"names": {}, "mode": "auto", "note": "hostfile, hosts.txt and hosts.csv list gpu-node-1 "
+                                                                 "as 198.18.7.1 by address: the name did not resolve"}
+    run_dir = tmp_path_factory.mktemp("passing")
+    return verdict, report.write_report(verdict, str(run_dir))
+
+
+def test_a_passing_page_carries_what_the_console_says_and_reads_as_a_pass(driver, passing_page):
+    from selenium.webdriver.common.by import By  # pylint: disable=import-outside-toplevel
+
+    verdict, path = passing_page
+    driver.get("file://" + path)
+    assert driver.title.startswith("Preflight gate PASS")
+    body = driver.find_element(By.TAG_NAME, "body").text
+    # Counts that do not alarm a pass: the nodes with warnings are healthy, never "0 passed".
+    assert driver.find_element(By.ID, "counts").text == "3 nodes: all 3 healthy, 3 with warnings to read"
+    assert "0 passed" not in body and "0 failed" not in body
+    # The verdict's parts, as the console prints them under its matrix.
+    parts = [item.text for item in driver.find_elements(By.CSS_SELECTOR, "#parts li")]
+    assert parts[0].startswith("all-reduce: pass, world size 6 of 6 planned")
+    assert "profile: all 3 nodes compared with /c/profiles/cluster.yml" in parts
+    assert any(part.startswith("host lists: hostfile, hosts.txt and hosts.csv list gpu-node-1") for part in parts)
+    # Six findings, one cause: one row, its fix naming the nodes (no placeholder), every finding still below.
+    causes = driver.find_elements(By.CSS_SELECTOR, "#causes tr.cause")
+    assert len(causes) == 1 and "6 findings" in causes[0].text and "all 3 nodes" in causes[0].text
+    assert "on all 3 nodes: sysctl -w kernel.core_pattern" in causes[0].text and "<node>" not in body
+    assert causes[0].find_element(By.CSS_SELECTOR, "td.status-warn").is_displayed()
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#findings tr.finding")) == 6
+    assert [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"] == []
 
 
 def test_report_in_headless_chromium(driver, page):
@@ -84,6 +132,13 @@ def test_report_in_headless_chromium(driver, page):
     verdict, path = page
     driver.get("file://" + path)
     assert driver.title.startswith("Preflight gate FAIL")
+    assert driver.find_element(By.ID, "counts").text == "12 nodes: 1 failed, 11 healthy, 1 with warnings to read"
+    # The cause first, its consequence counted under it (not a row of its own).
+    first = driver.find_elements(By.CSS_SELECTOR, "#causes tr.cause")[0]
+    assert first.get_attribute("data-node") == "node0003" and "allreduce broken on node0003" in first.text
+    assert "+ 1 consequence of it" in first.find_element(By.CSS_SELECTOR, ".consequences").text
+    assert not [row for row in driver.find_elements(By.CSS_SELECTOR, "#causes tr.cause")
+                if "core_dumps.no_result" in row.text.split(":")[0]]
     errors = [entry for entry in driver.get_log("browser") if entry.get("level") == "SEVERE"]
     assert errors == []
     rows = driver.find_elements(By.CSS_SELECTOR, "tr.node-row")

@@ -31,15 +31,21 @@ def check_matrix(output, label):
     """The summary block in ``output``: every line there, and it agrees with the verdict file it names."""
     lines = plain(output).splitlines()
     start = next(index for index, line in enumerate(lines) if line.startswith("%s SUMMARY: " % label))
-    header = lines[start + 1].split()
+    at = next(index for index in range(start + 1, start + 3) if lines[index].startswith("node"))
+    # A header split at its first underscore: the word above a column starts where the column does.
+    above = {match.start(): match.group(0) for match in re.finditer(r"\S+", lines[at - 1])} if at > start + 1 else {}
+    header = [above[match.start()] + "_" + match.group(0) if match.start() in above else match.group(0)
+              for match in re.finditer(r"\S+", lines[at])]
     assert header[:2] == ["node", "status"]
     path = next(line for line in lines[start:] if line.startswith("verdict: ")).split(" ", 1)[1]
     with open(path) as handle:
         verdict = json.load(handle)
     assert lines[start] == "%s SUMMARY: %s, %d/%d nodes healthy" % (
         label, verdict["status"].upper(), len(verdict["healthy_hosts"]), len(verdict["hosts"]))
-    assert set(header[2:]) == {name.split(".")[0] for name in verdict["nodes"]["localhost"]["checks"]}
-    localhost = lines[start + 2].split()
+    left_out = next((line.split(": ", 1)[1].split(", ") for line in lines[start:]
+                     if line.startswith("not applicable on any node (not shown): ")), [])
+    assert set(header[2:]) | set(left_out) == {name.split(".")[0] for name in verdict["nodes"]["localhost"]["checks"]}
+    localhost = lines[at + 1].split()
     assert localhost[:2] == ["localhost", verdict["nodes"]["localhost"]["status"]]
     assert all(cell in ("pass", "warn", "fail", "n/a", "unverified") for cell in localhost[2:])
     assert "run directory: %s" % verdict["run_dir"] in lines

@@ -297,3 +297,39 @@ def test_run_by_a_slurmd_started_with_f_the_health_check_finds_that_file(idle, b
         if default_results:
             import shutil
             shutil.rmtree(preflight_slurm_local.RESULTS_BASE, ignore_errors=True)
+
+
+def docs_block(heading, after):
+    """The ``bash`` block of docs/slurm.md's set-up step that starts with ``heading``, before ``after``, as written."""
+    with open(os.path.join(ROOT, "docs", "slurm.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    section = text[text.index(heading):text.index(after)]
+    block = section[section.index("```bash") + len("```bash"):]
+    block = block[:block.index("```")]
+    return "\n".join(line[3:] if line.startswith("   ") else line for line in block.splitlines()).strip() + "\n"
+
+
+def test_the_docs_set_up_of_node_yml_makes_the_prolog_check_the_job_s_python_as_the_job_user(idle, bed, tmp_path):
+    """docs/slurm.md's step 3 as written (the job's venv and account substituted: a venv made from the system Python,
+    and nobody), then its step 4 (the prolog by hand): it passes, and what it checked is that Python as that user,
+    not the checkout's own venv as root."""
+    from job_env import job_python  # pylint: disable=import-outside-toplevel
+
+    slurm, node = idle, bed.nodes[0]
+    python = job_python("nobody")
+    if python is None:
+        pytest.skip("no Python with torch that nobody can run on this machine")
+    step = docs_block("3. **The node's variables**", "4. **Try it")
+    assert "/etc/preflight/node.yml" in step and "preflight_job_user: trainer" in step
+    done = bed.run(node, ["bash", "-euc", step.replace("/opt/train/venv/bin/python", python)
+                          .replace("preflight_job_user: trainer", "preflight_job_user: nobody")], timeout=30)
+    assert done.returncode == 0, done.stderr
+    try:
+        done = node_script(slurm, node, "slurm-prolog", tmp_path, {"SLURM_JOB_ID": "43", "SLURM_JOB_USER": "root"})
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), done.stderr
+        with open(str(tmp_path / ("results-" + node.name) / "last.json"), encoding="utf-8") as handle:
+            checks = json.load(handle)["nodes"][node.name]["checks"]
+        assert "job-side code runs as nobody" in checks["allreduce.job_user"]["found"], checks["allreduce.job_user"]
+        assert python in checks["allreduce.python"]["found"] or "at %s" % python in checks["allreduce.python"]["found"]
+    finally:
+        set_vars(bed, node, None)

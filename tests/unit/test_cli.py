@@ -439,3 +439,18 @@ def test_findings_are_copied_not_shared():
     raw = mixed()
     verdict = cluster_preflight.verdict_from_dict(copy.deepcopy(raw))
     assert verdict.raw == raw and isinstance(verdict.findings, tuple)
+
+
+def test_version_says_the_checkout_ansible_and_python(capsys):
+    assert cli.main(["--version"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("cluster-preflight ") and "ansible-core 2." in line and "; Python 3." in line
+    assert "\n" not in line
+
+
+def test_bringup_help_shows_check_and_diff_and_they_reach_ansible_playbook(capsys):
+    assert cli.main(["bringup", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--check" in text and "--diff" in text and "write nothing on a node" in text
+    args, passthrough = cli.parse_args(["bringup", "-i", "x.yml", "--check", "--diff", "-v"])
+    assert passthrough == ["-v", "--check", "--diff"] and args.command == "bringup"

@@ -48,13 +48,22 @@ def test_the_option_forces_names_or_addresses_and_says_so():
     assert by_address["names"] == ADDRESSES and "preflight_hostfile_names: address" in by_address["note"]
 
 
-def test_without_the_ssh_mesh_the_names_are_kept_and_the_note_says_they_were_not_checked():
+def test_without_the_ssh_mesh_the_nodes_are_listed_by_the_addresses_the_all_reduce_used():
+    # The opt-in mesh's warning turned off (ssh_trust_mesh: false) as its fix says: nothing checked the names this
+    # run, so the lists keep working with the addresses the all-reduce proved, and say so.
     named = outputs.launch_names(gate_verdict(mesh=False), ADDRESSES)
-    assert named["names"] == {host: host for host in HOSTS}
-    assert "was not checked" in named["note"] and "ssh_trust_mesh" in named["note"]
+    assert named["names"] == ADDRESSES
+    assert "was not checked in this run" in named["note"] and "ssh_trust_mesh" in named["note"]
+    assert "preflight_hostfile_names: inventory" in named["note"]
+    forced = outputs.launch_names(gate_verdict(mesh=False), ADDRESSES, "inventory")
+    assert forced["names"] == {host: host for host in HOSTS} and "not checked" in forced["note"]
     # A verdict with no node list note (bring-up, health check, one node) says nothing.
     single = synthetic_verdict(hosts=["localhost"])
     assert outputs.launch_names(single, {"localhost": "127.0.0.1"})["note"] == ""
+    # Nor one with no healthy node to list.
+    none = gate_verdict(mesh=False)
+    none["healthy_hosts"] = []
+    assert outputs.launch_names(none, ADDRESSES)["note"] == ""
 
 
 def _row(source, target, destination, status):

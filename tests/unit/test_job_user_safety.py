@@ -133,7 +133,15 @@ def test_a_job_user_who_cannot_reach_the_python_gets_one_finding_naming_the_bloc
     found = checks["python"]["found"]
     assert not ready and checks["python"]["status"] == "fail" and checks["job_user"]["status"] == "pass"
     assert "%s (mode 0700" % home in found and found.count(python) == 1, found
-    assert "pip install" not in checks["python"]["fix"] and home in checks["python"]["fix"]
+    fix = checks["python"]["fix"]
+    assert home in fix
+    # Advice never weakens the node: the least-privilege fix leads (a venv from the system interpreter), the
+    # narrower ACL names the real account and directory and the package it needs, chmod o+x is advised against,
+    # and nothing needs sudo (absent on minimal nodes).
+    assert fix.index("/usr/bin/python3 -m venv /opt/venv") < fix.index("setfacl -m u:nobody:x %s" % home)
+    assert "apt-get install acl" in fix and "apt-get install python3-venv" in fix
+    assert fix.index("Not chmod o+x %s" % home) > fix.index("setfacl")
+    assert "<" not in fix and "sudo" not in fix and " on n1" in fix
     attach = kernel_debug.attach_check("n1", _probes_call(python, job, facts["job_user"])["probes"]["kernel_debug"])
     assert is_blocked(attach) and "allreduce.python" in attach["found"], attach
 

@@ -51,7 +51,8 @@ def test_findings_of_one_root_cause_are_one_group():
         ("causes", CAUSES["dns"]["title"] + "; " + CAUSES["auth_denied"]["title"], 6),
         ("causes", CAUSES["dns"]["title"], 3)]
     assert "ssh_trust_cluster_key: true" in groups[1].fix and "/etc/hosts or DNS" in groups[1].fix
-    assert groups[0].fix == "on <node>: sysctl -w kernel.core_pattern=/tmp/core-%e.%p (the bring-up does it)"
+    # The fix names the group's nodes: never a placeholder.
+    assert groups[0].fix == "on all 3 nodes: sysctl -w kernel.core_pattern=/tmp/core-%e.%p (the bring-up does it)"
 
 
 def test_the_summary_prints_a_group_once_with_its_checks_nodes_example_and_fix():
@@ -59,7 +60,7 @@ def test_the_summary_prints_a_group_once_with_its_checks_nodes_example_and_fix()
     assert len(lines) == 9  # 12 findings in three groups of three lines, instead of 24 lines
     assert lines[:3] == ["  [warn] core_dumps.core_pattern on all 3 nodes (3 findings)",
                          "    e.g. gpu-node-1 core_dumps.core_pattern: running core on gpu-node-1",
-                         "    fix: on <node>: sysctl -w kernel.core_pattern=/tmp/core-%e.%p (the bring-up does it)"]
+                         "    fix: on all 3 nodes: sysctl -w kernel.core_pattern=/tmp/core-%e.%p (the bring-up does it)"]
     assert lines[3] == ("  [warn] %s; %s: 6 findings (ssh_trust.inbound, ssh_trust.login) on all 3 nodes"
                         % (CAUSES["dns"]["title"], CAUSES["auth_denied"]["title"]))
     assert lines[4].startswith("    e.g. gpu-node-1 ssh_trust.inbound: no peer could log in to gpu-node-1")
@@ -164,3 +165,12 @@ def test_the_command_line_keeps_each_diff_without_the_task_banner():
                          "+++ after: /etc/a.conf\r\n@@ -0,0 +1 @@\r\n+x = 1\r\n"})
     assert collector.diffs == [("gpu-node-1", "Ensure the pattern.",
                                 "--- before: /etc/a.conf\n+++ after: /etc/a.conf\n@@ -0,0 +1 @@\n+x = 1")]
+
+
+def test_a_fix_naming_its_node_reads_right_for_a_group():
+    verdict = synthetic_verdict(hosts=HOSTS)
+    for host in HOSTS:
+        _put(verdict, host, "profile.allreduce_busbw_gbps", "fail", "slow on %s" % host,
+             "see the localisation rounds (node %s)" % host)
+    group = summary.group_findings(verdict)[0]
+    assert group.fix == "see the localisation rounds (all 3 nodes)"

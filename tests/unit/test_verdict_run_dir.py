@@ -360,17 +360,17 @@ def test_a_module_the_login_cannot_execute_says_permission_denied_and_names_the_
     assert check["status"] == "fail" and "(rc 126); the node said: /bin/sh: 1: " in check["found"]
     assert "Permission denied" in check["found"]
     assert check["fix"].startswith("the login user pfuser cannot execute the interpreter "
-                                   "/root/.pyenv/versions/3.11.7/bin/python3.11 on the node")
+                                   "/root/.pyenv/versions/3.11.7/bin/python3.11 on n1")
     assert "ansible_python_interpreter" in check["fix"] and "preflight_become" in check["fix"]
     assert "timeout" not in check["fix"]
 
 
 @pytest.mark.parametrize("result, words", [
     (dict(NOT_STARTED, rc=127, module_stderr="/bin/sh: 1: /opt/py/bin/python: not found\n"),
-     "no such interpreter /opt/py/bin/python on the node"),
+     "no such interpreter /opt/py/bin/python on n1"),
     ({"failed": True, "msg": "The module interpreter '/usr/bin/python9' was not found.", "rc": 127,
       "module_stdout": "", "module_stderr": "/bin/sh: /usr/bin/python9: No such file or directory\n"},
-     "no such interpreter /usr/bin/python9 on the node"),
+     "no such interpreter /usr/bin/python9 on n1"),
     # No JSON for another reason (a crash): the existing fix.
     (dict(NOT_STARTED, rc=1, module_stderr="Traceback (most recent call last):\n  ...\nMemoryError\n"),
      "a timeout means the node is overloaded"),

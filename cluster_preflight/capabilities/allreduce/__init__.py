@@ -17,6 +17,7 @@ The outcome of a run (``summarize``, the suspects, the signatures) is
 
 from __future__ import annotations
 
+import os
 import re
 
 from preflight_node.capabilities.allreduce import CAPABILITY  # noqa: F401  (the registry reads it here)
@@ -144,6 +145,30 @@ def job_user_check(host, job):
                                                            else "the connecting user"), expected)
 
 
+def reach_checks(host, job, python):
+    """``job_user`` and ``python`` as bring-up judges them (its facts call resolves the job user but does not run the
+    training Python): whether the job's account exists and whether the mode bits on the way to ``python`` let it run
+    it (``job``: the node's resolve_job_user result).  The same names and words as the gate's, so the fault reads the
+    same in bringup.json and verdict.json; the gate then runs it and imports torch (allreduce.python, .torch)."""
+    checks = {"job_user": job_user_check(host, job)}
+    user = (job or {}).get("name") or "the connecting user"
+    expected = "a Python interpreter the job user can run"
+    if (job or {}).get("python_blocked"):
+        blocked_at = job["python_blocked"]
+        checks["python"] = failed("training Python %s on %s cannot be run by %s: %s" % (
+            python, host, user, blocked_at.get("found")), expected,
+            "%s; or set preflight_training_python to a Python %s can run" % (
+                access_fix(blocked_at, python, user, host), user))
+    elif (job or {}).get("how") in ("missing", "unavailable", "cannot_switch") or not python:
+        checks["python"] = skipped("training Python %s on %s was not judged: see allreduce.job_user" % (
+            python or "(none set)", host), expected)
+    else:
+        checks["python"] = passed("%s can reach the training Python %s on %s (every directory on the way searchable, "
+                                  "the interpreter executable); the gate runs it and imports torch" % (
+                                      user, python, host), expected)
+    return checks
+
+
 def root_check(host, job, expected):
     """Job-side code as root, which only ``preflight_job_user: root`` (or an account with uid 0) asks for:
     acknowledged, and still a warning, since it proves nothing of an unprivileged job's view."""
@@ -162,7 +187,7 @@ def unavailable_check(host, job, expected):
     runs job code only when asked).  The gate's setting, not the node's fault: blocked, never failed."""
     python = job.get("python") or "the training Python"
     blocked_at = job.get("python_blocked") or {}
-    reach = (" (%s)" % access_fix(blocked_at, python, "that account")) if blocked_at else ""
+    reach = (" (%s)" % access_fix(blocked_at, python, "that account", host)) if blocked_at else ""
     return blocked(
         "no job user named for %s, and no unprivileged account can run the training Python there: %s; so no "
         "job-side code (torch probe, ranks, py-spy, core and ptrace probes) was run: running it as root needs "
@@ -171,12 +196,36 @@ def unavailable_check(host, job, expected):
         "job-side code as root on purpose, set preflight_job_user: root" % (host, python, reach))
 
 
-def access_fix(blocked_at, python, user):
-    """How to let ``user`` run ``python`` past the component ``blocked_at`` (``trust.blocker``'s answer)."""
+def _venv_of(python):
+    """The directory of the venv ``python`` belongs to (``/root/train/.venv`` for ``/root/train/.venv/bin/python``),
+    or None when it is not in a ``bin`` directory."""
+    parent = os.path.dirname(str(python or ""))
+    return os.path.dirname(parent) if os.path.basename(parent) == "bin" else None
+
+
+def access_fix(blocked_at, python, user, host=""):
+    """How to let ``user`` run ``python`` past the component ``blocked_at`` (``trust.blocker``'s answer), the least
+    privilege first: a venv made from the node's system interpreter, which opens nothing; then letting that one
+    account through the one directory with an ACL; never ``chmod o+x`` (it opens the directory to every account).
+    Only commands a minimal node has, as root (no sudo), or the package to install."""
     where = blocked_at.get("path") or python
-    return ("%s stops it: let %s through (chmod o+x %s, or setfacl -m u:<account>:x %s), or build the training venv "
-            "from an interpreter outside it that %s can reach (python3 -m venv with /usr/bin/python3)" % (
-                where, user, where, where, user))
+    on = " on %s" % host if host else ""
+    if blocked_at.get("kind") == "missing":
+        return ("%s does not exist%s: set preflight_training_python to the training venv's bin/python there" % (
+            where, on))
+    venv = _venv_of(python)
+    new = "/opt/%s" % (os.path.basename(venv or "").lstrip(".") or "train-venv")
+    concrete = bool(user) and " " not in user
+    account = user if concrete else "the job's account"
+    text = ("%s stops %s from running %s%s. Least privilege first: as root%s, make the training venv from the "
+            "system interpreter, which %s can run, somewhere it can reach: /usr/bin/python3 -m venv %s && "
+            "%s/bin/pip install torch and the job's packages (the same versions as in %s; Debian and Ubuntu need "
+            "apt-get install python3-venv first), then set preflight_training_python: %s/bin/python" % (
+                where, account, python, on, on, account, new, new, venv or python, new))
+    if concrete:
+        text += (". Or keep the venv and let %s alone through %s: setfacl -m u:%s:x %s (setfacl is in the package "
+                 "acl: apt-get install acl, or dnf install acl)" % (user, where, user, where))
+    return text + ". Not chmod o+x %s: that opens it to every account on the node" % where
 
 
 def python_hang_check(host, python, hang):
@@ -197,14 +246,15 @@ def python_checks(host, facts, job):
     checks = {}
     python = facts.get("python_path")
     fix_python = ("set preflight_training_python in the inventory to the Python of the training environment on "
-                  "%s, or install torch into it (pip install torch==<version>)" % host)
+                  "%s, or install the torch your jobs use into it (as root on %s: %s -m pip install torch, with the "
+                  "version they pin)" % (host, host, python or "the training Python"))
     user = job.get("name") or "the connecting user"
     if facts.get("python_blocked"):
         blocked_at = facts["python_blocked"]
         checks["python"] = failed("training Python %s on %s cannot be run by %s: %s" % (
             python, host, user, blocked_at.get("found")), "a Python interpreter the job user can run",
             "%s; or set preflight_training_python to a Python %s can run" % (
-                access_fix(blocked_at, python, user), user))
+                access_fix(blocked_at, python, user, host), user))
     elif facts.get("python_hang"):
         checks["python"] = python_hang_check(host, python, facts["python_hang"])
     elif facts.get("probe_error") or not facts.get("python"):

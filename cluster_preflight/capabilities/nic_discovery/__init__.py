@@ -59,8 +59,10 @@ def plan(hosts, facts_by_host, settings_by_host, nodes):
     empty = {"ifname": None, "ifnames": [], "gloo_socket_ifname": None, "nccl_socket_ifname": None,
              "addr_by_host": {}, "master": None, "master_addr": None, "reason": "", "checks_by_host": {}}
     if not read_hosts:
-        return dict(empty, ok=False, blockers=["no node's interfaces could be read"],
-                    reason="no node's interfaces could be read")
+        # A consequence, not a cause: each node's own finding (preflight.facts, preflight.reachable) says why.
+        why = "no node's interfaces could be read: no node's facts came back (see preflight.facts or " \
+              "preflight.reachable on each)"
+        return dict(empty, ok=False, blockers=[why], reason=why)
     first = settings_by_host[read_hosts[0]]
     decision = select_interface(
         {host: facts_by_host[host]["nics"] for host in read_hosts},
