@@ -146,10 +146,13 @@ def _stage_checks(host, records, stages):
             # How the node was reached: over SSH (the ssh engine), or through Slurm (the srun engine's "via").
             unreachable = (stage, message, (result or {}).get("via") or "over SSH")
         elif state == "failed":
+            # The srun engine says what to do about a task it refused (``fix``); a module that could not start has
+            # the fix for its cause.
+            given = (result or {}).get("fix")
             checks[(RUN, stage)] = failed(
                 "%s failed on %s while %s: %s" % (stage, host, what, message[:600]),
                 "every preflight task completes on the node within its bound",
-                start_fix(result, login) or
+                start_fix(result, login) or (given if isinstance(given, str) and given else None) or
                 "read the play output for %s; a timeout means the node is overloaded or hung (check it with "
                 "uptime and dmesg); then re-run" % host)
     if unreachable:

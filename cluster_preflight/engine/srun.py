@@ -73,6 +73,16 @@ def unreachable(why):
 def task_outcome(found, task, bound):
     """One task's outcome in a step's ``found`` (:func:`step.run_step`): its result, or why there is none."""
     node = task[0]
+    if task in found.get("spoke_for", {}):
+        # A finding on the printer; the node its lines named keeps its own result.
+        return {"failed": True, "msg": "the task on %s printed protocol lines naming %s (srun --label says which task "
+                                       "printed them): a node speaks only for itself, so this task's result is not "
+                                       "used and the node it named keeps its own" % (node, found["spoke_for"][task]),
+                "fix": "find what on %s writes into its tasks' output as root (preflight_srun_python, a program "
+                       "named there, the node code's directory) and restore the node from a known-good image; then "
+                       "re-run" % node}
+    if task in found.get("cut", {}):
+        return {"failed": True, "msg": "the task on %s: %s" % (node, found["cut"][task])}
     if task in found["results"]:
         return found["results"][task]
     if node in found["launch_failed"]:
@@ -287,8 +297,7 @@ def launch(engine, view):
         return {}
     bound = launch_bound(gate_args)
     argv, data, _expected = engine.rank_step(gate_args, bound)
-    handle = step.start(argv, data, tempfile.mkdtemp(prefix="preflight-launch-"), env=engine.environ)
-    handle.pop("proc")
+    handle = step.detached(step.start(argv, data, tempfile.mkdtemp(prefix="preflight-launch-"), env=engine.environ))
     handle.update(deadline=handle["started"] + bound, bound=bound)
     engine.steps.append({"call": "rank", "argv": argv, "started": handle["started"]})
     return {host: {"started": 1, "finished": 0, "step": handle, "changed": False} for host in gate_args}

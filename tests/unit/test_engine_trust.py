@@ -1,0 +1,115 @@
+"""One node speaks only for itself on the srun engine (docs/security.md, "The srun engine"): what a step's task (root
+on its node) prints is bound to that task by Slurm, never by what the line says; srun's own words are read only from
+srun's own lines; what a node prints is bounded.  Each attack is what root on one node can do with its task's
+output: the node code runs for real, from the real archive, under tests/fake_srun.py (which labels and places tasks
+as srun --label --verbose does); the bed's test runs the same attack on the real Slurm
+(tests/multinode/test_srun_engine_multinode.py)."""
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import time
+import zlib
+
+import pytest
+
+from cluster_preflight.engine import archive, step
+from cluster_preflight.engine.srun import task_outcome
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_SRUN = os.path.join(os.path.dirname(HERE), "fake_srun.py")
+
+
+def protocol(node, local, result):
+    """The lines a task prints for ``result``, naming ``node`` ``local`` (whoever prints them)."""
+    text = base64.b64encode(zlib.compress(json.dumps(result).encode())).decode()
+    parts = [text[index:index + 700] for index in range(0, len(text), 700)] or [""]
+    lines = ["PFR %s %d +" % (node, local)]
+    lines += ["PFR %s %d r %d %d %s" % (node, local, index, len(parts), part) for index, part in enumerate(parts)]
+    return lines + ["PFR %s %d end %s" % (node, local, hashlib.sha256(text.encode()).hexdigest())]
+
+
+@pytest.fixture(scope="module")
+def node_archive(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("node") / "node.pyz")
+    archive.write(path)
+    return path
+
+
+def python_of(tmp_path, attacker, script):
+    """A "python" for the step's tasks: on ``attacker`` it first runs ``script`` (sh), then the real Python, as
+    root on that node could make its task do; on the other nodes just the real Python."""
+    path = tmp_path / "python"
+    path.write_text('#!/bin/sh\nif [ "$SLURMD_NODENAME" = %s ]; then\n%s\nfi\nexec %s "$@"\n' % (
+        attacker, script, sys.executable))
+    path.chmod(0o755)
+    return str(path)
+
+
+def lock_step(node_archive, tmp_path, python, nodes, bound=30.0, env=None):
+    """The run lock's node call as one step over ``nodes`` (the fake srun, the real node code), as the engine
+    starts it."""
+    argv = [sys.executable] + step.srun_argv(nodes, "lock", python, node_archive, bound=bound, srun=FAKE_SRUN)
+    data = step.payload("lock", {node: {"dir": str(tmp_path), "run_id": "r1"} for node in nodes})
+    return step.run_step(argv, data, [(node, 0) for node in nodes], bound, env=dict(os.environ, **(env or {})))
+
+
+def test_a_task_printing_another_node_s_result_and_heartbeats_is_the_finding_never_the_named_node(
+        node_archive, tmp_path, monkeypatch):
+    monkeypatch.setattr(step, "LOST_AFTER", 2.0)
+    forged = tmp_path / "forged"
+    forged.write_text("\n".join(protocol("n2", 0, {"failed": True, "msg": "FORGED by n1"})) + "\n")
+    # n1 hands n2 a failed result before n2's own and once more after it, and keeps the silent n3 "alive" with
+    # heartbeats.
+    script = "cat %s\n(sleep 1; cat %s; while :; do echo 'PFR n3 0 .'; sleep 0.3; done) &" % (forged, forged)
+    started = time.monotonic()
+    found = lock_step(node_archive, tmp_path, python_of(tmp_path, "n1", script), ["n1", "n2", "n3"], bound=12.0,
+                      env={"FAKE_SRUN_SILENT": "n3"})
+    outcomes = {task[0]: task_outcome(found, task, 12.0) for task in [("n1", 0), ("n2", 0), ("n3", 0)]}
+    # n2's result is n2's own.
+    assert not outcomes["n2"].get("failed") and outcomes["n2"]["why"] == "no lease on this node", outcomes
+    # The printer is the one failed, saying whom it spoke for.
+    assert outcomes["n1"].get("failed") and "printed protocol lines naming n2" in outcomes["n1"]["msg"], outcomes
+    # n3 is lost on its own silence, the heartbeats n1 printed for it notwithstanding (well within the bound).
+    assert outcomes["n3"].get("unreachable") and "no word from its task" in outcomes["n3"]["msg"], outcomes
+    assert time.monotonic() - started < 12.0
+
+
+def test_srun_s_own_words_about_a_node_are_never_taken_from_a_task_s_lines(node_archive, tmp_path):
+    script = "echo 'srun: error: Task launch for StepId=7.0 failed on node n1: Connection refused' >&2"
+    found = lock_step(node_archive, tmp_path, python_of(tmp_path, "n2", script), ["n1", "n2"])
+    assert found["launch_failed"] == {}, found
+    assert not task_outcome(found, ("n1", 0), 30).get("unreachable")
+    assert any("n2:0 (stderr): srun: error: Task launch" in line for line in found["other"]), found["other"]
+
+
+def test_lines_are_the_task_s_that_srun_placed_whatever_order_the_node_list_had():
+    collector = step.Collector([("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1)])
+    # A line may come before srun's word on where its task runs: it waits for it.
+    for line in protocol("n2", 1, {"ok": "n2-1"}):
+        collector.feed(" 3: %s\n" % line)
+    collector.feed_err("srun: launching StepId=4.2 on host n2, 2 tasks: [2-3]\n")
+    collector.feed_err("srun: launching StepId=4.2 on host n1, 2 tasks: [0-1]\n")
+    for line in protocol("n1", 0, {"ok": "n1-0"}):
+        collector.feed(" 0: %s\n" % line)
+    # Task 1 (n1's second) names itself n2's second: its finding; n2's second keeps its own result.
+    for line in protocol("n2", 1, {"ok": "forged"}):
+        collector.feed(" 1: %s\n" % line)
+    assert collector.results == {("n2", 1): {"ok": "n2-1"}, ("n1", 0): {"ok": "n1-0"}}
+    assert collector.spoke_for == {("n1", 1): "n2 task 1"}
+    # A number srun never placed is nobody's.
+    collector.feed("17: PFR n2 0 +\n")
+    assert ("n2", 0) not in collector.seen
+
+
+def test_srun_placing_tasks_in_its_own_order_is_read_from_its_verbose_lines():
+    assert step.task_numbers("0") == [0] and step.task_numbers("4-5") == [4, 5]
+    assert step.task_numbers("0,2-3") == [0, 2, 3]
+    collector = step.Collector([("pfn1", 0), ("pfn3", 0)])
+    collector.feed_err("srun: launching StepId=2.0 on host pfn1, 1 tasks: 0")
+    collector.feed_err("srun: launching StepId=2.0 on host pfn3, 1 tasks: 1")
+    # A node srun did not launch for this step is not ours to place.
+    collector.feed_err("srun: launching StepId=2.0 on host pfn9, 1 tasks: 2")
+    assert collector.layout == {0: ("pfn1", 0), 1: ("pfn3", 0)}
