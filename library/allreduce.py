@@ -148,8 +148,15 @@ options:
       - Account torchrun, the ranks and C(py-spy) of them run as (the job's user); the scratch directory is given to
         it. Its environment is minimal (HOME, USER, PATH, C locale, and C(NCCL_*), C(GLOO_*), C(CUDA_*) and similar
         job settings of this module's environment) plus O(env). Needs root unless it is the module's own user.
-      - Unset, they run as the module's user.
+      - Required, and checked on the node against O(job) (the node's own settings): the account they name, else
+        the module's own login when it is not root, else C(nobody); C(root) only when O(job) says C(preflight_job_user)
+        named it. A launch naming another account is refused.
     type: str
+  job:
+    description:
+      - The node's job-user settings, C({user, named, python}) (C(preflight_settings)' C(job)), which O(run_as) is
+        checked against on the node.
+    type: dict
   env:
     description:
       - Extra environment for torchrun and the ranks.

@@ -331,8 +331,9 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
         "min_busbw_gbps": settings["allreduce_min_busbw_gbps"],
         "socket_ifname": ifname,
         "role": host,
-        # The ranks and py-spy of them run as the node's job user (None: the connecting user).
-        "run_as": (facts.get("job_user") or {}).get("run_as") or "",
+        # The ranks and py-spy of them run as the node's job user, always named (the node checks it against its own
+        # settings; the connecting login when no switch is needed).
+        "run_as": (facts.get("job_user") or {}).get("run_as") or (facts.get("job_user") or {}).get("name") or "",
         "env": settings["allreduce_env"],
         "keep_scratch": settings["allreduce_keep_scratch"],
         "selftest_fault": settings["allreduce_selftest_fault"],

@@ -46,7 +46,7 @@ ALLREDUCE_KEYS = ("python", "nnodes", "node_rank", "nproc_per_node", "master_add
                   "timeout", "hard_timeout", "stack_budget", "sizes", "iters", "warmup", "bandwidth_deadline",
                   "bandwidth_grace", "check_elements", "min_busbw_gbps", "socket_ifname", "role", "run_as", "env", "keep_scratch",
                   "selftest_fault", "selftest_rank", "run_id", "lock")
-WHEN_SET = ("socket_ifname", "run_as", "run_id")
+WHEN_SET = ("socket_ifname", "run_id")
 # What an unreachable node's slurmd makes srun or sbcast say.
 UNREACHABLE_WORDS = ("connection", "timed out", "not responding", "unable to contact", "no route", "refused",
                      "node failure", "down")
@@ -185,7 +185,9 @@ class Srun(object):
         step, a task per rank."""
         with open(WORKER, encoding="utf-8") as handle:
             worker = handle.read()
-        params = {node: allreduce_params(args, worker) for node, args in args_by_node.items()}
+        # Each node's own job-user settings go with its launch: the node checks run_as against them.
+        params = {node: dict(allreduce_params(args, worker), job=(self.view.result(node, registers.SETTINGS) or {})
+                             .get("job") or {}) for node, args in args_by_node.items()}
         tasks = max(int(args["nproc_per_node"]) for args in args_by_node.values())
         argv = step.srun_argv(list(params), "rank", self.python, self.archive()[1], tasks=tasks, bound=bound,
                               exclude=exclude, extra=self.extra)

@@ -22,7 +22,7 @@ import uuid
 
 from .checks import failed, not_applicable, passed
 from .lock import RUN_ENV, hold_for_call
-from .ops import as_user, user_environment
+from .ops import account_problem, as_user, user_environment
 from .scratch import Scratch, read_log, read_rank_files, read_rank_logs
 from .py_spy_choice import find_py_spy, py_spy_check
 from .proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
@@ -409,6 +409,7 @@ ARGUMENT_SPEC = dict(
     min_busbw_gbps=dict(type="float", default=0),
     role=dict(type="str"),
     run_as=dict(type="str"),
+    job=dict(type="dict"),
     socket_ifname=dict(type="str"),
     env=dict(type="dict", default={}),
     py_spy=dict(type="path"),
@@ -449,6 +450,10 @@ def check_params(params):
     for name in ("log_max_bytes", "rank_log_max_bytes"):
         if params[name] < 0:
             problems.append("%s must be 0 or more, got %d" % (name, params[name]))
+    # Every launch names its account, the one the node's own settings allow (root only when named).
+    refused = account_problem(params["run_as"], params["job"])
+    if refused:
+        problems.append(refused)
     if params["run_as"]:
         try:
             pwd.getpwnam(params["run_as"])

@@ -74,11 +74,13 @@ def _allreduce_module_keys():
 
 
 def test_a_launch_plan_becomes_the_same_allreduce_options_as_the_ssh_engine_s():
-    assert set(srun.ALLREDUCE_KEYS) | {"worker_source"} == _allreduce_module_keys()
+    # ``job`` is the node's own settings (preflight_settings.job), not the launch plan's: both engines add it.
+    assert set(srun.ALLREDUCE_KEYS) | {"worker_source", "job"} == _allreduce_module_keys()
     assert set(srun.ALLREDUCE_KEYS) <= set(ARGUMENT_SPEC) | {"lock"}
-    params = srun.allreduce_params({"python": "/p", "nnodes": 2, "run_as": "", "socket_ifname": "eth0",
-                                    "wait_timeout": 9, "poll": 0.1}, "WORKER")
-    assert params == {"python": "/p", "nnodes": 2, "socket_ifname": "eth0", "lock": {}, "worker_source": "WORKER"}
+    params = srun.allreduce_params({"python": "/p", "nnodes": 2, "run_as": "alice", "socket_ifname": "eth0",
+                                    "run_id": "", "wait_timeout": 9, "poll": 0.1}, "WORKER")
+    assert params == {"python": "/p", "nnodes": 2, "socket_ifname": "eth0", "lock": {}, "worker_source": "WORKER",
+                      "run_as": "alice"}
 
 
 def _tasks(path):

@@ -150,3 +150,62 @@ def test_a_training_python_that_is_not_there_is_the_nodes_finding_not_a_missing_
     named = _facts_call(python, {"user": "nobody", "named": True})
     assert named["job_user"]["python_blocked"] is None
 
+
+
+@pytest.mark.parametrize("job, forged", [
+    # No job user named, root: the node's own choice is nobody; the forwarded one says "stay root".
+    ({"user": "", "named": False}, {"how": "auto", "name": "nobody", "uid": 0, "run_as": None, "note": ""}),
+    # A named account; the forwarded one keeps its name and drops the switch.
+    ({"user": "nobody", "named": True}, {"how": "named", "name": "nobody", "uid": 65534, "run_as": None,
+                                         "note": ""}),
+    # A resolution the node never gives.
+    ({"user": "", "named": False}, {"how": "connecting", "name": "root", "uid": 0, "run_as": None, "note": ""}),
+])
+def test_a_forwarded_job_user_that_contradicts_the_node_s_own_settings_never_runs_job_code_as_root(public_dir, job,
+                                                                                                    forged):
+    """The probes call takes the facts call's resolution back from the controller: the node checks it against its
+    own settings, and one that would run job-side code as root is refused (the node's own is used)."""
+    marker = os.path.join(public_dir, "ran-as-root")
+    python = _marking_python(public_dir, marker)
+    from preflight_node.ops import resolve_job_user
+    forged = dict(forged, python=python)
+    from preflight_node.ops import NO_JOB_USER, NodeOps, job_account
+    resolved = resolve_job_user(dict(job, python=python, resolved=forged), NodeOps(_Module({}, job)))
+    # nobody, or no account at all (this Python fails as nobody): never this module's own user, root.
+    assert job_account(resolved) in ("nobody", NO_JOB_USER) and "contradicts" in resolved["forwarded_refused"], \
+        resolved
+    _probes_call(python, job, forged)
+    assert not os.path.exists(marker), "a forwarded resolution ran the training Python as root"
+
+
+def test_a_forwarded_resolution_that_agrees_is_taken_as_it_is():
+    from preflight_node.ops import resolve_job_user
+    agreed = {"how": "auto", "name": "nobody", "uid": __import__("pwd").getpwnam("nobody").pw_uid,
+              "run_as": "nobody", "note": "", "python": "/nonexistent/python"}
+    assert resolve_job_user({"user": "", "named": False, "python": "/nonexistent/python", "resolved": agreed},
+                            None) == agreed
+    refused = {"how": "unavailable", "name": "root", "uid": 0, "run_as": None, "note": "nobody cannot"}
+    assert resolve_job_user({"user": "", "named": False, "python": "/x", "resolved": refused}, None) == refused
+
+
+@pytest.mark.parametrize("run_as, job, problem", [
+    ("", {"user": "", "named": False}, "names no account"),
+    ("root", {"user": "", "named": False}, "only with preflight_job_user: root"),
+    ("root", {"user": "nobody", "named": True}, "this node's settings name nobody"),
+    ("daemon", {"user": "nobody", "named": True}, "this node's settings name nobody"),
+    ("nobody", {"user": "", "named": False}, None),
+    ("nobody", {"user": "nobody", "named": True}, None),
+    ("root", {"user": "root", "named": True}, None),
+    ("nobody", {}, "no job settings"),
+])
+def test_ranks_always_name_their_account_and_root_only_when_preflight_job_user_names_it(run_as, job, problem):
+    from preflight_node.gate_run import MODULE_SPEC, check_params
+    from preflight_node.srun_task import with_defaults
+    params = with_defaults(MODULE_SPEC, {"python": "/usr/bin/python3", "worker_source": "", "nnodes": 1,
+                                         "node_rank": 0, "nproc_per_node": 1, "master_addr": "127.0.0.1",
+                                         "run_as": run_as, "job": job})
+    found = check_params(params)
+    if problem is None:
+        assert found == [], found
+    else:
+        assert any(problem in item for item in found), found
