@@ -114,17 +114,17 @@ class Srun(object):
         self._archive = None
 
     def archive(self):
-        """``(bytes, path on the nodes)`` of the node code (the operator's archive: no bytes)."""
-        if self.given:
-            return None, self.given
+        """``(bytes, path on the nodes, sha256)`` of the node code: this controller's, which the operator's archive
+        (no bytes: it is on the nodes already) must be too (the bootstrap checks it on every node)."""
         if self._archive is None:
             data, digest = archive.build()
-            self._archive = (data, os.path.join(self.dir, archive.file_name(digest)))
+            path = self.given or os.path.join(self.dir, archive.file_name(digest))
+            self._archive = (None if self.given else data, path, digest)
         return self._archive
 
     def send_archive(self, nodes):
         """sbcast the archive to the allocation's nodes; ``{node: result}`` of those of ``nodes`` it did not reach."""
-        data, path = self.archive()
+        data, path, _digest = self.archive()
         if data is None:
             return {}
         with tempfile.NamedTemporaryFile(prefix="preflight-node-", suffix=".pyz") as handle:
@@ -155,8 +155,9 @@ class Srun(object):
     def run(self, call, args_by_node, bound, tasks=1, exclude=()):
         """One step of ``call`` over ``args_by_node`` (``tasks`` per node): ``{(node, local): outcome}``."""
         nodes = list(args_by_node)
-        argv = step.srun_argv(nodes, call, self.python, self.archive()[1], tasks=tasks, bound=bound,
-                              exclude=exclude, extra=self.extra)
+        _data, path, digest = self.archive()
+        argv = step.srun_argv(nodes, call, self.python, path, digest, tasks=tasks, bound=bound, exclude=exclude,
+                              extra=self.extra)
         expected = [(node, local) for node in nodes for local in range(tasks)]
         found = self.runner(argv, step.payload(call, args_by_node), expected, bound, env=self.environ)
         self._record(call, argv, found)
@@ -189,7 +190,8 @@ class Srun(object):
         params = {node: dict(allreduce_params(args, worker), job=(self.view.result(node, registers.SETTINGS) or {})
                              .get("job") or {}) for node, args in args_by_node.items()}
         tasks = max(int(args["nproc_per_node"]) for args in args_by_node.values())
-        argv = step.srun_argv(list(params), "rank", self.python, self.archive()[1], tasks=tasks, bound=bound,
+        _data, path, digest = self.archive()
+        argv = step.srun_argv(list(params), "rank", self.python, path, digest, tasks=tasks, bound=bound,
                               exclude=exclude, extra=self.extra)
         return argv, step.payload("rank", params), rank_tasks(args_by_node)
 

@@ -74,6 +74,8 @@ READ_CHUNK = 4 * 1024 * 1024
 # Lines of a task number kept before srun said where it launched it.
 PENDING_MAX = 256
 RELAY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap.py"), encoding="utf-8") as _source:
+    BOOTSTRAP = _source.read()
 
 
 def split_common(args_by_node):
@@ -101,8 +103,9 @@ def payload(call, args_by_node):
     return zlib.compress(text.encode("utf-8"), 6)
 
 
-def srun_argv(nodes, call, python, archive, tasks=1, bound=60, exclude=(), extra=(), srun="srun"):
-    """The ``srun`` line of a step: ``tasks`` tasks on each of ``nodes``, the archive's ``call`` in each."""
+def srun_argv(nodes, call, python, archive, digest, tasks=1, bound=60, exclude=(), extra=(), srun="srun"):
+    """The ``srun`` line of a step: ``tasks`` tasks on each of ``nodes``, the archive's ``call`` in each, started by
+    the fixed bootstrap (``bootstrap.py``), which runs the archive only with the SHA-256 ``digest``."""
     argv = [srun, "--nodes=%d" % len(nodes), "--nodelist=%s" % hostlist.collect_hostlist(list(nodes)),
             "--ntasks-per-node=%d" % tasks, "--ntasks=%d" % (tasks * len(nodes)),
             # Steps share the allocation (the probes run while the ranks do); none waits for another's CPUs.
@@ -118,8 +121,9 @@ def srun_argv(nodes, call, python, archive, tasks=1, bound=60, exclude=(), extra
     if exclude:
         argv.append("--exclude=%s" % hostlist.collect_hostlist(list(exclude)))
     # Isolated and without site packages: nothing of the node's site directories or environment is imported (the
-    # node layer needs the standard library only), and a task starts in a fraction of the time.
-    return argv + list(extra) + [python, "-I", "-S", archive, call]
+    # node layer needs the standard library only), and a task starts in a fraction of the time.  The program is
+    # the bootstrap's text, never a file on the node: it checks the archive before any of it runs.
+    return argv + list(extra) + [python, "-I", "-S", "-c", BOOTSTRAP, archive, digest, call]
 
 
 def task_numbers(text):

@@ -14,7 +14,7 @@ import yaml
 
 from cluster_preflight import engine, registers
 from cluster_preflight.cluster import ClusterView
-from cluster_preflight.engine import allocation, ranks, srun
+from cluster_preflight.engine import allocation, archive, ranks, srun, step
 from preflight_node.gate_run import ARGUMENT_SPEC
 from preflight_node.srun_task import node_args
 
@@ -193,7 +193,9 @@ def test_the_facts_call_is_one_step_of_every_node_with_its_readers_job_and_lock(
                                                        "job_user": {}, "args": args})
     value = srun.run_call("facts", view, environ=ALLOC, runner=runner)
     [one] = runner.steps
-    assert one["argv"][-5:] == ["/usr/bin/python3", "-I", "-S", "/shared/node.pyz", "facts"]
+    # The operator's archive, run by the bootstrap only with this controller's node code's digest.
+    assert one["argv"][-8:] == ["/usr/bin/python3", "-I", "-S", "-c", step.BOOTSTRAP, "/shared/node.pyz",
+                                archive.build()[1], "facts"]
     assert one["payload"]["common"]["lock"] == inputs["lock"] and one["payload"]["nodes"] == {}
     assert value[engine.BY_NODE]["n2"]["facts"] == {"node": "n2"} and value["call"] == "facts"
     assert value[engine.BY_NODE]["n1"]["args"]["capabilities"] == {"nic_discovery": {}}

@@ -33,9 +33,9 @@ def protocol(node, local, result):
 
 @pytest.fixture(scope="module")
 def node_archive(tmp_path_factory):
+    """``(path, sha256)`` of the node code's archive in a directory of root's alone."""
     path = str(tmp_path_factory.mktemp("node") / "node.pyz")
-    archive.write(path)
-    return path
+    return path, archive.write(path)
 
 
 def python_of(tmp_path, attacker, script):
@@ -51,7 +51,8 @@ def python_of(tmp_path, attacker, script):
 def lock_step(node_archive, tmp_path, python, nodes, bound=30.0, env=None):
     """The run lock's node call as one step over ``nodes`` (the fake srun, the real node code), as the engine
     starts it."""
-    argv = [sys.executable] + step.srun_argv(nodes, "lock", python, node_archive, bound=bound, srun=FAKE_SRUN)
+    path, digest = node_archive
+    argv = [sys.executable] + step.srun_argv(nodes, "lock", python, path, digest, bound=bound, srun=FAKE_SRUN)
     data = step.payload("lock", {node: {"dir": str(tmp_path), "run_id": "r1"} for node in nodes})
     return step.run_step(argv, data, [(node, 0) for node in nodes], bound, env=dict(os.environ, **(env or {})))
 
@@ -113,3 +114,85 @@ def test_srun_placing_tasks_in_its_own_order_is_read_from_its_verbose_lines():
     # A node srun did not launch for this step is not ours to place.
     collector.feed_err("srun: launching StepId=2.0 on host pfn9, 1 tasks: 2")
     assert collector.layout == {0: ("pfn1", 0), 1: ("pfn3", 0)}
+
+
+# -- the node code's archive: checked by the fixed bootstrap before any of it runs ---------------------------------
+
+EVIL = "import os\nopen(%r, 'w').write('ran as uid %%d' %% os.geteuid())\n"
+
+
+def evil_archive(path, marker, owner=None):
+    """A zip application that leaves ``marker`` whichever way it is started (as ``__main__`` or through
+    ``preflight_node.srun_task.main``): what whoever can replace the node code would put there."""
+    import zipfile
+    with zipfile.ZipFile(path, "w") as handle:
+        handle.writestr("__main__.py", EVIL % marker)
+        handle.writestr("preflight_node/__init__.py", "")
+        handle.writestr("preflight_node/srun_task.py", EVIL % marker + "def main(argv=None):\n    return 0\n")
+    os.chmod(path, 0o644)
+    if owner is not None:
+        os.chown(path, owner.pw_uid, owner.pw_gid)
+    return path
+
+
+def refused_step(node_archive, tmp_path, path):
+    """The lock call over n1 with the archive at ``path`` (this controller's digest): n1's outcome."""
+    _genuine, digest = node_archive
+    found = lock_step((path, digest), tmp_path, sys.executable, ["n1"])
+    return task_outcome(found, ("n1", 0), 30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another account's files need root to make")
+def test_node_code_in_a_directory_another_account_owns_never_runs(node_archive, tmp_path, public_dir):
+    import pwd
+    nobody = pwd.getpwnam("nobody")
+    theirs = os.path.join(public_dir, "srun")
+    os.mkdir(theirs, 0o755)
+    os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    marker = os.path.join(public_dir, "evil-ran")
+    outcome = refused_step(node_archive, tmp_path, evil_archive(os.path.join(theirs, "node.pyz"), marker, nobody))
+    assert not os.path.exists(marker), "root ran node code another account placed"
+    assert outcome["failed"] and "refused to run the node code on n1" in outcome["msg"], outcome
+    assert "belongs to uid %d" % nobody.pw_uid in outcome["msg"], outcome
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another account's files need root to make")
+def test_node_code_another_account_created_first_in_a_sticky_directory_never_runs(node_archive, tmp_path,
+                                                                                  public_dir):
+    import pwd
+    nobody = pwd.getpwnam("nobody")
+    sticky = os.path.join(public_dir, "tmp")
+    os.mkdir(sticky)
+    os.chmod(sticky, 0o1777)
+    marker = os.path.join(public_dir, "evil-ran")
+    outcome = refused_step(node_archive, tmp_path, evil_archive(os.path.join(sticky, "node.pyz"), marker, nobody))
+    assert not os.path.exists(marker) and "belongs to uid %d, not root" % nobody.pw_uid in outcome["msg"], outcome
+
+
+def test_node_code_of_another_digest_never_runs_even_where_only_root_writes(node_archive, tmp_path):
+    marker = str(tmp_path / "evil-ran")
+    outcome = refused_step(node_archive, tmp_path, evil_archive(str(tmp_path / "node.pyz"), marker))
+    assert not os.path.exists(marker), "the bootstrap ran an archive whose digest is not the controller's"
+    assert "is not this controller's node code" in outcome["msg"], outcome
+
+
+def test_node_code_reached_through_a_link_or_that_is_a_fifo_is_refused_without_waiting(node_archive, tmp_path):
+    genuine, _digest = node_archive
+    link = tmp_path / "link.pyz"
+    link.symlink_to(genuine)
+    assert "without following a link" in refused_step(node_archive, tmp_path, str(link))["msg"]
+    fifo = str(tmp_path / "fifo.pyz")
+    os.mkfifo(fifo, 0o600)
+    started = time.monotonic()
+    assert "not a regular file" in refused_step(node_archive, tmp_path, fifo)["msg"]
+    assert time.monotonic() - started < 10
+
+
+def test_the_node_code_runs_from_the_bytes_the_bootstrap_checked():
+    """Imported from memory: the modules come from the verified archive, never from the path again."""
+    from cluster_preflight.engine import bootstrap
+    data, _digest = archive.build()
+    code = bootstrap.NodeCode(data)
+    spec = code.find_spec("preflight_node.srun_task")
+    assert spec.origin == "<node code>/preflight_node/srun_task.py" and code.find_spec("json") is None
+    assert "def main" in code.get_source("preflight_node.srun_task")
