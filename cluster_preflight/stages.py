@@ -198,6 +198,9 @@ def stage_launch(view):
     excluded = dict(lost)
     for host in report.get("suspect_nodes") or []:
         excluded.setdefault(host, "the port mesh blames it (see port_mesh.reach)")
+    for host, why in (report.get("held") or {}).items():
+        # Another account's listener: the node has no ranks and is unverified, never blamed.
+        excluded.setdefault(host, why)
     singles = _single_outcomes(view, plan.get("single") or {}, checks_by_host, excluded)
     gate_hosts = [host for host in plan["hosts"]]
     blockers = list(plan.get("blockers") or []) + list(report.get("blockers") or [])

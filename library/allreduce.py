@@ -143,6 +143,13 @@ options:
     description:
       - Interface the collectives must use; sets C(GLOO_SOCKET_IFNAME=<name>) and C(NCCL_SOCKET_IFNAME==<name>).
     type: str
+  store_token:
+    description:
+      - The run's secret for the rendezvous store (the launch plan makes one per launch): the ranks' keys go under
+        it, so a program of another account that connects to the port cannot name them. Handed to the ranks in their
+        environment (C(PREFLIGHT_STORE_TOKEN)), never on a command line.
+    type: str
+    default: ""
   run_as:
     description:
       - Account torchrun, the ranks and C(py-spy) of them run as (the job's user); the scratch directory is given to

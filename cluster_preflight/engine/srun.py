@@ -45,8 +45,8 @@ RETRIES = 2
 ALLREDUCE_KEYS = ("python", "nnodes", "node_rank", "nproc_per_node", "master_addr", "master_port", "backend",
                   "timeout", "hard_timeout", "stack_budget", "sizes", "iters", "warmup", "bandwidth_deadline",
                   "bandwidth_grace", "check_elements", "min_busbw_gbps", "socket_ifname", "role", "run_as", "env", "keep_scratch",
-                  "selftest_fault", "selftest_rank", "run_id", "lock")
-WHEN_SET = ("socket_ifname", "run_id")
+                  "selftest_fault", "selftest_rank", "run_id", "lock", "store_token")
+WHEN_SET = ("socket_ifname", "run_id", "store_token")
 # What an unreachable node's slurmd makes srun or sbcast say.
 UNREACHABLE_WORDS = ("connection", "timed out", "not responding", "unable to contact", "no route", "refused",
                      "node failure", "down")
@@ -210,9 +210,14 @@ class Srun(object):
         return rank_results(args_by_node, found, bound)
 
     def _record(self, call, argv, found):
-        self.steps.append({"call": call, "argv": argv, "rc": found["rc"], "elapsed": found["elapsed"],
+        self.steps.append({"call": call, "argv": shown(argv), "rc": found["rc"], "elapsed": found["elapsed"],
                            "launch_failed": found["launch_failed"], "lost": sorted("%s:%d" % task for task in
                                                                                    found["lost"])})
+
+
+def shown(argv):
+    """A step's srun line as the run records it: the bootstrap's text (``step.BOOTSTRAP``) named, not repeated."""
+    return ["<bootstrap.py>" if item == step.BOOTSTRAP else item for item in argv]
 
 
 def rank_tasks(args_by_node):
@@ -256,7 +261,8 @@ def facts(engine, view):
 
 def port_mesh(engine, view):
     mesh = _first(view, registers.PLAN).get("port_mesh") or {}
-    keys = ("listen_addr", "port", "node_name", "peers", "window", "connect_timeout", "inbound", "retry", "lock")
+    keys = ("listen_addr", "port", "node_name", "peers", "window", "connect_timeout", "inbound", "retry", "lock",
+            "token")
     args = {host: {key: item[key] for key in keys if key in item}
             for host, item in (mesh.get("args_by_host") or {}).items()
             if host not in lost_nodes(view, [registers.FACTS])}
@@ -303,7 +309,7 @@ def launch(engine, view):
     argv, data, _expected = engine.rank_step(gate_args, bound)
     handle = step.detached(step.start(argv, data, tempfile.mkdtemp(prefix="preflight-launch-"), env=engine.environ))
     handle.update(deadline=handle["started"] + bound, bound=bound)
-    engine.steps.append({"call": "rank", "argv": argv, "started": handle["started"]})
+    engine.steps.append({"call": "rank", "argv": shown(argv), "started": handle["started"]})
     return {host: {"started": 1, "finished": 0, "step": handle, "changed": False} for host in gate_args}
 
 

@@ -103,6 +103,10 @@ def build_env(params, scratch, account=None):
     if params.get("run_id"):
         # The run lock ends what a dead run left on the node by this (module_utils/preflight_node/lock.py).
         env[RUN_ENV] = params["run_id"]
+    if params.get("store_token"):
+        # The rendezvous store's keys go under this run's secret (the worker's make_store); in the environment,
+        # which other accounts cannot read, never on a command line.
+        env["PREFLIGHT_STORE_TOKEN"] = params["store_token"]
     return env
 
 
@@ -422,6 +426,7 @@ ARGUMENT_SPEC = dict(
     background=dict(type="bool", default=False),
     run_id=dict(type="str", default=""),
     results_file=dict(type="path"),
+    store_token=dict(type="str", default="", no_log=True),
 )
 
 
