@@ -214,8 +214,12 @@ def python_checks(host, facts, job):
             python, host, user, _without_prefix(facts.get("probe_error"), user) or "no answer"),
             "a Python interpreter the job user can run", fix_python + "; readable and executable by %s" % user)
     else:
+        # Who besides root could change the job-side code (the run's figures are then that account's word): said
+        # with the check, read by ``baseline``.
+        changeable = {"changeable_by": facts["changeable_by"]} if isinstance(facts.get("changeable_by"), str) else {}
         checks["python"] = passed("Python %s at %s on %s" % (
-            facts["python"]["version"], facts["python"]["executable"], host), "an executable Python interpreter")
+            facts["python"]["version"], facts["python"]["executable"], host), "an executable Python interpreter",
+            **changeable)
         torch = facts.get("torch")
         if not torch:
             checks["torch"] = failed("no torch module in %s on %s (as %s)" % (python, host, user),

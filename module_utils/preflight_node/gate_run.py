@@ -39,8 +39,10 @@ _SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*(?:\[[^\
 
 
 def build_argv(params, worker_path, out_dir, role, log_dir):
+    # -s here and PYTHONNOUSERSITE=1 for the ranks torchrun starts (build_env): the job user's ~/.local never
+    # stands in for the training environment's packages.
     return [
-        params["python"], "-m", "torch.distributed.run",
+        params["python"], "-s", "-m", "torch.distributed.run",
         "--role", "%s:" % role, "--tee", "3",
         # torchrun's default is a torchelastic_* directory in /tmp, never removed.
         "--log-dir", log_dir,
@@ -100,6 +102,8 @@ def build_env(params, scratch, account=None):
         # signatures read them; an operator's NCCL_DEBUG (node environment or env) wins.
         env.setdefault("NCCL_DEBUG", "INFO")
     env.update({str(key): str(value) for key, value in params["env"].items()})
+    # Whatever the settings say: the job user's ~/.local never stands in for the training environment.
+    env["PYTHONNOUSERSITE"] = "1"
     if params.get("run_id"):
         # The run lock ends what a dead run left on the node by this (module_utils/preflight_node/lock.py).
         env[RUN_ENV] = params["run_id"]

@@ -260,7 +260,7 @@ def _auto_job_user(info, python, ops):
         return dict(info, how="unavailable", python_blocked=blocked, note="%s cannot use the training Python "
                     "%s: %s" % (AUTO_JOB_USER, python, blocked["found"]))
     if python and not blocked:
-        rc, _out, err = ops.run([python, "-c", FIND_TORCH_ONLY], timeout=JOB_USER_PROBE_TIMEOUT, cwd="/",
+        rc, _out, err = ops.run([python, "-I", "-c", FIND_TORCH_ONLY], timeout=JOB_USER_PROBE_TIMEOUT, cwd="/",
                                 user=AUTO_JOB_USER)
         if rc not in (0, 3):
             reason = (err.strip().splitlines() or ["exit code %d" % rc])[-1]

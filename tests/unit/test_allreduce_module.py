@@ -368,7 +368,7 @@ def test_bad_arguments_are_rejected(run_module):
 # init, or succeeds.
 FAKE_TORCHRUN = r"""#!{python}
 import os, subprocess, sys, tempfile
-args = sys.argv[3:]  # after "-m torch.distributed.run"
+args = sys.argv[sys.argv.index("torch.distributed.run") + 1:]  # after "[-s] -m torch.distributed.run"
 options = {}
 while args[0].startswith("--"):
     options[args[0]] = args[1]

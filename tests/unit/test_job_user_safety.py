@@ -209,3 +209,72 @@ def test_ranks_always_name_their_account_and_root_only_when_preflight_job_user_n
         assert found == [], found
     else:
         assert any(problem in item for item in found), found
+
+
+@pytest.fixture
+def personal_torch(public_dir, monkeypatch):
+    """nobody with a home of its own (``HOME`` as the job's environment gives it) holding a fake torch in its user
+    site directory (``~/.local/lib/python3.X/site-packages``) that leaves a marker when imported: ``marker``."""
+    import pwd
+    import sys
+    nobody = pwd.getpwnam("nobody")
+    home = os.path.join(public_dir, "home-nobody")
+    marker = os.path.join(public_dir, "fake-torch-imported")
+    version = "python%d.%d" % sys.version_info[:2]
+    system = __import__("subprocess").run(["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                          capture_output=True, text=True, check=True).stdout.strip()
+    for minor in {version, "python" + system}:
+        torch = os.path.join(home, ".local", "lib", minor, "site-packages", "torch")
+        os.makedirs(os.path.join(torch, "distributed"))
+        for name in ("__init__.py", os.path.join("distributed", "__init__.py"), os.path.join("distributed", "run.py")):
+            with open(os.path.join(torch, name), "w") as handle:
+                handle.write("open(%r, 'a').write('imported\\n')\n" % marker)
+        with open(os.path.join(torch, "version.py"), "w") as handle:
+            handle.write("__version__ = '9.9.9'\ncuda = None\n")
+    for top, dirs, files in os.walk(home):
+        for name in dirs + files:
+            os.chown(os.path.join(top, name), nobody.pw_uid, nobody.pw_gid)
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    with open(marker, "w"):
+        pass
+    os.chmod(marker, 0o666)
+    os.truncate(marker, 0)
+    real = pwd.getpwnam
+
+    def getpwnam(name):
+        entry = real(name)
+        if name != "nobody":
+            return entry
+        return pwd.struct_passwd((entry.pw_name, entry.pw_passwd, entry.pw_uid, entry.pw_gid, entry.pw_gecos, home,
+                                  entry.pw_shell))
+    from preflight_node import ops
+    monkeypatch.setattr(ops.pwd, "getpwnam", getpwnam)
+    return marker
+
+
+def test_the_job_user_s_site_directory_never_answers_for_the_training_environment(personal_torch):
+    """The training Python is the system's (no torch); nobody's ~/.local holds a fake one.  The torch probe runs
+    isolated (-I): it finds no torch, so the node cannot pass on it."""
+    from cluster_preflight.capabilities import allreduce as controller
+    facts = _facts_call("/usr/bin/python3", {"user": "nobody", "named": True})
+    assert facts["job_user"]["run_as"] == "nobody"
+    found = facts["facts"]["allreduce"]
+    assert found["torch"] is None, found["torch"]
+    assert open(personal_torch).read() == "", "the torch probe imported the job user's own torch"
+    checks, ready = controller.readiness("n1", found, {"allreduce_env": {}})
+    assert not ready and checks["torch"]["status"] == "fail", checks
+
+
+def test_the_ranks_never_import_from_the_job_user_s_site_directory(personal_torch, public_dir):
+    """torchrun and its ranks run without user site directories (-s, PYTHONNOUSERSITE=1): nobody's fake torch is
+    never imported, so it cannot report a bandwidth for the node."""
+    import uuid
+    from preflight_node import gate_run
+    params = {name: spec.get("default") for name, spec in gate_run.ARGUMENT_SPEC.items()}
+    params.update(python="/usr/bin/python3", worker_source="# the worker\n", nnodes=1, node_rank=0, nproc_per_node=1,
+                  master_addr="127.0.0.1", timeout=5.0, hard_timeout=20.0, stack_budget=0.0, run_as="nobody",
+                  role="n1", scratch_dir=public_dir)
+    result = gate_run.bounded_run(params, "n1", uuid.uuid4().hex)
+    assert open(personal_torch).read() == "", "the ranks imported the job user's own torch"
+    assert result["argv"][:2] == ["/usr/bin/python3", "-s"], result["argv"]
+    assert "No module named 'torch'" in result["log"], result["log"][-2000:]
