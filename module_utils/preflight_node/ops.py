@@ -132,6 +132,10 @@ AUTO_JOB_USER = "nobody"
 # Whether an account can use the training environment: run its Python and find torch, without importing it.
 FIND_TORCH_ONLY = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"
 JOB_USER_PROBE_TIMEOUT = 30
+# Bytes kept of each output stream of a command run as another account (the job's user: its torch probe, its
+# login shell's ulimit, its ptrace probe print a few lines; what its environment makes them print beyond that is
+# dropped, and the cut said): reap.Kept.
+JOB_OUTPUT_MAX_BYTES = 1024 * 1024
 
 
 def resolve_job_user(job, ops):
@@ -320,6 +324,7 @@ def run_reaped(argv, timeout, env=None, cwd=None, data=None, user=None):
     payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
         rc, out, err, timed_out, stuck = reap.capture(argv, timeout, env=environ, cwd=cwd, data=payload,
+                                                      max_bytes=JOB_OUTPUT_MAX_BYTES if user else reap.OUTPUT_MAX_BYTES,
                                                       **credentials)
     except PermissionError as exc:  # switching user needs root
         return NOT_FOUND_RC, "", "cannot run as %s: %s" % (user, exc), []

@@ -15,7 +15,7 @@ import zlib
 
 import pytest
 
-from cluster_preflight.engine import archive, step
+from cluster_preflight.engine import archive, relay, step
 from cluster_preflight.engine.srun import task_outcome
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -196,3 +196,77 @@ def test_the_node_code_runs_from_the_bytes_the_bootstrap_checked():
     spec = code.find_spec("preflight_node.srun_task")
     assert spec.origin == "<node code>/preflight_node/srun_task.py" and code.find_spec("json") is None
     assert "def main" in code.get_source("preflight_node.srun_task")
+
+
+# -- what a node prints is bounded, and whose output was cut is said ------------------------------------------------
+
+def test_a_task_that_floods_its_output_is_cut_at_its_share_and_named_and_its_peer_keeps_its_result(node_archive,
+                                                                                                   tmp_path):
+    """n1 prints 40 MiB before its result: the controller keeps its share (16 MiB), n1 is the one failed, saying
+    how much it printed and where it was cut; n2's result stands; the step's files stay within the shares."""
+    flood = "head -c 41943040 /dev/zero | tr '\\\\0' 'x' | fold -w 4000"
+    nodes, sizes = ["n1", "n2"], []
+    path, digest = node_archive
+    argv = [sys.executable] + step.srun_argv(nodes, "lock", python_of(tmp_path, "n1", flood), path, digest,
+                                             bound=60, srun=FAKE_SRUN)
+    data = step.payload("lock", {node: {"dir": str(tmp_path), "run_id": "r1"} for node in nodes})
+    directory = tmp_path / "step"
+    directory.mkdir(mode=0o700)
+    handle = step.start(argv, data, str(directory), env=dict(os.environ))
+    real_read = step._read
+
+    def watching(collector, out, err, everything=False):
+        sizes.append(os.path.getsize(str(directory / "out")) if (directory / "out").exists() else 0)
+        return real_read(collector, out, err, everything)
+    step._read = watching
+    try:
+        found = step.collect(handle, [(node, 0) for node in nodes], handle["started"] + 60)
+    finally:
+        step._read = real_read
+    assert max(sizes) <= step.PER_TASK_BYTES + 1024 * 1024, max(sizes)
+    n1, n2 = task_outcome(found, ("n1", 0), 60), task_outcome(found, ("n2", 0), 60)
+    # (It printed until its step ended, once every task was done or cut.)
+    assert n1["failed"] and "more than the %d bytes a task may" % step.PER_TASK_BYTES in n1["msg"], n1
+    assert "cut after" in n1["msg"] and "result not read" in n1["msg"], n1
+    assert n2.get("why") == "no lease on this node", n2
+
+
+def test_the_relay_keeps_each_task_s_share_and_srun_s_own_lines_and_says_what_it_cut(tmp_path):
+    import io
+    source = io.BytesIO(b"".join([b"0: PFR n1 0 +\n"] + [b"1: " + b"y" * 97 + b"\n"] * 50 + [b"srun: hello\n"] +
+                                 [b"0: " + b"z" * 200000 + b"\n"]))
+    sink = io.BytesIO()
+    cut = relay.copy(source, sink, per_task=1000, unlabelled=100)
+    lines = sink.getvalue().decode().splitlines()
+    assert lines[0] == "0: PFR n1 0 +" and "srun: hello" in lines
+    # A line counts with its label: nine of task 1's 101-byte lines fit in 1000 bytes.
+    assert "PFRCUT 1 909" in lines and "PFRCUT 1 total 5050" in lines, lines[-5:]
+    # A line longer than the relay keeps counts whole, and is cut too (task 0 past its share with it).
+    assert "PFRCUT 0 14" in lines and "PFRCUT 0 total %d" % (14 + 200004) in lines
+    assert cut == {"0": 14 + 200004, "1": 5050}
+    assert len(sink.getvalue()) < 1000 * 2 + 200
+
+
+def test_a_result_that_decompresses_past_its_bound_or_claims_endless_parts_is_refused_at_once():
+    collector = step.Collector([("n1", 0), ("n2", 0)])
+    collector.feed_err("srun: launching StepId=1.0 on host n1, 1 tasks: 0")
+    collector.feed_err("srun: launching StepId=1.0 on host n2, 1 tasks: 1")
+    bomb = base64.b64encode(zlib.compress(b"[" * 1 + b"0," * (step.RESULT_MAX_BYTES // 2 + 10) + b"0]", 9)).decode()
+    for line in ["PFR n1 0 +", "PFR n1 0 r 0 1 %s" % bomb,
+                 "PFR n1 0 end %s" % hashlib.sha256(bomb.encode()).hexdigest()]:
+        collector.feed("0: %s" % line)
+    assert "larger than %d bytes" % step.RESULT_MAX_BYTES in collector.damaged[("n1", 0)]
+    started = time.monotonic()
+    for line in ["PFR n2 0 +", "PFR n2 0 r 0 999999999999 x", "PFR n2 0 end %s" % ("0" * 64)]:
+        collector.feed("1: %s" % line)
+    assert time.monotonic() - started < 1 and "incomplete" in collector.damaged[("n2", 0)]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to the job's user needs root")
+def test_a_job_user_command_that_prints_without_end_is_kept_within_its_bound_and_the_cut_said():
+    """A login shell reading a huge ~/.profile, as the job's user: root keeps 1 MiB of it, and says so."""
+    from preflight_node.ops import JOB_OUTPUT_MAX_BYTES, run_bounded_command
+    rc, out, err = run_bounded_command(["/usr/bin/python3", "-c", "import sys\nfor _ in range(100): "
+                                        "sys.stdout.write('x' * 1048575 + '\\n')"], 60, user="nobody")
+    assert rc == 0 and len(out) <= JOB_OUTPUT_MAX_BYTES + 100, len(out)
+    assert "standard output was 104857600 bytes, more than the %d kept" % JOB_OUTPUT_MAX_BYTES in err, err
