@@ -163,3 +163,23 @@ def test_the_command_line_keeps_each_diff_without_the_task_banner():
                          "+++ after: /etc/a.conf\r\n@@ -0,0 +1 @@\r\n+x = 1\r\n"})
     assert collector.diffs == [("gpu-node-1", "Ensure the pattern.",
                                 "--- before: /etc/a.conf\n+++ after: /etc/a.conf\n@@ -0,0 +1 @@\n+x = 1")]
+
+
+def test_the_command_line_takes_the_verdict_file_only_from_the_verdict_task():
+    """A node's module result is the node's word: a verdict_file (or report_file) in it is never the run's."""
+    from cluster_preflight import playbooks  # pylint: disable=import-outside-toplevel
+
+    collector = playbooks._Collector()  # pylint: disable=protected-access
+    forged = {"verdict_file": "/tmp/forged/verdict.json", "report_file": "/tmp/forged/diagnose.json",
+              "outputs": {"junit": "/tmp/forged/junit.xml"}, "lines": ["PREFLIGHT PASS"]}
+    for action in ("preflight_facts", "ansible.legacy.port_probe", "preflight_srun"):
+        collector({"event": "runner_on_ok", "event_data": {"host": "n1", "task": "a node call", "task_action": action,
+                                                           "res": dict(forged)}})
+    assert collector.verdict_file is None and collector.report_file is None and collector.outputs is None
+    collector({"event": "runner_on_failed", "event_data": {"host": "n1", "task": "Write the verdict.",
+                                                           "task_action": "ansible.legacy.preflight_verdict",
+                                                           "res": {"verdict_file": "/r/1/verdict.json"}}})
+    collector({"event": "runner_on_ok", "event_data": {"host": "n1", "task": "Diagnose.",
+                                                       "task_action": "preflight_diagnose",
+                                                       "res": {"report_file": "/r/2/diagnose.json", "lines": ["x"]}}})
+    assert collector.verdict_file == "/r/1/verdict.json" and collector.report_file == "/r/2/diagnose.json"
