@@ -16,14 +16,13 @@ import pwd
 import shutil
 import signal
 import socket
-import stat
 import time
 import uuid
 
 from .checks import failed, not_applicable, passed
 from .lock import RUN_ENV, hold_for_call
 from .ops import account_problem, as_user, user_environment
-from .scratch import Scratch, read_log, read_rank_files, read_rank_logs
+from .scratch import Scratch, read_log, read_rank_files, read_rank_logs, scratch_dir_problems
 from .py_spy_choice import find_py_spy, py_spy_check
 from .proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants,
                                                  environ_of, interruptible, kill_tree, pids_with_marker,
@@ -474,23 +473,8 @@ def check_params(params):
                 problems.append("run_as %s needs root to switch users, and the module runs as %s; set "
                                 "preflight_become=true or connect as %s" % (params["run_as"], _me(), params["run_as"]))
     if params["scratch_dir"]:
-        problems += _scratch_dir_problems(params["scratch_dir"])
+        problems += scratch_dir_problems(params["scratch_dir"])
     return problems
-
-
-def _scratch_dir_problems(path):
-    """A scratch parent others could rename entries in would let them swap root's scratch directory."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        info = None
-    if info is None or not stat.S_ISDIR(info.st_mode):
-        return ["scratch_dir %s is not a directory" % path]
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
-        return ["scratch_dir %s is writable by other accounts without the sticky bit (mode %04o), so they could "
-                "replace the run's scratch directory: use a directory only root writes, or one with the sticky "
-                "bit such as /tmp" % (path, stat.S_IMODE(info.st_mode))]
-    return []
 
 
 def guarded(params, marker, work, signals=(signal.SIGTERM, signal.SIGHUP)):

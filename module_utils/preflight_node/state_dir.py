@@ -81,6 +81,13 @@ def _parent_problem(path, euid):
     return ""
 
 
+def path_problem(path, euid=None):
+    """Why ``path`` (an existing directory root works in, such as a scratch parent), or a directory or link on the
+    way to it, could be changed by an account other than root and the effective uid, or "" (sticky directories
+    others may write are accepted: they cannot rename or remove root's entries there)."""
+    return _parent_problem(path, os.geteuid() if euid is None else euid)
+
+
 def dir_problem(path, euid=None):
     """Why ``path`` (which exists) is not a directory of the effective uid's alone, or ""."""
     euid = os.geteuid() if euid is None else euid
