@@ -47,6 +47,27 @@ def test_one_engine_per_run_and_srun_settings_that_leave_the_steps_to_the_engine
     assert sorted(item["found"] for item in bad) == ["--nodelist=x", "oops", "python3"]
 
 
+@pytest.mark.parametrize("option", [
+    "--exp=ALL", "--export=ALL", "--export-file=/tmp/env", "-lK", "--label", "-oout", "--output=/tmp/o", "-e/tmp/e",
+    "--input=0", "-u", "-w", "n1", "-wn1", "--nodelist=n1", "-n4", "--ntasks=4", "--task-prolog=/tmp/x",
+    "--task-epilog=/tmp/x", "--prolog=/tmp/x", "--chdir=/tmp", "--propagate=ALL", "--bcast", "--get-user-env",
+    "--uid=0", "--container=/tmp/c", "--distribution=cyclic", "--quiet", "--verbose", "--gpus-per-node 8"])
+def test_srun_args_that_would_change_the_protocol_the_tasks_or_their_environment_are_refused(option):
+    """Only options that choose resources pass (each --name=value, or a flag of the list): anything else could
+    export the controller's environment to root on every node, run a program of the controller's choosing there,
+    or break how a line is bound to its task (abbreviations and bundled short options included)."""
+    [bad] = engine.problems(dict(SRUN, preflight_srun_args=[option]), "gpu01", "srun", ALLOC)
+    assert bad["name"] == "preflight_srun_args" and bad["found"] == option, bad
+    assert "--gpus-per-node" in bad["expected"] and option in bad["fix"], bad
+
+
+def test_srun_args_that_choose_resources_pass():
+    good = ["--gpus-per-node=8", "--gres=gpu:8", "--partition=gpu", "--account=ops", "--qos=high",
+            "--reservation=maint", "--constraint=h100", "--mem=0", "--cpus-per-task=4", "--exclusive",
+            "--network=sn_all", "--switches=1", "--gpu-bind=closest", "--mem-per-gpu=8G", "--comment=preflight"]
+    assert engine.problems(dict(SRUN, preflight_srun_args=good), "gpu01", "srun", ALLOC) == []
+
+
 def test_a_register_of_every_node_is_read_once_per_node_and_each_node_gets_its_own():
     reads = []
 
