@@ -91,6 +91,7 @@ options:
       - The run's secret (the controller's plan makes one per run, 32 hex digits); required. The listener answers
         only probers that prove it, and a peer's answer counts only with its proof. It never crosses the network.
     type: str
+    default: ""
   lock:
     description:
       - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/run_lock.py)), renewed before anything
