@@ -62,6 +62,10 @@ LAUNCHING = re.compile(r"^srun: launching StepId=\S+ on host (\S+?), \d+ tasks?:
 # srun's own words only (a task's line starts with its label, never with ``srun:``).
 LAUNCH_FAILED = re.compile(r"^srun: error: Task launch for StepId=\S+ failed on node (\S+?): (.*)$")
 TASK_ERROR = re.compile(r"^srun: error: (\S+?): tasks? ([0-9,-]+): (.*)$")
+# What srun --verbose says besides where it launches (its options, its plugins, each node's tasks started and
+# ended): not kept among srun's words (a task's end without a result quotes the last of those).
+VERBOSE = re.compile(r"^srun: (launch/|route/|defined options|-{4,}|end of defined options|jobid \d+: nodes|"
+                     r"[\w(). -]+ +: )")
 # The relay's word that a task's (or srun's) output passed its share (relay.py).
 CUT = re.compile(r"^PFRCUT (\S+) (total )?(\d+)$")
 # Bytes of one task's output kept per stream (the relay's share; a result is a few KiB to a few MiB), of srun's
@@ -163,12 +167,13 @@ class Collector(object):
             who = "%s:%d" % task if task else "task %s" % labelled.group(1)
             self.other.append("%s (stderr): %s" % (who, labelled.group(2)[:500]))
             return
-        self.stderr.append(line[:2000])
         launching = LAUNCHING.match(line)
         if launching:
             if launching.group(1) in self.nodes:
                 self._place(launching.group(1), task_numbers(launching.group(2)))
             return
+        if not VERBOSE.match(line):
+            self.stderr.append(line[:2000])
         match = LAUNCH_FAILED.match(line)
         if match:
             self.launch_failed.setdefault(match.group(1), match.group(2).strip())

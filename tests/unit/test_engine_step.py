@@ -220,3 +220,17 @@ def test_the_archive_is_the_node_layer_and_the_same_bytes_for_the_same_code(tmp_
     for line in lines:
         collector.feed("0: " + line)
     assert collector.results[("n9", 0)]["why"] == "no lease on this node"
+
+
+def test_srun_s_verbose_lines_place_the_tasks_and_are_not_kept_as_its_words():
+    collector = step.Collector([("pfn1", 0), ("pfn1", 1)])
+    for line in ["srun: defined options", "srun: -------------------- --------------------",
+                 "srun: ntasks-per-node     : 2", "srun: end of defined options",
+                 "srun: jobid 1: nodes(3):`pfn[1-3]', cpu counts: 2(x3)",
+                 "srun: launch/slurm: launch_p_step_launch: CpuBindType=(null type)",
+                 "srun: launching StepId=1.0 on host pfn1, 2 tasks: [0-1]",
+                 "srun: route/default: init: route default plugin loaded",
+                 "srun: launch/slurm: _task_start: Node pfn1, 2 tasks started"] + SRUN_STDERR[-2:]:
+        collector.feed_err(line)
+    assert collector.layout == {0: ("pfn1", 0), 1: ("pfn1", 1)}
+    assert list(collector.stderr) == SRUN_STDERR[-2:]
