@@ -2,15 +2,15 @@
 """Every cross-node decision of the preflight, made once on the controller.
 
 Its documentation lives in ``library/preflight_decide.py``; the stages themselves are pure functions of the
-registered results in ``hostvars``, in ``cluster_preflight/stages.py``.
+registered results in ``hostvars``, in ``cluster_preflight/stages/decisions.py``.
 """
 
 from __future__ import annotations
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from cluster_preflight.action import ControllerAction
-from cluster_preflight.stages import STAGES, decide
+from cluster_preflight.plays.action import ControllerAction
+from cluster_preflight.stages.decisions import STAGES, decide
 
 
 class ActionModule(ControllerAction):

@@ -2,7 +2,7 @@
 """Controller-side diagnosis of a running job: group the ranks of every node, name the suspects, write the report.
 
 Its documentation lives in ``library/preflight_diagnose.py``; the grouping is
-``cluster_preflight/diagnosis.py`` (:func:`diagnose`, unit-tested); the files are written with
+``cluster_preflight/stages/diagnosis.py`` (:func:`diagnose`, unit-tested); the files are written with
 the verdict's helpers (0750 directories, 0640 files, atomic).
 """
 
@@ -13,13 +13,13 @@ import os
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from cluster_preflight.action import ControllerAction
-from cluster_preflight import registers
-from cluster_preflight.cluster import ClusterView
-from cluster_preflight.diagnosis import diagnose, label
-from cluster_preflight.printable import printable, printable_tree
-from cluster_preflight.accounting import (atomic_write, node_file, node_name_problem, prepare_results_dir,
-                                          prepare_run_dir, run_place)
+from cluster_preflight.plays.action import ControllerAction
+from cluster_preflight.plays import stage_results
+from cluster_preflight.stages.view import ClusterView
+from cluster_preflight.stages.diagnosis import diagnose, label
+from cluster_preflight.verdict.printable import printable, printable_tree
+from cluster_preflight.verdict.accounting import (atomic_write, node_file, node_name_problem, prepare_results_dir,
+                                                  prepare_run_dir, run_place)
 
 REPORT_FILE = "diagnose.json"
 
@@ -80,7 +80,7 @@ class ActionModule(ControllerAction):
         result = super().run(tmp, task_vars)
         args = self._task.args
         view = ClusterView(task_vars or {})
-        nodes = node_results(view, str(args.get("register") or registers.DIAGNOSE_STACKS))
+        nodes = node_results(view, str(args.get("register") or stage_results.DIAGNOSE_STACKS))
         report = diagnose(nodes)
         report["lines"] = report["lines"] + [
             "%s: %s (install it with bringup.yml, role debug_tools, or name a root-owned one)" % (host, text)

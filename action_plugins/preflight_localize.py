@@ -2,14 +2,14 @@
 """Plan and conclude the localisation rounds of a failed or slow all-reduce, on the controller.
 
 Its documentation lives in ``library/preflight_localize.py``; the logic is in
-``cluster_preflight/localize.py`` (pure functions, unit-tested).  Called
+``cluster_preflight/capabilities/allreduce/localize.py`` (pure functions, unit-tested).  Called
 once with ``start: true`` after the all-node run was collected, then once after
 each round (``roles/allreduce/tasks/localize.yml``): it folds the round's
 results (registered as ``allreduce_localize_first`` and
 ``allreduce_localize_second``) into the rounds so far and plans the next
 round, or concludes with ``checks_by_host`` for the verdict.  Before it
 concludes, the nodes named for a slow or failed run are retested once
-(``cluster_preflight/retest.py``; registers ``allreduce_retest_first`` and
+(``cluster_preflight/capabilities/allreduce/retest.py``; registers ``allreduce_retest_first`` and
 ``allreduce_retest_second``).  Never fails the
 play: what it finds is a check on a node.
 """
@@ -21,23 +21,23 @@ import traceback
 
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from cluster_preflight.action import ControllerAction
-from cluster_preflight import gpu_pairs
-from cluster_preflight import groups
-from cluster_preflight import capabilities as registry
-from cluster_preflight import localize
-from cluster_preflight import registers
-from cluster_preflight import retest
-from cluster_preflight.run_lock import round_lock
-from cluster_preflight.allreduce_outcome import own_faults
+from cluster_preflight.plays.action import ControllerAction
+from cluster_preflight.capabilities.allreduce import gpu_pairs
+from cluster_preflight.capabilities.allreduce import groups
+from cluster_preflight import capabilities
+from cluster_preflight.capabilities.allreduce import localize
+from cluster_preflight.plays import stage_results
+from cluster_preflight.capabilities.allreduce import retest
+from cluster_preflight.stages.run_lock import round_lock
+from cluster_preflight.capabilities.allreduce.outcome import own_faults
 from preflight_node.checks import error
-from cluster_preflight.cluster import ClusterView, outcome as localize_outcome, without_gc
+from cluster_preflight.stages.view import ClusterView, outcome as localize_outcome, without_gc
 
-REGISTER = registers.LOCALIZE
-STEP_REGISTERS = (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND)
-GPU_REGISTER = registers.LOCALIZE_GPU
-RETEST_REGISTERS = (registers.RETEST_FIRST, registers.RETEST_SECOND)
-CONFIRM_REGISTER = registers.CONFIRM
+REGISTER = stage_results.LOCALIZE
+STEP_REGISTERS = (stage_results.LOCALIZE_FIRST, stage_results.LOCALIZE_SECOND)
+GPU_REGISTER = stage_results.LOCALIZE_GPU
+RETEST_REGISTERS = (stage_results.RETEST_FIRST, stage_results.RETEST_SECOND)
+CONFIRM_REGISTER = stage_results.CONFIRM
 # Steps of the rounds at least: three node rounds, the retest's two, three GPU rounds.
 STEPS_MAX = localize.MAX_ROUNDS + 2 + localize.MAX_ROUNDS
 
@@ -58,13 +58,13 @@ def _node_result(view, host, register, pick=None):
 
 def start(view):
     first = view.hosts[0]
-    gate = (view.read(first, registers.LAUNCH) or {}).get("gate") or {}
+    gate = (view.read(first, stage_results.LAUNCH) or {}).get("gate") or {}
     if not gate.get("launch") or not gate.get("args_by_host"):
         return {"needed": False, "done": True, "why": "the all-reduce was not launched"}
     gate_hosts = [host for host in gate.get("hosts") or [] if host in gate["args_by_host"]]
-    results = {host: _node_result(view, host, registers.PROBES, pick="job") for host in gate_hosts}
+    results = {host: _node_result(view, host, stage_results.PROBES, pick="job") for host in gate_hosts}
     settings = view.settings.get(gate_hosts[0], {}).get("allreduce") or {}
-    run = view.settings.get(gate_hosts[0], {}).get(registry.RUN_ROLE) or {}
+    run = view.settings.get(gate_hosts[0], {}).get(capabilities.RUN_ROLE) or {}
     floor = localize.floors(settings, gate.get("backend"))
     outcome = localize.run_outcome(gate_hosts, results)
     needed, why = localize.all_node_trigger(outcome, floor)
@@ -72,13 +72,13 @@ def start(view):
         return {"needed": False, "done": True, "why": why}
     excluded = {}
     for host in gate_hosts:
-        state, message = view.outcome(host, registers.PROBES)
+        state, message = view.outcome(host, stage_results.PROBES)
         if state != "ok":
             excluded[host] = "lost before the rounds (%s while collecting the all-reduce: %s)" % (state, message[:200])
     for host, reason in own_faults({host: result for host, result in results.items() if host not in excluded}).items():
         excluded[host] = "named by the all-node run itself: %s (allreduce.suspect_rank_*)" % reason
     hosts = [host for host in gate_hosts if host not in excluded]
-    addr = dict(((view.read(first, registers.PLAN) or {}).get("nic") or {}).get("addr_by_host") or {})
+    addr = dict(((view.read(first, stage_results.PLAN) or {}).get("nic") or {}).get("addr_by_host") or {})
     for host in hosts:
         addr.setdefault(host, view.nodes[host]["node_addr"])
     state = {"hosts": hosts, "excluded": excluded, "floor": floor, "trigger": why, "rounds": [],
@@ -110,7 +110,7 @@ def finish(state):
                          "launches": []}
     if state.get("retest") and "retest_round" not in state:
         # Before a node is named for a slow or failed run: one more bounded step, its pair with a node proven
-        # good and its run alone over lo (cluster_preflight/retest.py).
+        # good and its run alone over lo (cluster_preflight/capabilities/allreduce/retest.py).
         again = retest.candidates(state["hosts"], state["rounds"], state["floor"], summary["bad"])
         if again:
             return plan_retest(state, again, summary["good"])
@@ -126,7 +126,8 @@ def finish(state):
 
 
 def plan_groups(state):
-    """The next group round (``cluster_preflight/groups.py``), or the groups' conclusion folded into the pair
+    """The next group round (``cluster_preflight/capabilities/allreduce/groups.py``), or the groups' conclusion folded
+    into the pair
     rounds' (then the GPU pairs and the confirmation run follow, as after the pair rounds)."""
     serial = sum(len(item["launches"]) for item in state["rounds"] + state["group_rounds"] +
                  ([state["retest_round"]] if state.get("retest_round") else []))
@@ -337,7 +338,7 @@ def with_round_lock(view, outcome):
     outcome = {key: value for key, value in outcome.items() if key != "lock"}
     if not view.hosts or not outcome.get("needed") or outcome.get("done"):
         return outcome
-    lock = round_lock((view.result(view.hosts[0], registers.INPUTS) or {}).get("lock"), outcome)
+    lock = round_lock((view.result(view.hosts[0], stage_results.INPUTS) or {}).get("lock"), outcome)
     if not lock:
         return outcome
     outcome.update({key: {host: dict(args, lock=lock) for host, args in (outcome.get(key) or {}).items()}

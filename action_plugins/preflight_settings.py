@@ -22,11 +22,11 @@ from ansible.errors import AnsibleError
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from cluster_preflight.action import ControllerAction
-from cluster_preflight import capabilities as registry
+from cluster_preflight.plays.action import ControllerAction
+from cluster_preflight import capabilities
 from cluster_preflight import engine
-from cluster_preflight.cluster import run_started
-from cluster_preflight.settings_check import SWITCH, host_problems, number_problems, unknown_variables
+from cluster_preflight.stages.view import run_started
+from cluster_preflight.settings.checks import SWITCH, host_problems, number_problems, unknown_variables
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -139,9 +139,9 @@ class ActionModule(ControllerAction):
                 inputs.update(self._role_files(role)[1])
             except (AnsibleError, OSError):
                 continue
-        found = [dict(item, capability=registry.RUN_ROLE, found=str(item["found"]))
+        found = [dict(item, capability=capabilities.RUN_ROLE, found=str(item["found"]))
                  for item in unknown_variables(task_vars, inputs, PROJECT)]
-        if (settings.get(registry.RUN_ROLE) or {}).get(SWITCH) == "warn":
+        if (settings.get(capabilities.RUN_ROLE) or {}).get(SWITCH) == "warn":
             return found
         errors.extend(found)
         return []
@@ -162,8 +162,8 @@ class ActionModule(ControllerAction):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         kind = self._task.args.get("kind") or "preflight"
-        if kind not in registry.KINDS:
-            raise AnsibleError("preflight_settings: kind %r is not one of %s" % (kind, ", ".join(registry.KINDS)))
+        if kind not in capabilities.KINDS:
+            raise AnsibleError("preflight_settings: kind %r is not one of %s" % (kind, ", ".join(capabilities.KINDS)))
         if boolean(self._task.args.get("all_nodes", False)):
             result.update(engine.by_node("settings", self._every_node(task_vars, kind)), changed=False)
         else:
@@ -182,14 +182,14 @@ class ActionModule(ControllerAction):
             node_vars = dict(play, **(hostvars.raw_get(host) if hostvars is not None else {}))
             results[host] = self._one(node_vars, kind, first)
             if first is None:
-                first = engine.engine_of((results[host].get("settings") or {}).get(registry.RUN_ROLE))
+                first = engine.engine_of((results[host].get("settings") or {}).get(capabilities.RUN_ROLE))
         return results
 
     def _one(self, task_vars, kind, first_engine=None):
         """One node's result (``task_vars``: its variables); ``first_engine``: the run's first node's engine."""
         result = {}
         wanted, errors = _wanted(self._task.args.get("capabilities"), kind)
-        roles = [registry.RUN_ROLE] + wanted
+        roles = [capabilities.RUN_ROLE] + wanted
         loaded, all_defaults = {}, {}
         for role in roles:
             try:
@@ -227,26 +227,26 @@ class ActionModule(ControllerAction):
             settings[role] = dict(checked.validated_parameters)
             errors.extend(_problem(role, item["name"], item["found"], item["expected"], item["fix"])
                           for item in number_problems(options, settings[role]))
-        errors.extend(_problem(registry.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
+        errors.extend(_problem(capabilities.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
                       for item in host_problems(task_vars.get("inventory_hostname")))
         warnings = self._unknown(task_vars, settings, errors)
         if not errors:
-            errors.extend(_problem(registry.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
-                          for item in registry.validate_run(settings[registry.RUN_ROLE]) + engine.problems(
-                              settings[registry.RUN_ROLE], task_vars.get("inventory_hostname"),
-                              first_engine or self._first_engine(task_vars, all_defaults, settings[registry.RUN_ROLE]),
-                              os.environ))
+            run = settings[capabilities.RUN_ROLE]
+            errors.extend(_problem(capabilities.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
+                          for item in capabilities.validate_run(run) + engine.problems(
+                              run, task_vars.get("inventory_hostname"),
+                              first_engine or self._first_engine(task_vars, all_defaults, run), os.environ))
             for name in wanted:
-                for item in registry.get(name).validate(settings[name]):
+                for item in capabilities.get(name).validate(settings[name]):
                     errors.append(_problem(name, item["name"], item["found"], item["expected"], item["fix"]))
-        node = registry.node_info(task_vars.get("inventory_hostname"), {
+        node = capabilities.node_info(task_vars.get("inventory_hostname"), {
             key: templar.template(task_vars.get(key)) for key in
             ("ansible_host", "ansible_user", "ansible_port", "preflight_node_addr") if task_vars.get(key)})
         read_args = {}
         if not errors:
             for name in wanted:
-                args = registry.get(name).read_args(settings[name], node) if name in registry.readers_for(kind) \
-                    else None
+                args = (capabilities.get(name).read_args(settings[name], node)
+                        if name in capabilities.readers_for(kind) else None)
                 if args is not None:
                     read_args[name] = args
         local_probes = {}
@@ -254,16 +254,16 @@ class ActionModule(ControllerAction):
             # A node-local run (healthcheck.yml): the probes that need no peer, run in the reader call.
             alone = {"hosts": [node["name"]], "nodes": {node["name"]: node}}
             for name in wanted:
-                if name in registry.probes_for(kind):
-                    args = registry.get(name).probe_args(settings[name], node, alone)
+                if name in capabilities.probes_for(kind):
+                    args = capabilities.get(name).probe_args(settings[name], node, alone)
                     if args is not None:
                         local_probes[name] = args
-        run = settings.get(registry.RUN_ROLE) or {}
+        run = settings.get(capabilities.RUN_ROLE) or {}
         python = (settings.get("allreduce") or {}).get("allreduce_python")
-        result.update(job=registry.job_user_wanted(run, node, python), changed=False,
+        result.update(job=capabilities.job_user_wanted(run, node, python), changed=False,
                       ok=not errors, errors=errors, input_warnings=warnings, settings=settings, node=node, read_args=read_args,
                       local_probes=local_probes, capabilities=wanted, started=run_started(),
-                      bringup=registry.bringup_steps(wanted) if kind == "bringup" else [],
+                      bringup=capabilities.bringup_steps(wanted) if kind == "bringup" else [],
                       healthcheck_budget=run.get("preflight_healthcheck_budget") or 30,
                       selftest_error=run.get("preflight_selftest_error") or "",
                       facts_timeout=run.get("preflight_facts_timeout") or 60,
@@ -281,12 +281,12 @@ LIST_VARIABLES = {"bringup": "preflight_bringup_capabilities", "healthcheck": "p
 def _wanted(given, kind):
     """The capabilities to load, in the order given (a list, or a comma-separated text as ``-e`` passes it), and a
     problem for each name that a run of ``kind`` does not apply; the registry's for ``kind`` when none is given."""
-    known = registry.names_for(kind)
+    known = capabilities.names_for(kind)
     if isinstance(given, str):
         given = [item.strip() for item in given.split(",") if item.strip()]
     wanted = [str(name) for name in (given or known)]
-    errors = [_problem(registry.RUN_ROLE, LIST_VARIABLES.get(kind, "capabilities"), name,
-                       "one of %s (what a %s run applies: module_utils/preflight_node/registry.py)"
+    errors = [_problem(capabilities.RUN_ROLE, LIST_VARIABLES.get(kind, "capabilities"), name,
+                       "one of %s (what a %s run applies: module_utils/preflight_node/capabilities.py)"
                        % (", ".join(known), kind), "name only those, or leave the variable unset for all of them")
               for name in wanted if name not in known]
     return [name for name in dict.fromkeys(wanted) if name in known], errors

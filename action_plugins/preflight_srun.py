@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import traceback
 
-from cluster_preflight.action import ControllerAction
-from cluster_preflight.cluster import ClusterView, without_gc
+from cluster_preflight.plays.action import ControllerAction
+from cluster_preflight.stages.view import ClusterView, without_gc
 from cluster_preflight.engine import by_node
 from cluster_preflight.engine.srun import CALLS, run_call
 

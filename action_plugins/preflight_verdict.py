@@ -2,7 +2,7 @@
 """Controller-side verdict: account for every targeted node, write the run directory.
 
 Its documentation lives in ``library/preflight_verdict.py``; the logic is in
-``cluster_preflight/accounting.py`` (pure functions, unit-tested).  Fails
+``cluster_preflight/verdict/accounting.py`` (pure functions, unit-tested).  Fails
 the task, and so the play, unless the verdict is ``pass``.
 """
 
@@ -14,25 +14,26 @@ import os
 import time
 
 
-from cluster_preflight.action import ControllerAction
-from cluster_preflight import capabilities as registry
-from cluster_preflight import registers
-from cluster_preflight.cluster import ClusterView, without_gc
-from cluster_preflight.localize import MAX_ROUNDS
-from cluster_preflight.retest import STEPS as RETEST_STEPS
-from cluster_preflight.outputs import launch_names, write_outputs
-from cluster_preflight.printable import printable_verdict
-from cluster_preflight.report import after_verdict
-from cluster_preflight.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
+from cluster_preflight.plays.action import ControllerAction
+from cluster_preflight import capabilities
+from cluster_preflight.plays import stage_results
+from cluster_preflight.stages.view import ClusterView, without_gc
+from cluster_preflight.capabilities.allreduce.localize import MAX_ROUNDS
+from cluster_preflight.capabilities.allreduce.retest import STEPS as RETEST_STEPS
+from cluster_preflight.outputs.formats import launch_names, write_outputs
+from cluster_preflight.verdict.printable import printable_verdict
+from cluster_preflight.outputs.report import after_verdict
+from cluster_preflight.verdict.accounting import build_verdict, failure_lines, run_place, summary_line, write_run_dir
 
 KINDS = {
     # kind: (decisions in order, node stages, capabilities that apply, verdict file)
-    "preflight": ((registers.INPUTS, registers.PLAN, registers.LAUNCH, registers.LOCALIZE, registers.FINAL),
+    "preflight": ((stage_results.INPUTS, stage_results.PLAN, stage_results.LAUNCH, stage_results.LOCALIZE,
+                   stage_results.FINAL),
                   ("settings", "facts", "port_mesh", "port_mesh_wait", "single", "launch", "probes", "confirm"),
-                  registry.NAMES, "verdict.json"),
-    "bringup": ((registers.INPUTS, registers.FINAL), ("settings", "facts", "apply"),
-                registry.BRINGUP_NAMES, "bringup.json"),
-    "healthcheck": ((registers.INPUTS, registers.LOCAL), ("settings", "facts"), registry.LOCAL_NAMES,
+                  capabilities.NAMES, "verdict.json"),
+    "bringup": ((stage_results.INPUTS, stage_results.FINAL), ("settings", "facts", "apply"),
+                capabilities.BRINGUP_NAMES, "bringup.json"),
+    "healthcheck": ((stage_results.INPUTS, stage_results.LOCAL), ("settings", "facts"), capabilities.LOCAL_NAMES,
                     "healthcheck.json"),
 }
 # Seconds to open (or find dead) one SSH connection: ansible.cfg timeout plus ServerAlive 5 s x 3.
@@ -45,7 +46,7 @@ def bound_seconds(view, plan, launch, localize=None):
     like the all-node run, every GPU pair launch of the node with the most, one after another, and the
     retest's steps when it was on)."""
     first = view.hosts[0] if view.hosts else None
-    settings = (view.result(first, registers.SETTINGS) or {}) if first else {}
+    settings = (view.result(first, stage_results.SETTINGS) or {}) if first else {}
     gate_args = list(((launch or {}).get("gate") or {}).get("args_by_host", {}).values())
     mesh = (plan or {}).get("port_mesh") or {}
     parts = [settings.get("facts_timeout") or 0, mesh.get("wait_timeout") or 0, CONNECT_BOUND,
@@ -135,7 +136,7 @@ def write_problem(exc, results_dir, run_dir):
 def run_annotations(view, first, task_vars, kind, check_mode):
     """What a verdict says of the run besides its nodes: its cluster (``preflight_cluster``, else the inventory's
     absolute paths), how its host lists name the nodes, and, for a bring-up, whether it was a dry run."""
-    run = ((view.settings.get(first) or {}).get(registry.RUN_ROLE) or {}) if first else {}
+    run = ((view.settings.get(first) or {}).get(capabilities.RUN_ROLE) or {}) if first else {}
     sources = [os.path.realpath(str(source)) for source in task_vars.get("ansible_inventory_sources") or []
                if "," not in str(source)]
     notes = {"cluster": {"name": str(run.get("preflight_cluster") or ""), "inventory": sources}}
@@ -160,18 +161,19 @@ class ActionModule(ControllerAction):
 
     def _run(self, result, args, task_vars):
         kind = args.get("kind") or "preflight"
-        decision_names, stages, capabilities, filename = KINDS[kind]
+        decision_names, stages, applying, filename = KINDS[kind]
         view = ClusterView(task_vars or {})
         first = view.hosts[0] if view.hosts else None
         # Read in place: the verdict is made from them (printable_verdict copies their data), they stay as registered.
         decisions = [view.read(first, name) or {} for name in decision_names] if first else []
-        loaded = (view.result(first, registers.SETTINGS) or {}).get("capabilities") if first else None
+        loaded = (view.result(first, stage_results.SETTINGS) or {}).get("capabilities") if first else None
         if loaded:
             # Only what this run loaded applies (bring-up of a chosen few capabilities).
-            capabilities = tuple(name for name in capabilities if name in loaded)
+            applying = tuple(name for name in applying if name in loaded)
         # Read, never kept: the verdict is made of what the accounting writes from them.
-        records = {host: {registry.STAGE_REGISTERS[stage]: view.registered(host, registry.STAGE_REGISTERS[stage])
-                          for stage in stages} for host in view.hosts}
+        register_of = stage_results.STAGE_REGISTERS
+        records = {host: {register_of[stage]: view.registered(host, register_of[stage]) for stage in stages}
+                   for host in view.hosts}
         results_dir, run_id = run_place(args)
         if not run_id or run_id == "latest" or "/" in run_id or run_id.startswith("."):
             # A directory of its own inside results_dir (under its modes), not latest nor a temporary.
@@ -184,20 +186,20 @@ class ActionModule(ControllerAction):
         by_name = dict(zip(decision_names, decisions))
         budget = None
         if kind == "healthcheck" and first:
-            loaded_settings = view.result(first, registers.SETTINGS) or {}
+            loaded_settings = view.result(first, stage_results.SETTINGS) or {}
             budget = {"elapsed": time.time() - float(loaded_settings.get("started") or time.time()),
                       "limit": int(loaded_settings.get("healthcheck_budget") or 30)}
         # Texts of the nodes and the job (rank errors, log lines) never carry control codes into the outputs.
-        verdict = printable_verdict(build_verdict(view.hosts, records, decisions, capabilities, stages, run_id, run_dir,
-                                               bound_seconds=bound_seconds(view, by_name.get(registers.PLAN),
-                                                                           by_name.get(registers.LAUNCH),
+        verdict = printable_verdict(build_verdict(view.hosts, records, decisions, applying, stages, run_id, run_dir,
+                                               bound_seconds=bound_seconds(view, by_name.get(stage_results.PLAN),
+                                                                           by_name.get(stage_results.LAUNCH),
                                                                            by_name.get("allreduce_localize")),
                                                gate=kind == "preflight", budget=budget))
         notes = run_annotations(view, first, task_vars or {}, kind, self._task.check_mode is True)
         verdict.update((key, value) for key, value in notes.items() if key != "hostfile_mode")
         verdict["hostfile"] = launch_names(verdict, {host: (view.nodes.get(host) or {}).get("node_addr")
                                                      for host in view.hosts}, notes["hostfile_mode"])
-        logs = (by_name.get(registers.FINAL) or {}).get("logs") or {}
+        logs = (by_name.get(stage_results.FINAL) or {}).get("logs") or {}
         outputs = {}
         try:
             # A run id of its own (not given): two runs ending in the same second get two directories.
@@ -214,7 +216,7 @@ class ActionModule(ControllerAction):
         run_dir = verdict["run_dir"]
         path = os.path.join(run_dir, filename)
         # The run history and report.html: their problems are warnings, never the verdict's status.
-        run = ((view.settings.get(first) or {}).get(registry.RUN_ROLE) or {}) if first else {}
+        run = ((view.settings.get(first) or {}).get(capabilities.RUN_ROLE) or {}) if first else {}
         extra, later = after_verdict(verdict, kind, run_dir, path, results_dir, run.get("preflight_history_db", ""))
         outputs.update(extra)
         notes = list(notes or []) + later

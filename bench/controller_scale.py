@@ -29,16 +29,17 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "unit", "fixtures", "nic"))
 
 import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import (the node layer under both names)
-from cluster_preflight import capabilities as registry  # noqa: E402
+from cluster_preflight import capabilities  # noqa: E402
+from cluster_preflight.plays import stage_results  # noqa: E402
 from preflight_node import probes as node_probes  # noqa: E402
 from preflight_node import readers as node_halves  # noqa: E402
-from cluster_preflight.pairs import peers_by_host  # noqa: E402
-from cluster_preflight.cluster import ClusterView, without_gc  # noqa: E402
-from cluster_preflight.accounting import build_verdict, failure_lines, write_run_dir  # noqa: E402
-from cluster_preflight.outputs import launch_names, write_outputs  # noqa: E402
-from cluster_preflight.printable import printable_verdict  # noqa: E402
-from cluster_preflight.report import after_verdict  # noqa: E402
-from cluster_preflight.verdict_file import load  # noqa: E402
+from cluster_preflight.capabilities.port_mesh.peers import peers_by_host  # noqa: E402
+from cluster_preflight.stages.view import ClusterView, without_gc  # noqa: E402
+from cluster_preflight.verdict.accounting import build_verdict, failure_lines, write_run_dir  # noqa: E402
+from cluster_preflight.outputs.formats import launch_names, write_outputs  # noqa: E402
+from cluster_preflight.verdict.printable import printable_verdict  # noqa: E402
+from cluster_preflight.outputs.report import after_verdict  # noqa: E402
+from cluster_preflight.verdict.file import load  # noqa: E402
 from capability_helpers import role_settings  # noqa: E402
 from fake_ops import LocalOps  # noqa: E402
 from fake_sysfs import cluster_node  # noqa: E402
@@ -60,7 +61,7 @@ summary_plugin = plugin("callback_plugins", "preflight_summary")
 
 
 def settings_of_every_capability():
-    settings = {name: role_settings(name) for name in (registry.RUN_ROLE,) + registry.NAMES}
+    settings = {name: role_settings(name) for name in (capabilities.RUN_ROLE,) + capabilities.NAMES}
     settings["nic_discovery"]["nic_discovery_override"] = ""
     settings["port_mesh"]["port_mesh_port"] = 6000
     settings["allreduce"].update(allreduce_python=sys.executable, allreduce_master_port=6000,
@@ -68,7 +69,7 @@ def settings_of_every_capability():
     settings["core_dumps"]["core_dumps_dir"] = "/tmp"
     settings["ssh_trust"]["ssh_trust_login_policy"] = "warn"
     for name in ("preflight_master_port", "preflight_nproc_per_node"):
-        settings[registry.RUN_ROLE][name] = 6000 if name.endswith("port") else 1
+        settings[capabilities.RUN_ROLE][name] = 6000 if name.endswith("port") else 1
     return settings
 
 
@@ -78,7 +79,7 @@ def template_facts(workdir, settings):
     node = {"name": "n0", "ansible_host": "198.18.0.1", "node_addr": "198.18.0.1", "user": "root", "ssh_port": 22}
     facts = {}
     for name in ("kernel_debug", "core_dumps", "iommu", "debug_tools", "ssh_trust"):
-        args = registry.get(name).read_args(settings[name], node)
+        args = capabilities.get(name).read_args(settings[name], node)
         if args is not None:
             facts[name] = node_halves.get(name).read(args, LocalOps())
     tree = cluster_node(os.path.join(workdir, "nic"), index=1)
@@ -129,7 +130,7 @@ def build_cluster(count, settings, template, core_probe):
         node = {"name": host, "ansible_host": addr(index, "198.18"), "node_addr": addr(index, "198.18"),
                 "user": "root", "ssh_port": 22}
         hostvars[host] = {"preflight_settings": {"ok": True, "errors": [], "settings": settings, "node": node,
-                                                 "capabilities": list(registry.NAMES)},
+                                                 "capabilities": list(capabilities.NAMES)},
                           "preflight_facts": {"facts": node_facts(template, host, index), "errors": {}}}
     task_vars = {"ansible_play_hosts_all": hosts, "groups": {"cluster": hosts}, "ansible_forks": 64,
                  "hostvars": hostvars}
@@ -189,8 +190,8 @@ def register_mesh(hosts, hostvars, plan):
 
 def register_probes(hosts, hostvars, settings, core_probe):
     """Every node's probes call: the core crash, the ssh mesh to its planned peers, its rank of the all-reduce."""
-    pairing = peers_by_host(hosts, settings[registry.RUN_ROLE]["preflight_mesh_full_max"],
-                            settings[registry.RUN_ROLE]["preflight_mesh_degree"])
+    pairing = peers_by_host(hosts, settings[capabilities.RUN_ROLE]["preflight_mesh_full_max"],
+                            settings[capabilities.RUN_ROLE]["preflight_mesh_degree"])
     for index, host in enumerate(hosts):
         peers = [{"node": peer} for peer in pairing[host]]
         ssh = {"source": host, "ssh": "/usr/bin/ssh", "connect": True, "problem": "", "peers": peers,
@@ -213,16 +214,16 @@ def verdict_of(hosts, task_vars, workdir, count, times):
     Prometheus and the host lists (``outputs``), the run history and report.html (``report``); then what the
     summary callback prints from the file (``summary``)."""
     kind = "preflight"
-    decision_names, stages, capabilities, filename = verdict_plugin.KINDS[kind]
+    decision_names, stages, applying, filename = verdict_plugin.KINDS[kind]
     results_dir = os.path.join(workdir, "results-%d" % count)
     started = CLOCK[0]()
     with without_gc():
         view = ClusterView(task_vars)
         decisions = [view.read(hosts[0], name) or {} for name in decision_names]
-        records = {host: {registry.STAGE_REGISTERS[name]: view.registered(host, registry.STAGE_REGISTERS[name])
-                          for name in stages} for host in hosts}
+        register_of = stage_results.STAGE_REGISTERS
+        records = {host: {register_of[name]: view.registered(host, register_of[name]) for name in stages} for host in hosts}
         run_dir = os.path.join(results_dir, "run")
-        verdict = printable_verdict(build_verdict(hosts, records, decisions, capabilities, stages, "run", run_dir))
+        verdict = printable_verdict(build_verdict(hosts, records, decisions, applying, stages, "run", run_dir))
         verdict["hostfile"] = launch_names(verdict, {host: view.nodes[host]["node_addr"] for host in hosts})
         failure_lines(verdict)
     times["verdict"] = CLOCK[0]() - started
@@ -267,7 +268,7 @@ def main():
     settings = settings_of_every_capability()
     with tempfile.TemporaryDirectory(prefix="preflight-bench-scale-") as workdir:
         template = template_facts(workdir, settings)
-        core = registry.get("core_dumps")
+        core = capabilities.get("core_dumps")
         core_probe = node_probes.get("core_dumps").probe(core.probe_args(settings["core_dumps"], {"name": "n0"}, {}),
                                                          LocalOps())
         print("%s seconds; target: inputs to verdict" % args.clock)

@@ -31,7 +31,7 @@ from capability_helpers import role_settings  # noqa: E402
 from fake_ops import LocalOps  # noqa: E402
 from gpu_health_helpers import FIXTURES, make_sysfs, nvidia_node  # noqa: E402
 from cluster_preflight.capabilities import fabric, gpu_health, profile  # noqa: E402
-from preflight_node import fabric as fabric_node, fabric_probe, gpu_health as gpu_node  # noqa: E402
+from preflight_node.capabilities import fabric as fabric_node, fabric_probe, gpu_health as gpu_node  # noqa: E402
 
 NODE = {"name": "bench1", "ansible_host": "198.18.0.1", "node_addr": "198.18.0.1", "user": "root", "ssh_port": 22}
 

@@ -34,7 +34,7 @@ from capability_helpers import role_settings  # noqa: E402
 from fake_ops import LocalOps  # noqa: E402
 from real_outputs_expected import EXPECTED, REFERENCE, REFERENCE_FOLDERS  # noqa: E402
 from cluster_preflight.capabilities import fabric, gpu_health  # noqa: E402
-from preflight_node import fabric as fabric_node, fabric_probe, gpu_health as gpu_node  # noqa: E402
+from preflight_node.capabilities import fabric as fabric_node, fabric_probe, gpu_health as gpu_node  # noqa: E402
 from preflight_node.checks import normalize  # noqa: E402
 
 HOST = "sample-node"

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 # pylint: disable=wrong-import-position
 import fake_gpu_tools  # noqa: E402
 from gpu_health_helpers import FIXTURES, H100, H100_BUS, make_sysfs  # noqa: E402
-from preflight_node.gpus import sysfs_address  # noqa: E402
+from preflight_node.gpu.nvidia_gpus import sysfs_address  # noqa: E402
 
 CLEAN_LOG = os.path.join(FIXTURES, "kernel_log_clean.txt")
 HEALTHY_XML = os.path.join(FIXTURES, "nvidia_smi_h100_healthy.xml")

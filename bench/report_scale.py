@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The run history and report.html at scale: synthetic verdicts of 10, 100 and 1000 nodes.
 
-For each size, records ``--runs`` verdicts into a fresh history database (cluster_preflight/history.py) and
-writes report.html with each node's sparkline from it (cluster_preflight/report.py), as the verdict task
+For each size, records ``--runs`` verdicts into a fresh history database (cluster_preflight/outputs/history.py) and
+writes report.html with each node's sparkline from it (cluster_preflight/outputs/report.py), as the verdict task
 does after every run.  Prints the seconds of one history write (median), of the report (median) and the
 report's size.  Target: a 1000-node report in well under 5 s and a few MB.  Use the project's venv:
     .venv/bin/python bench/report_scale.py [--sizes 10,100,1000] [--runs 5]
@@ -18,7 +18,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from cluster_preflight import history, report  # noqa: E402  pylint: disable=wrong-import-position
+from cluster_preflight.outputs import history, report  # noqa: E402  pylint: disable=wrong-import-position
 from report_helpers import synthetic_verdict  # noqa: E402  pylint: disable=wrong-import-position
 
 

@@ -35,12 +35,12 @@ from ansible.plugins.callback import CallbackBase
 
 from ansible.utils.display import Display
 
-from cluster_preflight.printable import guard_display, printable
-from cluster_preflight.accounting import FILE_MODE, atomic_write
-from cluster_preflight.cluster import without_gc
-from cluster_preflight.json_text import indented
-from cluster_preflight.summary import notes
-from cluster_preflight.verdict_file import VerdictError, load
+from cluster_preflight.verdict.printable import guard_display, printable
+from cluster_preflight.verdict.accounting import FILE_MODE, atomic_write
+from cluster_preflight.stages.view import without_gc
+from cluster_preflight.verdict.json_text import indented
+from cluster_preflight.outputs.summary import notes
+from cluster_preflight.verdict.file import VerdictError, load
 
 VERDICT_ACTION = "preflight_verdict"
 PLAYBOOKS = ("preflight.yml", "bringup.yml", "healthcheck.yml")

@@ -40,7 +40,7 @@ Exit codes (``Result.exit_code``, and the process's). 0, 2 and 3 mean what they 
 Only ``__main__`` exits the process; the library returns :class:`Result` or raises
 :class:`UsageError` / :class:`VerdictError`.
 
-Controller modules (``cluster_preflight.stages``, ``.capabilities``, ``.accounting`` ...) are imported by the
+Controller modules (``cluster_preflight.stages.decisions``, ``.capabilities``, ``.accounting`` ...) are imported by the
 action plugins on every run, so the API below is loaded on first use only (the run commands pull in
 ansible-runner).
 """
@@ -48,9 +48,10 @@ ansible-runner).
 import importlib
 
 _API = {
-    "playbooks": ("PLAYBOOKS", "Result", "UsageError", "bringup", "diagnose", "gate", "healthcheck", "run_playbook"),
-    "verdict": ("EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_MEANING", "EXIT_PASS", "EXIT_UNKNOWN", "EXIT_USAGE", "EXIT_WARN",
-                "Finding", "Verdict", "VerdictError", "exit_code", "load_verdict", "verdict_from_dict"),
+    "cli.playbooks": ("PLAYBOOKS", "Result", "UsageError", "bringup", "diagnose", "gate", "healthcheck",
+                      "run_playbook"),
+    "verdict.value": ("EXIT_FAIL", "EXIT_INTERRUPTED", "EXIT_MEANING", "EXIT_PASS", "EXIT_UNKNOWN", "EXIT_USAGE",
+                      "EXIT_WARN", "Finding", "Verdict", "VerdictError", "exit_code", "load_verdict", "verdict_from_dict"),
 }
 _OWNER = {name: module for module, names in _API.items() for name in names}
 

@@ -106,8 +106,8 @@ options:
     default: ""
   lock:
     description:
-      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/run_lock.py)), renewed before the
-        launch (C(module_utils/preflight_node/lock.py)) to cover it; the task fails, starting nothing, when another run
+      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/stages/run_lock.py)), renewed before the
+        launch (C(module_utils/preflight_node/host/lock.py)) to cover it; the task fails, starting nothing, when another run
         took the node over. Empty (the default) touches no lock.
     type: dict
     default: {}
@@ -336,8 +336,8 @@ interrupted:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-# The run itself is in module_utils/preflight_node/gate_run.py.
-from ansible.module_utils.preflight_node.gate_run import MODULE_SPEC, module_main
+# The run itself is in module_utils/preflight_node/allreduce_run/gate_run.py.
+from ansible.module_utils.preflight_node.allreduce_run.gate_run import MODULE_SPEC, module_main
 
 
 def main():

@@ -24,7 +24,7 @@ description:
   - Optionally runs C(gdb -batch -ex 'thread apply all bt') on the newest core file in O(core_dir), bounded by
     O(core_timeout).
   - Only reads. The controller (action C(preflight_diagnose)) groups the ranks of every node by the innermost
-    frame of their main thread and names the suspects (C(cluster_preflight/diagnosis.py)). The node side is in
+    frame of their main thread and names the suspects (C(cluster_preflight/stages/diagnosis.py)). The node side is in
     C(module_utils/preflight_node/diagnose.py).
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.no_change]
@@ -140,7 +140,7 @@ refused:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.diagnose import read, user_uid, validate
-from ansible.module_utils.preflight_node.ops import NodeOps
+from ansible.module_utils.preflight_node.host.ops import NodeOps
 
 
 def main():

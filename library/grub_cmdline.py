@@ -32,7 +32,7 @@ description:
   - A file that would change and is a symlink is refused before anything is written, in check mode too; the
     task fails naming the link and its target, and nothing is written over the link (which would replace it)
     or through it (its target may be shared or managed elsewhere).
-  - Reads, decides and judges with the functions of C(module_utils/preflight_node/grub_plan.py) that the preflight
+  - Reads, decides and judges with the functions of C(module_utils/preflight_node/grub/plan.py) that the preflight
     audit's C(iommu) decider also runs, so an audit reports exactly what bring-up would change; the files are written
     only outside check mode.
 version_added: "1.0.0"
@@ -244,11 +244,11 @@ written:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.files import fail_write, refuse_symlinks, write_atomic
-from ansible.module_utils.preflight_node.grub import read_cmdline, read_files, rooted
-from ansible.module_utils.preflight_node.grub_plan import (
-    AUTO_UPDATE_COMMANDS, CMDLINE_VARIABLES, argument_problems, plan, wanted_args)
-from ansible.module_utils.preflight_node.grub_checks import cmdline_check, grub_check, reboot_required, running_args
+from ansible.module_utils.preflight_node.host.files import fail_write, refuse_symlinks, write_atomic
+from ansible.module_utils.preflight_node.grub.defaults import read_cmdline, read_files, rooted
+from ansible.module_utils.preflight_node.grub.plan import (AUTO_UPDATE_COMMANDS, CMDLINE_VARIABLES, argument_problems,
+                                                           plan, wanted_args)
+from ansible.module_utils.preflight_node.grub.checks import cmdline_check, grub_check, reboot_required, running_args
 
 
 def find_update_command(module, root):

@@ -86,7 +86,7 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.checks import NAME_RE
-from ansible.module_utils.preflight_node.jobs import no_result, read_finished, wait_for  # noqa: F401 (read_finished: tests)
+from ansible.module_utils.preflight_node.host.jobs import no_result, read_finished, wait_for  # noqa: F401 (read_finished: tests)
 
 
 def main():

@@ -22,7 +22,7 @@ description:
     the command to accept the new key, until the node is listed in O(accept_changed)."
   - Lines of nodes listed in O(keep_nodes) that have no entry this run (unreachable) are kept as they
     are; lines of any other node without an entry are dropped.
-  - The entries are the output of C(plan) in C(cluster_preflight/capabilities/ssh_trust.py) (role variable
+  - The entries are the output of C(plan) in C(cluster_preflight/capabilities/ssh_trust/) (role variable
     C(ssh_trust_known_hosts_entries)); the preflight audit compares each node's block with the same
     function this module writes with, so bring-up and audit cannot disagree.
   - The file is replaced atomically (temp file in the same directory, then rename); O(backup) keeps a
@@ -179,10 +179,10 @@ diff:
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.files import refuse_symlinks, write_atomic
-from ansible.module_utils.preflight_node.known_hosts_plan import join_block, plan_block, sha256_text
-from ansible.module_utils.preflight_node.ssh import MARKER, SshTrustError, markers, read_text, rooted, split_block
-from ansible.module_utils.preflight_node.ssh_checks import known_hosts_check
+from ansible.module_utils.preflight_node.host.files import refuse_symlinks, write_atomic
+from ansible.module_utils.preflight_node.ssh.known_hosts_plan import join_block, plan_block, sha256_text
+from ansible.module_utils.preflight_node.ssh.primitives import MARKER, SshTrustError, markers, read_text, rooted, split_block
+from ansible.module_utils.preflight_node.ssh.checks import known_hosts_check
 
 
 def main():

@@ -162,11 +162,11 @@ diff:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node import limits
-from ansible.module_utils.preflight_node import limits_write
-from ansible.module_utils.preflight_node.files import DROPIN_OPTIONS, refuse_symlinks
-from ansible.module_utils.preflight_node.sysctl import rooted
-from ansible.module_utils.preflight_node.sysctl_write import write_dropin
+from ansible.module_utils.preflight_node.limits import session as limits
+from ansible.module_utils.preflight_node.limits import write as limits_write
+from ansible.module_utils.preflight_node.host.files import DROPIN_OPTIONS, refuse_symlinks
+from ansible.module_utils.preflight_node.sysctl.values import rooted
+from ansible.module_utils.preflight_node.sysctl.write import write_dropin
 
 
 def main():

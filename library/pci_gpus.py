@@ -20,7 +20,7 @@ description:
     example the ASPEED BMC VGA, C(0x1a03)) is listed as C(other) and counted in none of the vendor counts.
   - Changes nothing; runs the same in check mode. A node without a PCI bus in sysfs has no GPU (a note says so);
     a bus that exists but cannot be read fails the task, saying what to check.
-  - The scan is the reader the preflight audit's C(iommu) capability runs (C(module_utils/preflight_node/iommu.py)).
+  - The scan is the reader the preflight audit's C(iommu) capability runs (C(module_utils/preflight_node/capabilities/iommu.py)).
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.no_change]
 options:
@@ -119,9 +119,9 @@ ansible_facts:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-# The scan is the iommu capability's reader (module_utils/preflight_node/iommu.py); this module is its face
+# The scan is the iommu capability's reader (module_utils/preflight_node/capabilities/iommu.py); this module is its face
 # for roles and ad-hoc use.
-from ansible.module_utils.preflight_node.iommu import normalise_id, read_pci, scan  # noqa: F401 (scan: public name)
+from ansible.module_utils.preflight_node.capabilities.iommu import normalise_id, read_pci, scan  # noqa: F401 (scan: public name)
 
 
 def main():

@@ -4,7 +4,7 @@
 # Copyright: Contributors to the cluster preflight project
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module port_probe: a real TCP mesh test of the rendezvous port (logic in
-module_utils/preflight_node/port_probe.py)."""
+module_utils/preflight_node/net/port_probe.py)."""
 
 from __future__ import annotations
 
@@ -94,8 +94,8 @@ options:
     default: ""
   lock:
     description:
-      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/run_lock.py)), renewed before anything
-        else (C(module_utils/preflight_node/lock.py)); the task fails, probing nothing, when another run took the node
+      - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/stages/run_lock.py)), renewed before anything
+        else (C(module_utils/preflight_node/host/lock.py)); the task fails, probing nothing, when another run took the node
         over. Empty (the default) touches no lock.
     type: dict
     default: {}
@@ -134,7 +134,7 @@ attributes:
 notes:
   - All nodes must run the task at the same time (one task over all hosts, enough C(forks)).
   - The controller combines every node's RV(results) with C(mesh_summary) from
-    C(cluster_preflight/mesh.py) to name a node that no peer can reach.
+    C(cluster_preflight/capabilities/port_mesh/mesh.py) to name a node that no peer can reach.
 """
 
 EXAMPLES = r"""
@@ -253,7 +253,7 @@ elapsed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.port_probe import ARGUMENT_SPEC, module_main
+from ansible.module_utils.preflight_node.net.port_probe import ARGUMENT_SPEC, module_main
 
 
 def main():

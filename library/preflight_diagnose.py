@@ -23,7 +23,7 @@ description:
     directory 0750 and the files 0640 (the verdict's writers). Does not move C(results/latest), which is the
     gate's verdict.
   - Succeeds when the report is written, suspects or not (they are findings), unless O(fail_on_suspect).
-    The logic is in C(cluster_preflight/diagnosis.py).
+    The logic is in C(cluster_preflight/stages/diagnosis.py).
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.controller, preflight.results]
 options:

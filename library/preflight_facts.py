@@ -29,7 +29,7 @@ options:
   lock:
     description:
       - The gate's run lock, C({dir, run_id, controller, controller_pid, controller_start, user, lease_seconds,
-        live_runs, take_over}) from the C(inputs) decision (C(module_utils/preflight_node/lock.py)). Taken before
+        live_runs, take_over}) from the C(inputs) decision (C(module_utils/preflight_node/host/lock.py)). Taken before
         anything is read - a lease file (0600, never through a link) in C(dir), a directory of root's alone, named
         after the node's hostname, written under C(flock); it reaches C(lease_seconds) ahead (this call's bound plus
         the controller's slack) and each later node call of the run renews it.

@@ -24,7 +24,7 @@ description:
     node fault from a network fault; round 3 runs only if still ambiguous. Each launch is the C(allreduce) module
     with its own hard timeout and its own master port (above the run's C(allreduce_master_port)).
   - When every pair passed (every node proven good) but the all-node run did not, from 6 nodes the group rounds
-    (C(cluster_preflight/groups.py)) bisect by substitution - halves run at once, the failing half's nodes halved
+    (C(cluster_preflight/capabilities/allreduce/groups.py)) bisect by substitution - halves run at once, the failing half's nodes halved
     again and padded with proven nodes to the failing group's size - and name the node of a fault that shows only in
     a large group (kind C(group)), retested once in one more such group; the steps go through the same
     C(first_args_by_host) and C(second_args_by_host) as the pair rounds.
@@ -34,7 +34,7 @@ description:
   - Once concluded, the nodes left (neither named bad nor lost) are planned for one more all-node all-reduce on the
     run's own master port (C(confirm_args_by_host)); with O(confirm), the call after that run folds its outcome in
     (C(localize.confirm)) - a pass proves them together, anything else leaves them unverified, never healthy.
-  - The logic is in C(cluster_preflight/localize.py).
+  - The logic is in C(cluster_preflight/capabilities/allreduce/localize.py).
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.controller]
 options:
@@ -76,7 +76,7 @@ round:
 steps_max:
   description:
     - The most steps the localisation may plan - three node rounds, the retest's two steps and three GPU rounds, or
-      the node rounds and the group rounds C(cluster_preflight/groups.py) can take for this many nodes.
+      the node rounds and the group rounds C(cluster_preflight/capabilities/allreduce/groups.py) can take for this many nodes.
       C(localize_round.yml) includes itself until C(done); a plan past this ends the localisation with
       C(allreduce.localize_error) on every node (a defect), so the run always reaches its verdict.
   returned: when needed
@@ -95,7 +95,7 @@ second_args_by_host:
   type: dict
 retest_first_args_by_host:
   description:
-    - Node to C(allreduce) arguments of the retest's first step (C(cluster_preflight/retest.py)) - a node the
+    - Node to C(allreduce) arguments of the retest's first step (C(cluster_preflight/capabilities/allreduce/retest.py)) - a node the
       rounds named for a slow or failed run paired with a node proven good. Only in the round that retests.
   returned: when a node is retested
   type: dict
@@ -107,14 +107,14 @@ gpu_slots_by_host:
   description:
     - Node to the list of C(allreduce) arguments of its GPU pair launches in this round, run one after another
       (C(CUDA_VISIBLE_DEVICES) of two GPUs, alone over C(lo)). Only for a node named for a node fault with two
-      GPUs or more on backend nccl (C(cluster_preflight/gpu_pairs.py)); empty otherwise.
+      GPUs or more on backend nccl (C(cluster_preflight/capabilities/allreduce/gpu_pairs.py)); empty otherwise.
   returned: when needed
   type: dict
 lock:
   description:
     - The run lock every node the run holds renews for the round, so a node sitting the round out keeps it for the
       round's launches one after another and the confirmation run, plus the controller's slack
-      (C(cluster_preflight/run_lock.py)). Every launch of the round carries it (its first renews it); a node with
+      (C(cluster_preflight/stages/run_lock.py)). Every launch of the round carries it (its first renews it); a node with
       no launch in the round's first step renews it with C(preflight_lock) and C(renew).
   returned: while rounds remain and the run holds a lock
   type: dict

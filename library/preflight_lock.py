@@ -12,7 +12,7 @@ DOCUMENTATION = r"""
 module: preflight_lock
 short_description: Release the gate's run lock (its lease) on a node at the end of the run, or renew it
 description:
-  - The facts call of C(preflight.yml) takes every node with a lease (C(module_utils/preflight_node/lock.py)); this
+  - The facts call of C(preflight.yml) takes every node with a lease (C(module_utils/preflight_node/host/lock.py)); this
     module, the run's last call on a node that took part in more than one node's run, removes it again so the
     next run finds the node free. A one-node run releases it in its probes call instead.
   - Only this run's lease is removed (the run id must match), under C(flock); another run's lease is left alone.
@@ -29,7 +29,7 @@ options:
     type: str
   renew:
     description:
-      - This run's lock arguments with C(lease_seconds) (the localisation's C(lock), C(cluster_preflight/run_lock.py));
+      - This run's lock arguments with C(lease_seconds) (the localisation's C(lock), C(cluster_preflight/stages/run_lock.py));
         the lease is renewed to at least now plus C(lease_seconds) and nothing is removed. Fails when another run
         took the node over (RV(lock) says which).
     type: dict
@@ -73,7 +73,7 @@ lock:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node.lock import MODULE_SPEC, module_main
+from ansible.module_utils.preflight_node.host.lock import MODULE_SPEC, module_main
 
 
 def main():

@@ -47,7 +47,7 @@ options:
     type: dict
   lock:
     description:
-      - This run's lock arguments with C(lease_seconds) (C(cluster_preflight/run_lock.py)); renewed before anything
+      - This run's lock arguments with C(lease_seconds) (C(cluster_preflight/stages/run_lock.py)); renewed before anything
         runs, to at least now plus C(lease_seconds) (this call's bound plus the controller's slack). When another run
         took the node over (this run's lease had expired), nothing runs and RV(lock) says which run.
       - Empty (the default) touches no lock.

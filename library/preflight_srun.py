@@ -17,14 +17,14 @@ description:
     O(call) as one C(srun) step over every node it concerns - the same node-side code the ssh engine's module runs
     (C(module_utils/preflight_node/srun_task.py), from an archive sent with C(sbcast)), its JSON result collected
     per node (C(cluster_preflight/engine/srun.py)).
-  - All-reduce launches run one task per rank started by Slurm (C(module_utils/preflight_node/rank_run.py)); every
+  - All-reduce launches run one task per rank started by Slurm (C(module_utils/preflight_node/allreduce_run/rank_run.py)); every
     launch of a localisation step runs in one step, each pair its own process group; the confirmation run
     excludes the named nodes (C(--exclude)).
   - Every step is bounded (the controller stops C(srun) at the call's bound, reaped within seconds; C(--time) is
     Slurm's backstop). A node whose task never started, fell silent or could not be launched is C(unreachable),
     as a node that stops answering over SSH.
   - Registers every node's result at once, under the register the ssh engine's task uses; the decisions read
-    each node's own (C(cluster_preflight/cluster.py)). Never fails the play.
+    each node's own (C(cluster_preflight/stages/view.py)). Never fails the play.
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.controller]
 options:

@@ -25,7 +25,7 @@ description:
     neither moves C(latest).
   - Fails the task (so C(ansible-playbook) exits non-zero) unless the verdict is C(pass); the message lists every
     failing or blocked check as node / check / found / expected / fix. The logic is in
-    C(cluster_preflight/accounting.py).
+    C(cluster_preflight/verdict/accounting.py).
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.controller, preflight.results]
 options:
@@ -62,7 +62,7 @@ EXAMPLES = r"""
 RETURN = r"""
 outputs:
   description:
-    - File name to path of what other tools read, written next to the verdict before it (cluster_preflight/outputs.py)
+    - File name to path of what other tools read, written next to the verdict before it (cluster_preflight/outputs/formats.py)
       C(junit.xml) (one test case per node and check), C(preflight.prom) (node_exporter textfile format),
       C(hostfile) (C(host slots=N) of the healthy nodes), C(hosts.txt) and C(hosts.csv).
   returned: when the verdict was written

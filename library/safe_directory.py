@@ -87,7 +87,7 @@ diff:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node import safe_dir
+from ansible.module_utils.preflight_node.host import safe_dir
 
 
 def _fail(module, path, found, **result):

@@ -34,7 +34,7 @@ description:
     following a link and checked again (owner, mode), as a new file owned by the user, mode 0600,
     renamed over the old one.
   - The same rules as the preflight's audit (C(ssh_dir_refusal) and C(plan_authorized_keys) in
-    C(module_utils/preflight_node/ssh_keys_write.py)), so bring-up and audit judge alike.
+    C(module_utils/preflight_node/ssh/keys_write.py)), so bring-up and audit judge alike.
 version_added: "1.1.0"
 extends_documentation_fragment: [preflight]
 options:
@@ -143,12 +143,12 @@ import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.preflight_node.checks import failed, passed
-from ansible.module_utils.preflight_node.ops import NodeOps
-from ansible.module_utils.preflight_node.ssh import SshTrustError, parse_public_key, rooted
-from ansible.module_utils.preflight_node.ssh_keys import (UnsafeDirectory, open_ssh_dir, private_key_state, read_in_dir,
-                                                     user_ssh_state)
-from ansible.module_utils.preflight_node.ssh_keys_write import (authorized_line, plan_authorized_keys, ssh_dir_refusal,
-                                                           tighten_private_key, write_in_dir)
+from ansible.module_utils.preflight_node.host.ops import NodeOps
+from ansible.module_utils.preflight_node.ssh.primitives import SshTrustError, parse_public_key, rooted
+from ansible.module_utils.preflight_node.ssh.keys import (UnsafeDirectory, open_ssh_dir, private_key_state, read_in_dir,
+                                                          user_ssh_state)
+from ansible.module_utils.preflight_node.ssh.keys_write import (authorized_line, plan_authorized_keys, ssh_dir_refusal,
+                                                                tighten_private_key, write_in_dir)
 
 KEY_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 COMMENT = re.compile(r"^[A-Za-z0-9_.@:+=-]+$")

@@ -206,10 +206,10 @@ import errno
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.preflight_node import corepattern
-from ansible.module_utils.preflight_node import sysctl
-from ansible.module_utils.preflight_node import sysctl_write
-from ansible.module_utils.preflight_node.files import DROPIN_OPTIONS, refuse_symlinks
+from ansible.module_utils.preflight_node.cores import pattern as corepattern
+from ansible.module_utils.preflight_node.sysctl import values as sysctl
+from ansible.module_utils.preflight_node.sysctl import write as sysctl_write
+from ansible.module_utils.preflight_node.host.files import DROPIN_OPTIONS, refuse_symlinks
 
 
 def _validate(module, key, desired, dropin, search):

@@ -1,6 +1,6 @@
 """Shared helpers of the allreduce capability unit tests (tests/unit/test_allreduce.py,
 tests/unit/test_allreduce_outcome.py): the role settings and the one launch plan of
-cluster_preflight/capabilities/allreduce.py for a list of hosts.  Test-side, not shipped."""
+cluster_preflight/capabilities/allreduce/ for a list of hosts.  Test-side, not shipped."""
 
 import sys
 

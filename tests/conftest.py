@@ -3,7 +3,7 @@
 The node layer is one package imported under two names: modules in ``library/`` import it as Ansible ships
 it (``ansible.module_utils.preflight_node.<name>``), the controller and the tests as the installed package
 ``preflight_node.<name>``. In the tests' one process both names must be the same module objects (a test
-that patches ``preflight_node.proc`` patches what a module under test calls), so the Ansible name is an
+that patches ``preflight_node.host.proc`` patches what a module under test calls), so the Ansible name is an
 alias of the installed one. ``library/`` is on sys.path so a test imports a module by name.
 """
 

@@ -16,7 +16,7 @@ import shutil
 import stat
 import xml.etree.ElementTree as ElementTree
 
-from preflight_node.gpus import QUERY_FIELDS
+from preflight_node.gpu.nvidia_gpus import QUERY_FIELDS
 
 DATA_DIR = ".fake_gpu"
 _HEAD = '#!/bin/sh\n# Fake %s written by tests/fake_gpu_tools.py.\nhere=$(dirname "$0")/%s\n'

@@ -59,7 +59,7 @@ class LocalOps(object):
         return shutil.which(name, path=":".join(list(paths) + [os.environ.get("PATH", "")]))
 
     def run(self, argv, timeout=20.0, env=None, cwd=None, data=None, user=None):
-        from preflight_node.ops import run_bounded_command
+        from preflight_node.host.ops import run_bounded_command
 
         argv = [str(part) for part in argv]
         self.calls.append(argv)

@@ -5,7 +5,7 @@ import json
 import os
 import time
 
-from preflight_node.proc import environ_of
+from preflight_node.host.proc import environ_of
 
 WORKER = "allreduce_worker.py"
 

@@ -4,7 +4,7 @@ GPUs of those fixtures on its PCI bus, and the node's facts read through FakeOps
 import json
 import os
 
-from preflight_node import gpu_health as node_half
+from preflight_node.capabilities import gpu_health as node_half
 from cluster_preflight.capabilities import gpu_health
 from fake_ops import FakeOps
 from capability_helpers import ROOT, role_settings

@@ -1,12 +1,12 @@
 """Shared helpers of the all-reduce localisation unit tests (tests/unit/test_localize.py,
 tests/unit/test_localize_action.py): a fake cluster that answers every planned launch of
-cluster_preflight/localize.py from a fault model, and the rounds driven to their end.
+cluster_preflight/capabilities/allreduce/localize.py from a fault model, and the rounds driven to their end.
 Test-side, not shipped."""
 
 import importlib.util
 import os
 
-from cluster_preflight import localize as loc
+from cluster_preflight.capabilities.allreduce import localize as loc
 from preflight_node.checks import node_status
 
 GOOD_BW, SLOW_BW, LOOP_BW = 0.1, 0.002, 0.5

@@ -37,7 +37,7 @@ from bed_lifecycle import UpDown
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-from cluster_preflight import slurm as preflight_slurm  # noqa: E402  pylint: disable=wrong-import-position
+from cluster_preflight.slurm import drain as preflight_slurm  # noqa: E402  pylint: disable=wrong-import-position
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "scontrol", "sinfo")
 SLURMD_PORT = 6818

@@ -1,7 +1,7 @@
 """Shared helpers of the ssh_trust unit tests (tests/unit/test_ssh_trust_capability.py,
 tests/unit/test_ssh_trust_mesh_checks.py, tests/unit/test_ssh_trust_keys.py): role defaults as
 settings, fake host keys, node facts tables, cluster views for decide() of
-cluster_preflight/capabilities/ssh_trust.py, the check-contract assertion, per-user cluster key
+cluster_preflight/capabilities/ssh_trust/, the check-contract assertion, per-user cluster key
 facts, and probe() results from FakeOps ssh answers.  Test-side, not shipped."""
 
 import base64
@@ -9,8 +9,8 @@ import hashlib
 import struct
 
 from cluster_preflight.capabilities import ssh_trust as st
-from preflight_node import known_hosts_plan, ssh as ps
-from preflight_node import ssh_trust_probe
+from preflight_node.ssh import known_hosts_plan, primitives as ps
+from preflight_node.capabilities import ssh_trust_probe
 from fake_ops import FakeOps
 from capability_helpers import assert_contract as check_contract, role_path, role_yaml
 

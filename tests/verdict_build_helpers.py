@@ -1,14 +1,15 @@
 """Shared helpers of the verdict unit tests (tests/unit/test_verdict.py,
 tests/unit/test_verdict_run_dir.py, tests/unit/test_verdict_history.py): a node's registered stage results,
-the gate decision, verdicts built by cluster_preflight/accounting.py, and the verdict action run over
+the gate decision, verdicts built by cluster_preflight/verdict/accounting.py, and the verdict action run over
 hostvars.  Test-side, not shipped."""
 
 import importlib.util
 import os
 from unittest import mock
 
-from cluster_preflight import capabilities as registry
-from cluster_preflight import accounting as pv
+from cluster_preflight import capabilities
+from cluster_preflight.plays import stage_results
+from cluster_preflight.verdict import accounting as pv
 from preflight_node.checks import passed
 
 STAGES = ("settings", "facts", "port_mesh", "port_mesh_wait", "launch", "probes")
@@ -16,17 +17,17 @@ OK = {"changed": False}
 UNREACHABLE = {"unreachable": True, "msg": "Failed to connect to the host via ssh: Connection timed out"}
 
 
-def records(**stage_results):
+def records(**given):
     """A node's registered results: every stage ok unless given."""
-    data = {registry.STAGE_REGISTERS[stage]: dict(OK) for stage in STAGES}
-    data[registry.STAGE_REGISTERS["settings"]] = {"ok": True, "errors": []}
-    for stage, result in stage_results.items():
-        data[registry.STAGE_REGISTERS[stage]] = result
+    data = {stage_results.STAGE_REGISTERS[stage]: dict(OK) for stage in STAGES}
+    data[stage_results.STAGE_REGISTERS["settings"]] = {"ok": True, "errors": []}
+    for stage, result in given.items():
+        data[stage_results.STAGE_REGISTERS[stage]] = result
     return data
 
 
 def every_capability_passes(hosts):
-    return {host: {name: {"x": passed("fine on %s" % host, "fine")} for name in registry.NAMES} for host in hosts}
+    return {host: {name: {"x": passed("fine on %s" % host, "fine")} for name in capabilities.NAMES} for host in hosts}
 
 
 def gate(status="pass"):
@@ -34,7 +35,7 @@ def gate(status="pass"):
                           "launched": True}}
 
 
-def build(hosts, records_by_host, decisions, stages=STAGES, capabilities=registry.NAMES):
+def build(hosts, records_by_host, decisions, stages=STAGES, capabilities=capabilities.NAMES):
     return pv.build_verdict(hosts, records_by_host, decisions, capabilities, stages, "r1", "/tmp/r1",
                             bound_seconds=300)
 

@@ -1,4 +1,4 @@
-"""Verdicts the Slurm tests hand to cluster_preflight/slurm.py and scripts/slurm-drain
+"""Verdicts the Slurm tests hand to cluster_preflight/slurm/drain.py and scripts/slurm-drain
 (tests/unit/test_slurm.py, tests/multinode/test_slurm_multinode.py): test-side helper, not shipped."""
 
 import copy

@@ -3,19 +3,20 @@
 
 A capability is one role (``roles/<name>``: its variables, prefixed ``<name>_``, in ``defaults/main.yml``
 mirrored by ``meta/argument_specs.yml``; its bring-up writers in ``tasks/``), a node half
-``module_utils/preflight_node/<name>.py`` (shipped), a controller half ``cluster_preflight/capabilities/<name>.py``
-(this package) and one test file ``tests/unit/test_<name>.py``.  Its traits (reader, probe, after the job, in the
-health check, writes in bring-up, the gate stages it depends on) and its place in the verdict are declared once,
+``module_utils/preflight_node/capabilities/<name>.py`` (shipped), a controller half
+``cluster_preflight/capabilities/<name>/`` (a package of this package, its own helpers beside it) and one test file
+``tests/unit/test_<name>.py``.  Its traits (reader, probe, after the job, in the health check, writes in bring-up, the
+gate stages it depends on) and its place in the verdict are declared once,
 in the registry ``module_utils/preflight_node/registry.py``; the lists below are derived from it
 (``docs/adding-a-capability.md``).
 
 Node half (``read`` bound in ``module_utils/preflight_node/readers.py``; ``probe``, in its own
-``module_utils/preflight_node/<name>_probe.py``, in ``module_utils/preflight_node/probes.py``):
+``module_utils/preflight_node/capabilities/<name>_probe.py``, in ``module_utils/preflight_node/probes.py``):
 
 ``CAPABILITY``
     its name: the role name, the variables' prefix, the check namespace.
 ``read(args, ops) -> facts``  (inside ``library/preflight_facts.py`` and ``library/preflight_local.py``)
-    pure reads, commands only through ``ops`` (``module_utils/preflight_node/ops.py``).
+    pure reads, commands only through ``ops`` (``module_utils/preflight_node/host/ops.py``).
     What a node may lack (no sshd config, no Yama, no torch) is a fact, never
     an exception; an exception is recorded as ``<name>.error``.
 ``probe(args, ops)``  (optional, inside ``library/preflight_probes.py`` and ``library/preflight_local.py``)
@@ -38,7 +39,8 @@ Controller half (loaded here, in verdict order):
     capability's data).
 
 ``profile_fields(facts) -> {field: value}``  (optional, pure)
-    the fields of ``cluster_preflight/profile.py`` this capability's facts measure; the ``profile``
+    the fields of ``cluster_preflight/capabilities/profile/known_good.py`` this capability's facts measure; the
+    ``profile``
     capability compares them with the known-good profile (``gpu_health``, ``fabric``).
 
 The cluster-wide steps of the gate (interface choice, port mesh, all-reduce)
@@ -50,7 +52,6 @@ import importlib
 
 from preflight_node import registry as declared
 
-from .. import registers
 from .common import port_problems
 
 # The order of the verdict and of the audit (the gate's inputs first): the registry's, one controller half each.
@@ -137,30 +138,5 @@ def validate_run(settings):
     return problems
 
 
-# The node tasks of preflight.yml: stage -> the variable its result is registered in, and what the
-# node was doing (for "unreachable while ..." findings).  Order is the play's order.
-STAGE_ORDER = ("settings", "facts", "port_mesh", "port_mesh_wait", "single", "launch", "probes", "confirm", "apply")
-STAGE_REGISTERS = {
-    "settings": registers.SETTINGS,
-    "facts": registers.FACTS,
-    "port_mesh": registers.PORT_MESH_PROBE,
-    "port_mesh_wait": registers.PORT_MESH_WAIT,
-    "single": registers.SINGLE,
-    "launch": registers.ALLREDUCE_JOB,
-    "probes": registers.PROBES,
-    "confirm": registers.CONFIRM,
-    "apply": registers.APPLY,
-}
-STAGE_WHAT = {
-    "settings": "loading its settings",
-    "facts": "reading its facts",
-    "port_mesh": "probing the rendezvous port",
-    "port_mesh_wait": "waiting for the port mesh probe",
-    "single": "running its single-node all-reduce",
-    "launch": "starting the all-reduce",
-    "probes": "running the probes (core crash, ssh mesh) and waiting for the all-reduce",
-    "confirm": "running the confirmation all-reduce over the nodes left after localisation",
-    "apply": "applying the bring-up",
-}
 # The stages each capability's outcome depends on, besides settings and facts (declared in the registry).
 DEPENDS = {capability.name: capability.stages for capability in declared.CAPABILITIES}

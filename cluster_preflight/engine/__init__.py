@@ -5,7 +5,8 @@ The gate reaches its nodes through a fixed set of **node calls** (:data:`NODE_CA
 single-node runs, the all-node all-reduce and its collection with the probes, the localisation rounds, the
 confirmation run and the release of the run lock.  Each call takes its per-node arguments from a decision on the
 controller (``preflight_settings``, the plan, the launch, the localisation) and gives one result per node, under the
-register the decisions read (``cluster_preflight/registers.py``), with the same shape whichever engine ran it: a
+register the decisions read (``cluster_preflight/plays/stage_results.py``), with the same shape whichever engine ran it:
+a
 module's result, ``failed`` with ``msg``, or ``unreachable`` with ``msg``.  The deciders, the accounting, the verdict
 and every output do not know which engine ran.
 
@@ -15,7 +16,7 @@ and every output do not know which engine ran.
 * ``srun``: ``playbooks/tasks/gate_srun.yml``, inside a Slurm allocation.  Each call is one controller task
   (``preflight_srun``, ``cluster_preflight/engine/srun.py``) that runs one Slurm step over every node it concerns,
   the same node-side code in each task (``module_utils/preflight_node/srun_task.py``); the task registers every
-  node's result at once (:data:`BY_NODE`) and :class:`cluster_preflight.cluster.ClusterView` hands each node its own
+  node's result at once (:data:`BY_NODE`) and :class:`cluster_preflight.stages.view.ClusterView` hands each node its own
   (:func:`node_result`).
 
 ``preflight.yml`` includes the file of the run's engine once (the ``inputs`` decision's ``engine``), so a run pays
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-from cluster_preflight import registers
+from cluster_preflight.plays import stage_results
 
 ENGINES = ("ssh", "srun")
 DEFAULT = "ssh"
@@ -37,20 +38,26 @@ BY_NODE = "preflight_by_node"
 # ``name``: the call; ``register``: where its results go; ``module``: the node module the ssh engine runs for it
 # (and whose code the srun engine runs in each task); ``what``: the call in words.
 NodeCall = namedtuple("NodeCall", "name register module what")
+
+
+def _call(name, module, what):
+    return NodeCall(name, stage_results.STAGE_REGISTERS[name], module, what)
+
+
 NODE_CALLS = (
-    NodeCall("facts", registers.FACTS, "preflight_facts", "the run lock, then every capability's reader"),
-    NodeCall("port_mesh", registers.PORT_MESH_PROBE, "port_probe", "the rendezvous port to and from every peer"),
-    NodeCall("single", registers.SINGLE, "allreduce", "each node's all-reduce over its own GPUs (or ranks) alone"),
-    NodeCall("launch", registers.ALLREDUCE_JOB, "allreduce", "the all-node all-reduce, started"),
-    NodeCall("probes", registers.PROBES, "preflight_probes", "every probe, then the all-node all-reduce collected"),
-    NodeCall("localize_lock", registers.LOCALIZE_LOCK, "preflight_lock", "the run lock renewed for a round"),
-    NodeCall("localize_first", registers.LOCALIZE_FIRST, "allreduce", "a round's pairs (and idle loopback runs)"),
-    NodeCall("localize_second", registers.LOCALIZE_SECOND, "allreduce", "a round's loopback runs of suspects"),
-    NodeCall("localize_gpu", registers.LOCALIZE_GPU, "allreduce", "a named node's GPU pairs, one slot at a time"),
-    NodeCall("retest_first", registers.RETEST_FIRST, "allreduce", "a named node's pair with a node proven good"),
-    NodeCall("retest_second", registers.RETEST_SECOND, "allreduce", "a named node's run alone over lo"),
-    NodeCall("confirm", registers.CONFIRM, "allreduce", "the all-node run over the nodes left"),
-    NodeCall("unlock", registers.UNLOCK, "preflight_lock", "the run lock released"),
+    _call("facts", "preflight_facts", "the run lock, then every capability's reader"),
+    _call("port_mesh", "port_probe", "the rendezvous port to and from every peer"),
+    _call("single", "allreduce", "each node's all-reduce over its own GPUs (or ranks) alone"),
+    _call("launch", "allreduce", "the all-node all-reduce, started"),
+    _call("probes", "preflight_probes", "every probe, then the all-node all-reduce collected"),
+    _call("localize_lock", "preflight_lock", "the run lock renewed for a round"),
+    _call("localize_first", "allreduce", "a round's pairs (and idle loopback runs)"),
+    _call("localize_second", "allreduce", "a round's loopback runs of suspects"),
+    _call("localize_gpu", "allreduce", "a named node's GPU pairs, one slot at a time"),
+    _call("retest_first", "allreduce", "a named node's pair with a node proven good"),
+    _call("retest_second", "allreduce", "a named node's run alone over lo"),
+    _call("confirm", "allreduce", "the all-node run over the nodes left"),
+    _call("unlock", "preflight_lock", "the run lock released"),
 )
 BY_NAME = {call.name: call for call in NODE_CALLS}
 

@@ -27,15 +27,25 @@ MAIN = "import sys\nfrom preflight_node.srun_task import main\nsys.exit(main())\
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
+def node_files():
+    """The node layer's source files, relative to it, sorted: its subpackages too (``preflight_node.host``, ...)."""
+    found = []
+    for folder, dirs, files in os.walk(NODE_DIR):
+        dirs[:] = [name for name in dirs if not name.startswith((".", "__pycache__"))]
+        relative = os.path.relpath(folder, NODE_DIR)
+        found += [name if relative == "." else "%s/%s" % (relative.replace(os.sep, "/"), name)
+                  for name in files if name.endswith(".py")]
+    return sorted(found)
+
+
 def build():
     """``(bytes, sha256 hex)`` of the archive of the node code as it is in this checkout."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         entries = [("__main__.py", MAIN.encode("utf-8"))]
-        for name in sorted(os.listdir(NODE_DIR)):
-            if name.endswith(".py"):
-                with open(os.path.join(NODE_DIR, name), "rb") as handle:
-                    entries.append(("preflight_node/%s" % name, handle.read()))
+        for name in node_files():
+            with open(os.path.join(NODE_DIR, name), "rb") as handle:
+                entries.append(("preflight_node/%s" % name, handle.read()))
         for name, data in entries:
             info = zipfile.ZipInfo(name, date_time=_EPOCH)
             info.compress_type = zipfile.ZIP_DEFLATED

@@ -119,28 +119,32 @@ class NodeCode(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                           if name.startswith(PACKAGE + "/") and name.endswith(".py")}
 
     def _key(self, name):
-        if name == PACKAGE:
-            return PACKAGE + "/__init__.py"
-        if name.startswith(PACKAGE + "."):
-            return name.replace(".", "/") + ".py"
-        return None
+        """``(file in the archive, whether it is a package)`` of the module ``name``, or ``(None, False)``."""
+        if name != PACKAGE and not name.startswith(PACKAGE + "."):
+            return None, False
+        base = name.replace(".", "/")
+        if base + "/__init__.py" in self.files:
+            return base + "/__init__.py", True
+        if base + ".py" in self.files:
+            return base + ".py", False
+        return None, False
 
     def find_spec(self, name, path=None, target=None):  # pylint: disable=unused-argument
-        key = self._key(name)
-        if key is None or key not in self.files:
+        key, package = self._key(name)
+        if key is None:
             return None
-        return importlib.util.spec_from_loader(name, self, origin="<node code>/" + key, is_package=name == PACKAGE)
+        return importlib.util.spec_from_loader(name, self, origin="<node code>/" + key, is_package=package)
 
     def create_module(self, spec):  # pylint: disable=unused-argument
         return None
 
     def exec_module(self, module):
-        key = self._key(module.__name__)
+        key, _package = self._key(module.__name__)
         exec(compile(self.files[key], "<node code>/" + key, "exec"), module.__dict__)  # pylint: disable=exec-used
 
     def get_source(self, name):
-        key = self._key(name)
-        return self.files[key].decode("utf-8") if key in self.files else None
+        key, _package = self._key(name)
+        return self.files[key].decode("utf-8") if key else None
 
 
 def refuse(why):

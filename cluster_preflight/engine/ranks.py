@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 """A node's all-reduce result from its ranks' records (the srun engine), in the ``allreduce`` module's shape.
 
-With the srun engine each rank is a Slurm task supervised on its own (``module_utils/preflight_node/rank_run.py``):
+With the srun engine each rank is a Slurm task supervised on its own
+(``module_utils/preflight_node/allreduce_run/rank_run.py``):
 one record per rank.  A node's result is what the ``allreduce`` module returns for the ssh engine (``ranks``,
 ``log``, ``rank_logs``, ``checks``, ``elapsed``, ``timed_out``, ``hostname``, ``run_as``), computed here with the
 node layer's own ``node_checks``, so the deciders, the localisation and the verdict read both engines alike.  A
@@ -10,8 +11,8 @@ node whose ranks all were lost is unreachable; a rank with no record is ``missin
 
 from __future__ import annotations
 
-from preflight_node.gate_run import node_checks
-from preflight_node.py_spy_choice import py_spy_check
+from preflight_node.allreduce_run.gate_run import node_checks
+from preflight_node.allreduce_run.py_spy_choice import py_spy_check
 
 LAUNCHER = "srun (Slurm's tasks)"
 

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 """The srun engine: every node call of the gate as one Slurm step inside the controller's allocation.
 
-``action_plugins/preflight_srun.py`` runs one node call (``call``) per task of ``playbooks/tasks/gate_srun.yml``, once for
+``action_plugins/preflight_srun.py`` runs one node call (``call``) per task of ``playbooks/tasks/gate_srun.yml``, once
+for
 the whole cluster: :class:`Srun` builds each node's arguments from the same decisions the ssh engine's tasks
 template (``preflight_settings``, the plan, the launch, the localisation), runs the step
 (``cluster_preflight/engine/step.py``) and returns every node's result, in the shape the ssh engine's module gives
@@ -14,7 +15,8 @@ template (``preflight_settings``, the plan, the launch, the localisation), runs 
 * **Node calls** (facts, port mesh, probes, the run lock): one task per node, the module's body in it.  A step
   whose launch Slurm aborted on some node (its slurmd down) is run again without that node, once or twice.
 * **All-reduce launches** (single-node runs, the all-node run, each localisation step, the confirmation run): one
-  task per rank (``module_utils/preflight_node/rank_run.py``), every launch of the step at once (the pairs of a
+  task per rank (``module_utils/preflight_node/allreduce_run/rank_run.py``), every launch of the step at once (the pairs
+  of a
   round are process groups of their own), never one ``srun`` per pair; a node's result is built from its ranks'
   records (``cluster_preflight/engine/ranks.py``).  The all-node run and the probes are two steps at the same time.
 * A node a step could not reach (its task never started, fell silent, or Slurm could not launch it) is
@@ -29,8 +31,8 @@ import shutil
 import subprocess
 import tempfile
 
-from cluster_preflight import capabilities as registry
-from cluster_preflight import registers
+from cluster_preflight import capabilities
+from cluster_preflight.plays import stage_results
 from cluster_preflight.engine import archive, by_node, step
 from cluster_preflight.engine.ranks import node_result as rank_node_result
 from preflight_node import registry as node_registry
@@ -105,7 +107,7 @@ class Srun(object):
         self.view = view
         self.environ = dict(os.environ if environ is None else environ)
         self.runner = runner or step.run_step
-        run = (view.settings.get(view.hosts[0]) or {}).get(registry.RUN_ROLE) or {} if view.hosts else {}
+        run = (view.settings.get(view.hosts[0]) or {}).get(capabilities.RUN_ROLE) or {} if view.hosts else {}
         self.python = run.get("preflight_srun_python") or "/usr/bin/python3"
         self.extra = [str(item) for item in run.get("preflight_srun_args") or []]
         self.given = run.get("preflight_srun_archive") or ""
@@ -187,7 +189,7 @@ class Srun(object):
         with open(WORKER, encoding="utf-8") as handle:
             worker = handle.read()
         # Each node's own job-user settings go with its launch: the node checks run_as against them.
-        params = {node: dict(allreduce_params(args, worker), job=(self.view.result(node, registers.SETTINGS) or {})
+        params = {node: dict(allreduce_params(args, worker), job=(self.view.result(node, stage_results.SETTINGS) or {})
                              .get("job") or {}) for node, args in args_by_node.items()}
         tasks = max(int(args["nproc_per_node"]) for args in args_by_node.values())
         _data, path, digest = self.archive()
@@ -246,10 +248,10 @@ def lost_nodes(view, names):
 
 def facts(engine, view):
     """The facts call: the archive sent, then the run lock and every reader on every targeted node."""
-    inputs = _first(view, registers.INPUTS)
+    inputs = _first(view, stage_results.INPUTS)
     args, bound = {}, 0.0
     for host in view.hosts:
-        settings = view.result(host, registers.SETTINGS) or {}
+        settings = view.result(host, stage_results.SETTINGS) or {}
         args[host] = {"capabilities": settings.get("read_args") or {}, "job": settings.get("job") or {},
                       "selftest_error": settings.get("selftest_error") or "", "lock": inputs.get("lock") or {}}
         bound = max(bound, float(settings.get("facts_timeout") or 60))
@@ -260,27 +262,27 @@ def facts(engine, view):
 
 
 def port_mesh(engine, view):
-    mesh = _first(view, registers.PLAN).get("port_mesh") or {}
+    mesh = _first(view, stage_results.PLAN).get("port_mesh") or {}
     keys = ("listen_addr", "port", "node_name", "peers", "window", "connect_timeout", "inbound", "retry", "lock",
             "token")
     args = {host: {key: item[key] for key in keys if key in item}
             for host, item in (mesh.get("args_by_host") or {}).items()
-            if host not in lost_nodes(view, [registers.FACTS])}
+            if host not in lost_nodes(view, [stage_results.FACTS])}
     return engine.node_call("port_probe", args, float(mesh.get("wait_timeout") or 60) + SLACK)
 
 
 def single(engine, view):
-    args = (_first(view, registers.PLAN).get("single") or {}).get("args_by_host") or {}
-    args = {host: item for host, item in args.items() if host not in lost_nodes(view, [registers.FACTS,
-                                                                                       registers.PORT_MESH_PROBE])}
+    args = (_first(view, stage_results.PLAN).get("single") or {}).get("args_by_host") or {}
+    args = {host: item for host, item in args.items() if host not in lost_nodes(view, [stage_results.FACTS,
+                                                                                       stage_results.PORT_MESH_PROBE])}
     return engine.rank_call(args, launch_bound(args))
 
 
 def _probe_args(view, hosts, capabilities_of, lock):
-    settings = {host: view.result(host, registers.SETTINGS) or {} for host in hosts}
+    settings = {host: view.result(host, stage_results.SETTINGS) or {} for host in hosts}
     out = {}
     for host in hosts:
-        found = view.result(host, registers.FACTS) or {}
+        found = view.result(host, stage_results.FACTS) or {}
         job = dict(settings[host].get("job") or {}, resolved=found.get("job_user") or {}, hangs=found.get("hangs") or {})
         out[host] = {"capabilities": capabilities_of(host), "job": job, "lock": lock,
                      "selftest_error": settings[host].get("selftest_error") or ""}
@@ -292,9 +294,9 @@ def _after_job(name):
 
 
 def _gate_args(view):
-    launch = _first(view, registers.LAUNCH)
+    launch = _first(view, stage_results.LAUNCH)
     hosts = [host for host in launch.get("reachable") or [] if host not in lost_nodes(
-        view, [registers.FACTS, registers.PORT_MESH_PROBE, registers.SINGLE])]
+        view, [stage_results.FACTS, stage_results.PORT_MESH_PROBE, stage_results.SINGLE])]
     return {host: args for host, args in ((launch.get("gate") or {}).get("args_by_host") or {}).items()
             if host in hosts}, hosts
 
@@ -315,12 +317,13 @@ def launch(engine, view):
 
 def probes(engine, view):
     """The probes (a task per node) while the all-node run works, then that run collected, then the probes that
-    read what it changed (``after_job`` in the registry): each node's result as the ssh engine's probes call gives it, the
+    read what it changed (``after_job`` in the registry): each node's result as the ssh engine's probes call gives it,
+    the
     all-reduce's as ``job``."""
-    plan, launched = _first(view, registers.PLAN), _first(view, registers.LAUNCH)
+    plan, launched = _first(view, stage_results.PLAN), _first(view, stage_results.LAUNCH)
     probe_args = plan.get("probe_args_by_host") or {}
     gate_args, hosts = _gate_args(view)
-    bound = max([float((view.result(host, registers.SETTINGS) or {}).get("probes_timeout") or 120)
+    bound = max([float((view.result(host, stage_results.SETTINGS) or {}).get("probes_timeout") or 120)
                  for host in hosts] or [120]) + SLACK
     lock = launched.get("probes_lock") or {}
     early = engine.node_call("probes", _probe_args(view, hosts, lambda host: {
@@ -335,7 +338,7 @@ def probes(engine, view):
 
 def _collect_launch(engine, view, gate_args):
     """The background all-node run's results (``launch``'s step followed to its end, then its files removed)."""
-    started = {host: view.result(host, registers.ALLREDUCE_JOB) or {} for host in gate_args}
+    started = {host: view.result(host, stage_results.ALLREDUCE_JOB) or {} for host in gate_args}
     handle = next((item.get("step") for item in started.values() if isinstance(item.get("step"), dict)), None)
     if handle is None:
         return {host: {"failed": True, "msg": "the all-reduce step was not started: %s" % (
@@ -367,16 +370,16 @@ def _merged(early, late, job, launched):
 
 
 def localize_lock(engine, view):
-    lock = _first(view, registers.LOCALIZE).get("lock") or {}
-    held = [host for host in view.hosts if ((view.result(host, registers.FACTS) or {}).get("lock") or {}).get(
-        "state") == "held" and host not in lost_nodes(view, [registers.FACTS, registers.PROBES])]
+    lock = _first(view, stage_results.LOCALIZE).get("lock") or {}
+    held = [host for host in view.hosts if ((view.result(host, stage_results.FACTS) or {}).get("lock") or {}).get(
+        "state") == "held" and host not in lost_nodes(view, [stage_results.FACTS, stage_results.PROBES])]
     return engine.node_call("lock", {host: {"renew": lock} for host in held}, 60 + SLACK)
 
 
 def launches(key):
     """A localisation step (its planned launches: ``allreduce_localize[key]``) as one step of ranks."""
     def run(engine, view):
-        args = _first(view, registers.LOCALIZE).get(key) or {}
+        args = _first(view, stage_results.LOCALIZE).get(key) or {}
         return engine.rank_call(args, launch_bound(args))
     run.__doc__ = "The localisation step planned in %s, one step of ranks." % key
     return run
@@ -384,7 +387,7 @@ def launches(key):
 
 def localize_gpu(engine, view):
     """A round's GPU pairs: slot ``i`` of every named node in one step, the slots one after another."""
-    slots = _first(view, registers.LOCALIZE).get("gpu_slots_by_host") or {}
+    slots = _first(view, stage_results.LOCALIZE).get("gpu_slots_by_host") or {}
     results = {host: {"results": [], "changed": False} for host in slots}
     for index in range(max([len(items) for items in slots.values()] or [0])):
         args = {host: items[index] for host, items in slots.items() if len(items) > index}
@@ -395,16 +398,16 @@ def localize_gpu(engine, view):
 
 def confirm(engine, view):
     """The confirmation run: the nodes left, every other targeted node excluded by name (``srun --exclude``)."""
-    args = _first(view, registers.LOCALIZE).get("confirm_args_by_host") or {}
+    args = _first(view, stage_results.LOCALIZE).get("confirm_args_by_host") or {}
     named = [host for host in view.hosts if host not in args]
     return engine.rank_call(args, launch_bound(args), exclude=named)
 
 
 def unlock(engine, view):
-    lock = _first(view, registers.INPUTS).get("lock") or {}
-    held = [host for host in view.hosts if ((view.result(host, registers.FACTS) or {}).get("lock") or {}).get(
+    lock = _first(view, stage_results.INPUTS).get("lock") or {}
+    held = [host for host in view.hosts if ((view.result(host, stage_results.FACTS) or {}).get("lock") or {}).get(
         "state") == "held"]
-    held = [host for host in held if host not in lost_nodes(view, [registers.FACTS, registers.PROBES])]
+    held = [host for host in held if host not in lost_nodes(view, [stage_results.FACTS, stage_results.PROBES])]
     return engine.node_call("lock", {host: {"dir": lock.get("dir"), "run_id": lock.get("run_id")} for host in held},
                             60 + SLACK)
 

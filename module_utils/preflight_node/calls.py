@@ -15,9 +15,10 @@ import socket
 import time
 import traceback
 
-from . import lock, registry
-from .jobs import no_result, wait_for
-from .ops import NodeOps, job_account, resolve_job_user
+from .host import lock
+from . import registry
+from .host.jobs import no_result, wait_for
+from .host.ops import NodeOps, job_account, resolve_job_user
 
 SELFTEST_MESSAGE = "self-test: preflight_selftest_error names this capability, so it raises on purpose"
 

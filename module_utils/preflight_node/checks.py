@@ -182,10 +182,6 @@ def flatten(by_capability, where=""):
     return flat
 
 
-def capability_of(key):
-    return key.split(".", 1)[0]
-
-
 def worst(statuses):
     """The worst status among ``statuses`` (``pass`` when empty); unknown counts as fail."""
     result = "pass"

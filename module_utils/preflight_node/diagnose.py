@@ -10,7 +10,7 @@ as the core's owner.  py-spy and gdb run as root only when root alone can change
 (:func:`choose_program`): one next to a user's interpreter or in a directory others write is refused and
 said (``refused``).  :func:`read` ties them together and is the module's whole result.
 
-The controller half, ``cluster_preflight/diagnosis.py`` (used by ``action_plugins/preflight_diagnose.py``),
+The controller half, ``cluster_preflight/stages/diagnosis.py`` (used by ``action_plugins/preflight_diagnose.py``),
 groups the ranks of every node by the innermost frame of their main thread and names the suspects.
 
 Pure functions of their inputs (a ``/proc`` root, dump texts) so tables test them.
@@ -25,9 +25,9 @@ import re
 import threading
 import time
 
-from .cores import core_backtrace, core_program, newest_core  # noqa: F401  (the diagnosis' core half)
-from .proc import cmdline_of, environ_of, proc_stat, py_spy_dump_all
-from .trust import untrusted
+from .cores.newest import core_backtrace, core_program, newest_core  # noqa: F401  (the diagnosis' core half)
+from .host.proc import cmdline_of, environ_of, proc_stat, py_spy_dump_all
+from .host.ownership import untrusted
 
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
 # python -m <module> forms of the launchers.
@@ -366,7 +366,7 @@ def take_stacks(processes, py_spy, budget, native=False, dump_all=py_spy_dump_al
 
 def choose_program(name, named, found, refused, euid=None):
     """The first of ``named`` (the operator's path) and ``found`` (paths looked up) this process may run: as root
-    only one root alone can change (module_utils/preflight_node/trust.py; a found one also in the system's
+    only one root alone can change (module_utils/preflight_node/host/ownership.py; a found one also in the system's
     directories).  Each refused one is added to ``refused`` as a sentence."""
     as_root = (os.geteuid() if euid is None else euid) == 0
     for path, anywhere in [(named, True)] + [(path, False) for path in found]:

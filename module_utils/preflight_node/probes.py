@@ -15,7 +15,7 @@ from __future__ import annotations
 from . import registry
 # Every probe module, imported by name: Ansible ships with a module call only the modules it imports by name.
 # tests/unit/test_registry.py fails when this line and the registry's probes disagree.
-from . import core_dumps_probe, fabric_probe, kernel_debug_probe, ssh_trust_probe  # noqa: F401
+from .capabilities import core_dumps_probe, fabric_probe, kernel_debug_probe, ssh_trust_probe  # noqa: F401
 
 # Capability name -> the node module holding its ``probe``, in verdict order.
 PROBES = registry.bind(registry.probes_for("preflight"), globals(), "_probe", "probes.py")

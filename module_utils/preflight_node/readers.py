@@ -14,8 +14,8 @@ from __future__ import annotations
 from . import registry
 # Every reader module, imported by name: Ansible ships with a module call only the modules it imports by name.
 # tests/unit/test_registry.py fails when this line and the registry's readers disagree.
-from . import (allreduce, core_dumps, debug_tools, fabric, gpu_health, iommu, kernel_debug,  # noqa: F401
-               nic_discovery, ssh_trust)
+from .capabilities import (allreduce, core_dumps, debug_tools, fabric, gpu_health, iommu, kernel_debug, nic_discovery,  # noqa: F401
+                           ssh_trust)
 
 # Capability name -> the node module holding its ``read``, in verdict order.
 READERS = registry.bind(registry.readers_for("preflight"), globals(), "", "readers.py")

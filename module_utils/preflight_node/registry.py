@@ -15,11 +15,11 @@ imports nothing, so shipping it costs a node call nothing.
 The traits (:func:`_declare`):
 
 ``reader``
-    ``module_utils/preflight_node/<name>.py`` has ``read(args, ops)`` (run by ``preflight_facts``, and by
-    ``preflight_local`` when ``local``); the controller half has ``read_args``.
+    ``module_utils/preflight_node/capabilities/<name>.py`` has ``read(args, ops)`` (run by ``preflight_facts``, and
+    by ``preflight_local`` when ``local``); the controller half has ``read_args``.
 ``probe``
-    ``module_utils/preflight_node/<name>_probe.py`` has ``probe(args, ops)`` (run by ``preflight_probes``, and by
-    ``preflight_local`` when ``local``); the controller half has ``probe_args``.
+    ``module_utils/preflight_node/capabilities/<name>_probe.py`` has ``probe(args, ops)`` (run by
+    ``preflight_probes``, and by ``preflight_local`` when ``local``); the controller half has ``probe_args``.
 ``after_job``
     its probe reads what the all-reduce changed, so it runs once the all-reduce was collected (the fabric's
     error counters).
@@ -29,7 +29,8 @@ The traits (:func:`_declare`):
     ``(what, how)``: ``roles/<name>/tasks/main.yml`` writes in bring-up (``bringup.yml`` includes the role in its
     own failure domain, its tasks named by these two sentences); None when it writes nothing.
 ``stages``
-    the gate's node stages its outcome comes from besides settings and facts (``cluster_preflight/accounting.py``
+    the gate's node stages its outcome comes from besides settings and facts
+    (``cluster_preflight/verdict/accounting.py``
     names the first that did not deliver); a probe adds ``probes``.
 
 What the controller half defines (``validate``, ``decide``, ``profile_fields``, ``plan``) is declared by defining

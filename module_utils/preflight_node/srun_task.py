@@ -14,7 +14,7 @@ needs the standard library only), where the archive is this package zipped with 
 * runs the body of the module the ssh engine would run for that call (:data:`CALLS`) over a :class:`StepModule`,
   which gives it what it uses of an ``AnsibleModule`` (``params`` with the spec's defaults, ``exit_json``,
   ``fail_json``, ``get_bin_path``): the facts and probes calls, the port probe, the run lock, and a rank of an
-  all-reduce (``module_utils/preflight_node/rank_run.py``);
+  all-reduce (``module_utils/preflight_node/allreduce_run/rank_run.py``);
 * prints its protocol on its own copy of standard output (whatever else writes to fd 1 goes to ``/dev/null``), in
   lines short enough that Slurm never splits or interleaves them: ``PFR <node> <local> +`` when it starts,
   ``PFR <node> <local> .`` every :data:`HEARTBEAT` seconds while it works (the controller names a node that falls
@@ -123,13 +123,13 @@ def _body(call):
         from . import probes
         return PROBES_CALL_SPEC, lambda module: node_call(module, probes, "probe", "probes")
     if call == "port_probe":
-        from . import port_probe
+        from .net import port_probe
         return port_probe.ARGUMENT_SPEC, port_probe.module_main
     if call == "lock":
-        from . import lock
+        from .host import lock
         return lock.MODULE_SPEC, lock.module_main
     if call == "rank":
-        from . import gate_run, rank_run
+        from .allreduce_run import gate_run, rank_run
         return dict(gate_run.MODULE_SPEC), rank_run.module_main
     raise KeyError("no node call %r (facts, probes, port_probe, lock, rank)" % call)
 

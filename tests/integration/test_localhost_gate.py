@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from playbook import run_playbook
-from preflight_node import proc as preflight_proc
+from preflight_node.host import proc as preflight_proc
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -1,6 +1,7 @@
 """report.html in a real browser: headless Chromium through Selenium opens the page a run writes and checks
 what an operator sees (no console error, the failed node's cells in the failure colour, one bar per node with
-its node's name and value written beside it, the filter box), then saves a screenshot as a test artefact (results/test-artefacts/report.png).
+its node's name and value written beside it, the filter box), then saves a screenshot as a test artefact
+(results/test-artefacts/report.png).
 
 scripts/test installs Chromium and its driver (Debian's chromium, chromium-driver) when run as root; the test
 installs them itself when root and they are missing, and skips only when that is impossible."""
@@ -11,7 +12,7 @@ import subprocess
 
 import pytest
 
-from cluster_preflight import history, report
+from cluster_preflight.outputs import history, report
 from report_helpers import synthetic_verdict
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -19,7 +19,7 @@ import yaml
 
 import fabric_tree
 import fake_gpu_tools
-from cluster_preflight import cli
+from cluster_preflight.cli import main as cli
 from gate_helpers import explain, rank_processes
 from gpu_health_helpers import FIXTURES, make_sysfs, nvidia_node
 from playbook import run_playbook

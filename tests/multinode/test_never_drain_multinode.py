@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from cluster_preflight import history
+from cluster_preflight.outputs import history
 from gate_helpers import (assert_no_gate_processes, clear_throttles, explain, rank_processes, send_signal,
                           trusted_bed)
 from playbook import run_playbook

@@ -1,4 +1,5 @@
-"""Retest before blame (cluster_preflight/retest.py, roles/allreduce/tasks/localize_retest.yml) on the namespace
+"""Retest before blame (cluster_preflight/capabilities/allreduce/retest.py, roles/allreduce/tasks/localize_retest.yml)
+on the namespace
 test bed: 4 nodes shared by the file, one playbook run per test, one node's egress throttled to 20 Mbit/s with
 tc tbf so that the all-node all-reduce is below the gloo floor and the pair rounds name that node.
 

@@ -24,9 +24,9 @@ import time
 
 import pytest
 
-from cluster_preflight import slurm as preflight_slurm
-from cluster_preflight import slurm_local as preflight_slurm_local
-from preflight_node.proc import all_pids, cmdline_of
+from cluster_preflight.slurm import drain as preflight_slurm
+from cluster_preflight.slurm import local as preflight_slurm_local
+from preflight_node.host.proc import all_pids, cmdline_of
 from slurm_bed import ROOT, slurm_fixture
 from testbed import testbed_fixture
 from verdict_helpers import verdict_report

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from cluster_preflight.capabilities import allreduce as ar
-from preflight_node import allreduce as node_ar
+from preflight_node.capabilities import allreduce as node_ar
 from fake_ops import LocalOps
 from allreduce_helpers import VENV_PYTHON, facts_of, plan_for, settings
 
@@ -128,7 +128,7 @@ def test_port_holder_is_named(tmp_path):
 def test_a_port_held_by_another_preflight_runs_store_says_so(tmp_path):
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
-    from preflight_node.lock import RUN_ENV  # pylint: disable=import-outside-toplevel
+    from preflight_node.host.lock import RUN_ENV  # pylint: disable=import-outside-toplevel
     code = ("import socket, sys, time\ns = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(1)\n"
             "print(s.getsockname()[1], flush=True)\ntime.sleep(30)\n")
     store = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,

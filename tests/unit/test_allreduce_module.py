@@ -13,9 +13,9 @@ import time
 import pytest
 
 import allreduce
-from preflight_node import gate_run
-from preflight_node import proc as preflight_proc
-from preflight_node.scratch import JobView
+from preflight_node.allreduce_run import gate_run
+from preflight_node.host import proc as preflight_proc
+from preflight_node.allreduce_run.scratch import JobView
 
 WORKER = os.path.join(os.path.dirname(__file__), "..", "..", "roles", "allreduce", "files", "allreduce_worker.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,11 +1,11 @@
 """Capability allreduce, continued from test_allreduce.py: the outcome (suspects, collateral
 peers, world size) from every node's ranks, failure signatures, versions across nodes and a
-rendezvous nobody reaches (cluster_preflight/allreduce_outcome.py, allreduce_versions.py)."""
+rendezvous nobody reaches (cluster_preflight/capabilities/allreduce/outcome.py, allreduce_versions.py)."""
 
 import pytest
 
-from cluster_preflight import allreduce_outcome as outcome
-from cluster_preflight import allreduce_versions as versions_mod
+from cluster_preflight.capabilities.allreduce import outcome
+from cluster_preflight.capabilities.allreduce import versions as versions_mod
 from allreduce_helpers import plan_for
 
 
@@ -206,7 +206,7 @@ def test_a_lost_node_gets_no_signature_check():
 
 
 def test_nccl_debug_info_is_set_for_nccl_unless_the_operator_chose_a_level(monkeypatch):
-    from preflight_node import gate_run as allreduce
+    from preflight_node.allreduce_run import gate_run as allreduce
     monkeypatch.delenv("NCCL_DEBUG", raising=False)
     params = {"socket_ifname": "", "env": {}, "backend": "nccl"}
     assert allreduce.build_env(params, "/s")["NCCL_DEBUG"] == "INFO"

@@ -1,4 +1,5 @@
-"""``python -m cluster_preflight baseline`` (cluster_preflight/cli.py, cluster_preflight/baseline.py): which run a
+"""``python -m cluster_preflight baseline`` (cluster_preflight/cli/main.py, cluster_preflight/cli/baseline.py): which
+run a
 profile is recorded from (the latest passing run of this cluster, the runs named with ``--from``, or a gate run now
 with ``--run-gate``, never ``results/latest``), refusing any run that did not pass or wrote no verdict, combining
 several runs for the floors, and wiring the profile into the inventory's group_vars."""
@@ -11,9 +12,9 @@ import sys
 import pytest
 import yaml
 
-from cluster_preflight import cli, playbooks
-from cluster_preflight import profile as profiles
-from cluster_preflight.verdict import ROOT, load_verdict
+from cluster_preflight.cli import main as cli, playbooks
+from cluster_preflight.capabilities.profile import known_good as profiles
+from cluster_preflight.verdict.value import ROOT, load_verdict
 
 FIELDS = {"torch.version": "2.13.0", "allreduce.backend": "gloo", "allreduce.largest_size": 65536,
           "allreduce.busbw_gbps": 0.5}

@@ -14,8 +14,8 @@ import os
 import pytest
 
 import cluster_preflight
-from cluster_preflight import cli, playbooks
-from cluster_preflight.progress import Progress
+from cluster_preflight.cli import main as cli, playbooks
+from cluster_preflight.cli.progress import Progress
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "verdicts", "mixed.json")
 
@@ -431,7 +431,7 @@ def test_cancel_flag_in_cli_is_restored(monkeypatch, fake_runner):
 
 
 def test_library_never_exits():
-    for name in ("verdict.py", "playbooks.py", "progress.py", "cli.py", "__init__.py"):
+    for name in ("verdict/value.py", "cli/playbooks.py", "cli/progress.py", "cli/main.py", "__init__.py"):
         with open(os.path.join(playbooks.ROOT, "cluster_preflight", name), encoding="utf-8") as handle:
             assert "sys.exit" not in handle.read(), name
 

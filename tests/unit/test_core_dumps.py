@@ -15,8 +15,8 @@ import limits_dropin
 import sysctl_setting
 from preflight_node import checks as preflight_checks
 from cluster_preflight.capabilities import core_dumps as controller
-from preflight_node import core_dumps
-from preflight_node import core_dumps_probe
+from preflight_node.capabilities import core_dumps
+from preflight_node.capabilities import core_dumps_probe
 from fake_ops import FakeOps, LocalOps
 from capability_helpers import (assert_one_problem, capability_under_test, role_settings, role_yaml, sandbox_reader,
                                 statuses, sysctl_tree, write, write_files)

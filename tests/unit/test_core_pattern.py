@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from preflight_node import corepattern as cp
+from preflight_node.cores import pattern as cp
 
 APPORT = "|/usr/share/apport/apport -p%p -s%s -c%c -d%d -P%P -u%u -g%g -- %E"
 COREDUMP = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h"

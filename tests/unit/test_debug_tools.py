@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from preflight_node import checks as preflight_checks
-from preflight_node import debug_tools as node_tools
+from preflight_node.capabilities import debug_tools as node_tools
 from cluster_preflight.capabilities import debug_tools as tools
 from fake_ops import FakeOps
 from capability_helpers import (ROOT, assert_contract as check_contract, assert_table, capability_under_test,

@@ -5,7 +5,7 @@ import importlib.util
 import os
 import sys
 
-from cluster_preflight import capabilities as registry
+from cluster_preflight import capabilities
 from capability_helpers import role_settings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nic"))
@@ -35,7 +35,7 @@ def node(index):
 
 
 def facts(tmp_path, index):
-    from preflight_node import nic_discovery as preflight_nic_discovery
+    from preflight_node.capabilities import nic_discovery as preflight_nic_discovery
     from fake_ops import FakeOps
     tree = cluster_node(tmp_path / ("n%d" % index), index=index)
     nics = preflight_nic_discovery.read({"sysfs_root": tree.sys, "proc_root": tree.proc, "addr_source": "proc",
@@ -165,7 +165,7 @@ def test_a_decision_that_raises_becomes_every_nodes_finding_not_a_lost_verdict()
     result = plugin.decide("plan", {"ansible_play_hosts_all": HOSTS, "hostvars": Broken({"n1": 1, "n2": 2})})
     assert not result["ok"] and "RuntimeError" in result["blockers"][0]
     for host in HOSTS:
-        check = result["checks_by_host"][host][registry.RUN_ROLE]["decide_plan"]
+        check = result["checks_by_host"][host][capabilities.RUN_ROLE]["decide_plan"]
         assert check["status"] == "fail" and "hostvars are broken" in check["found"]
 
 

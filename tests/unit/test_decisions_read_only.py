@@ -1,4 +1,4 @@
-"""The controller reads what the nodes registered in place (``cluster_preflight/cluster.py``: no copy per node),
+"""The controller reads what the nodes registered in place (``cluster_preflight/stages/view.py``: no copy per node),
 so no step may write into it: a synthetic cluster as ``bench/controller_scale.py`` builds it (every capability,
 one rank per node), with a node lost, a probe and a reader that raised and a failed rank, goes through the
 decisions, the localisation's start and the verdict; what ``hostvars`` holds is the same after every step."""
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from cluster_preflight.cluster import ClusterView
+from cluster_preflight.stages.view import ClusterView
 from verdict_build_helpers import run_action
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench",

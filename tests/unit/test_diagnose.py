@@ -16,7 +16,7 @@ import time
 import pytest
 
 from preflight_node import diagnose as diag
-from cluster_preflight import diagnosis as controller
+from cluster_preflight.stages import diagnosis as controller
 
 SLEEP = (
     'Process 24316: /usr/bin/python3 sleeper.py\n'

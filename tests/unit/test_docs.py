@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from cluster_preflight import variables_doc
+from cluster_preflight.settings import variables_doc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")

@@ -1,10 +1,10 @@
-"""The drain cap (cluster_preflight/slurm.py ``drain_cap``, ``capped``; scripts/slurm-drain --max-drain): one run
+"""The drain cap (cluster_preflight/slurm/drain.py ``drain_cap``, ``capped``; scripts/slurm-drain --max-drain): one run
 never drains more nodes than the operator allows; more failing at once is a cause they share, so none is drained
 and the script says so (exit 4), while healed nodes are still resumed."""
 
 import pytest
 
-from cluster_preflight import slurm as ps
+from cluster_preflight.slurm import drain as ps
 from test_slurm import drain_script, verdict
 
 

@@ -12,10 +12,11 @@ import zlib
 import pytest
 import yaml
 
-from cluster_preflight import engine, registers
-from cluster_preflight.cluster import ClusterView
+from cluster_preflight import engine
+from cluster_preflight.plays import stage_results
+from cluster_preflight.stages.view import ClusterView
 from cluster_preflight.engine import allocation, archive, ranks, srun, step
-from preflight_node.gate_run import ARGUMENT_SPEC
+from preflight_node.allreduce_run.gate_run import ARGUMENT_SPEC
 from preflight_node.srun_task import node_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,15 +78,15 @@ def test_a_register_of_every_node_is_read_once_per_node_and_each_node_gets_its_o
             return dict.get(self, key, default)
 
     value = engine.by_node("facts", {"n1": {"facts": {"x": 1}}, "n2": {"unreachable": True, "msg": "gone"}})
-    hostvars = {host: Vars({registers.FACTS: value}) for host in ("n1", "n2", "n3")}
+    hostvars = {host: Vars({stage_results.FACTS: value}) for host in ("n1", "n2", "n3")}
     view = ClusterView({"ansible_play_hosts_all": ["n1", "n2", "n3"], "hostvars": hostvars})
-    assert view.result("n1", registers.FACTS) == {"facts": {"x": 1}}
-    assert view.outcome("n2", registers.FACTS) == ("unreachable", "gone")
-    assert view.outcome("n3", registers.FACTS)[0] == "skipped"
-    assert view.result("n1", registers.FACTS) == {"facts": {"x": 1}}
+    assert view.result("n1", stage_results.FACTS) == {"facts": {"x": 1}}
+    assert view.outcome("n2", stage_results.FACTS) == ("unreachable", "gone")
+    assert view.outcome("n3", stage_results.FACTS)[0] == "skipped"
+    assert view.result("n1", stage_results.FACTS) == {"facts": {"x": 1}}
     # Each node's own part, read in place: one lookup per node, never the whole register copied for each.
-    assert reads.count(registers.FACTS) == 3
-    assert view.registered("n1", registers.FACTS) is value[engine.BY_NODE]["n1"]
+    assert reads.count(stage_results.FACTS) == 3
+    assert view.registered("n1", stage_results.FACTS) is value[engine.BY_NODE]["n1"]
     assert view.lost(["facts"]) == {"n2": "unreachable while reading its facts: gone"}
 
 
@@ -122,7 +123,7 @@ def test_both_engines_register_every_node_call_and_srun_s_calls_are_the_playbook
     calls = {call.register for call in engine.NODE_CALLS}
     assert calls <= ssh
     # The srun engine collects the all-node run with the probes (one call): no register of its own for the launch.
-    assert calls - {registers.ALLREDUCE_JOB} <= _registers(srun_files)
+    assert calls - {stage_results.ALLREDUCE_JOB} <= _registers(srun_files)
     pairs = {(task["preflight_srun"]["call"], task["register"]) for path in srun_files for task in _tasks(path)
              if "preflight_srun" in task}
     assert pairs == {(call.name, call.register) for call in engine.NODE_CALLS}
@@ -202,14 +203,14 @@ def _view(hosts, **registered):
     settings = {"ok": True, "settings": {"preflight": dict(SRUN, preflight_srun_archive="/shared/node.pyz")},
                 "read_args": {"nic_discovery": {}}, "job": {"user": "", "named": False, "python": "/p"},
                 "selftest_error": "", "facts_timeout": 60, "probes_timeout": 120}
-    hostvars = {host: dict({registers.SETTINGS: settings}, **{name: value for name, value in registered.items()})
+    hostvars = {host: dict({stage_results.SETTINGS: settings}, **{name: value for name, value in registered.items()})
                 for host in hosts}
     return ClusterView({"ansible_play_hosts_all": hosts, "hostvars": hostvars})
 
 
 def test_the_facts_call_is_one_step_of_every_node_with_its_readers_job_and_lock():
     inputs = {"ok": True, "lock": {"dir": "/run/cluster-preflight", "run_id": "ctl:1:2"}}
-    view = _view(["n1", "n2"], **{registers.INPUTS: inputs})
+    view = _view(["n1", "n2"], **{stage_results.INPUTS: inputs})
     runner = Recorder(lambda call, node, local, args: {"facts": {"node": node}, "errors": {}, "elapsed": {},
                                                        "job_user": {}, "args": args})
     value = srun.run_call("facts", view, environ=ALLOC, runner=runner)
@@ -226,8 +227,8 @@ def test_the_all_node_run_starts_in_the_background_and_the_probes_call_collects_
     gate = {"launch": True, "args_by_host": {"n1": _launch_args(0), "n2": _launch_args(1)}}
     launch = {"gate": gate, "reachable": ["n1", "n2"], "probes_lock": {"run_id": "r"}}
     plan = {"probe_args_by_host": {"n1": {"core_dumps": {"a": 1}, "fabric": {"b": 2}}, "n2": {"core_dumps": {"a": 1}}}}
-    registered = {registers.PLAN: plan, registers.LAUNCH: launch,
-                  registers.FACTS: {"facts": {}, "job_user": {"how": "named"}}}
+    registered = {stage_results.PLAN: plan, stage_results.LAUNCH: launch,
+                  stage_results.FACTS: {"facts": {}, "job_user": {"how": "named"}}}
     started = []
 
     def start(argv, data, directory, env=None):
@@ -252,7 +253,7 @@ def test_the_all_node_run_starts_in_the_background_and_the_probes_call_collects_
     monkeypatch.setattr(srun.step, "collect", collect)
     runner = Recorder(lambda call, node, local, args: {"probes": {name: node for name in args["capabilities"]},
                                                        "errors": {}, "elapsed": {}})
-    registered[registers.ALLREDUCE_JOB] = engine.by_node("launch", value)
+    registered[stage_results.ALLREDUCE_JOB] = engine.by_node("launch", value)
     value = srun.run_call("probes", _view(["n1", "n2"], **registered), environ=ALLOC, runner=runner)[engine.BY_NODE]
     assert [sorted({node for node, _local in item["expected"]}) for item in runner.steps] == [["n1", "n2"], ["n1"]]
     early, late = runner.steps
@@ -268,7 +269,7 @@ def test_the_confirmation_run_excludes_the_named_nodes_and_gpu_pairs_run_slot_by
     confirm = {"n1": _launch_args(0), "n3": _launch_args(1)}
     slots = {"n2": [dict(_launch_args(0, 1), env={"CUDA_VISIBLE_DEVICES": "0,1"}),
                     dict(_launch_args(0, 1), env={"CUDA_VISIBLE_DEVICES": "2,3"})]}
-    view = _view(["n1", "n2", "n3"], **{registers.LOCALIZE: {"confirm_args_by_host": confirm,
+    view = _view(["n1", "n2", "n3"], **{stage_results.LOCALIZE: {"confirm_args_by_host": confirm,
                                                               "gpu_slots_by_host": slots}})
     runner = Recorder(lambda call, node, local, args: _record(args["node_rank"] * 2 + local, local))
     srun.run_call("confirm", view, environ=ALLOC, runner=runner)
@@ -344,17 +345,17 @@ def test_settings_of_every_node_in_one_task_are_each_node_s_own(monkeypatch):
     play = {"ansible_play_hosts_all": list(own), "groups": {"all": list(own), "cluster": list(own)},
             "hostvars": HostVars(own)}
     result = action.run(task_vars=dict(play, **own["gpu01"]))
-    view = ClusterView({"ansible_play_hosts_all": list(own), "hostvars": {host: {registers.SETTINGS: result}
+    view = ClusterView({"ansible_play_hosts_all": list(own), "hostvars": {host: {stage_results.SETTINGS: result}
                                                                             for host in own}})
     timeouts = {host: view.settings[host]["allreduce"]["allreduce_timeout"] for host in own}
     assert timeouts == {"gpu01": 30, "gpu02": 45, "gpu07": 30}
-    assert [host for host in own if (view.result(host, registers.SETTINGS) or {}).get("ok")] == ["gpu01", "gpu02"]
-    [problem] = view.result("gpu07", registers.SETTINGS)["errors"]
+    assert [host for host in own if (view.result(host, stage_results.SETTINGS) or {}).get("ok")] == ["gpu01", "gpu02"]
+    [problem] = view.result("gpu07", stage_results.SETTINGS)["errors"]
     assert "gpu07 is not a node of allocation 42" in problem["found"]
 
 
 def test_gate_engine_is_the_preflight_engine_setting_and_only_the_gate_takes_it():
-    from cluster_preflight import cli
+    from cluster_preflight.cli import main as cli
     args, passthrough = cli.parse_args(["gate", "--engine", "srun", "-e", "allreduce_timeout=20"])
     assert args.extravars == {"allreduce_timeout": "20", "preflight_engine": "srun"} and passthrough == []
     assert "preflight_engine" not in cli.parse_args(["gate"])[0].extravars
@@ -364,7 +365,7 @@ def test_gate_engine_is_the_preflight_engine_setting_and_only_the_gate_takes_it(
 
 
 def test_with_the_srun_engine_a_lease_waits_for_no_fork_batch():
-    from cluster_preflight.run_lock import lock_args
+    from cluster_preflight.stages.run_lock import lock_args
 
     class View(object):
         hosts, forks = ["n%d" % index for index in range(10)], 5
@@ -388,12 +389,12 @@ def test_settings_of_every_node_are_rendered_and_checked_per_node_though_most_va
     play = {"ansible_play_hosts_all": list(own), "groups": {"all": list(own), "cluster": list(own)},
             "hostvars": HostVars(own)}
     result = action.run(task_vars=dict(play, **own["gpu01"]))
-    view = ClusterView({"ansible_play_hosts_all": list(own), "hostvars": {host: {registers.SETTINGS: result}
+    view = ClusterView({"ansible_play_hosts_all": list(own), "hostvars": {host: {stage_results.SETTINGS: result}
                                                                             for host in own}})
     ports = {host: view.settings[host]["port_mesh"]["port_mesh_port"] for host in ("gpu01", "gpu02")}
     assert ports == {"gpu01": 29611, "gpu02": 6000}
-    assert [host for host in own if view.result(host, registers.SETTINGS).get("ok")] == ["gpu01", "gpu02"]
-    [problem] = view.result("gpu03", registers.SETTINGS)["errors"]
+    assert [host for host in own if view.result(host, stage_results.SETTINGS).get("ok")] == ["gpu01", "gpu02"]
+    [problem] = view.result("gpu03", stage_results.SETTINGS)["errors"]
     assert problem["name"] == "allreduce_iters" and "many" in problem["found"]
 
 

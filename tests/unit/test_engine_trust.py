@@ -196,6 +196,9 @@ def test_the_node_code_runs_from_the_bytes_the_bootstrap_checked():
     spec = code.find_spec("preflight_node.srun_task")
     assert spec.origin == "<node code>/preflight_node/srun_task.py" and code.find_spec("json") is None
     assert "def main" in code.get_source("preflight_node.srun_task")
+    # Subpackages are packages, their modules found under them.
+    assert code.find_spec("preflight_node.host").submodule_search_locations is not None
+    assert code.find_spec("preflight_node.host.ops").origin == "<node code>/preflight_node/host/ops.py"
 
 
 # -- what a node prints is bounded, and whose output was cut is said ------------------------------------------------
@@ -265,7 +268,7 @@ def test_a_result_that_decompresses_past_its_bound_or_claims_endless_parts_is_re
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to the job's user needs root")
 def test_a_job_user_command_that_prints_without_end_is_kept_within_its_bound_and_the_cut_said():
     """A login shell reading a huge ~/.profile, as the job's user: root keeps 1 MiB of it, and says so."""
-    from preflight_node.ops import JOB_OUTPUT_MAX_BYTES, run_bounded_command
+    from preflight_node.host.ops import JOB_OUTPUT_MAX_BYTES, run_bounded_command
     rc, out, err = run_bounded_command(["/usr/bin/python3", "-c", "import sys\nfor _ in range(100): "
                                         "sys.stdout.write('x' * 1048575 + '\\n')"], 60, user="nobody")
     assert rc == 0 and len(out) <= JOB_OUTPUT_MAX_BYTES + 100, len(out)

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from preflight_node import fabric as node_fabric
-from preflight_node import fabric_probe
+from preflight_node.capabilities import fabric as node_fabric
+from preflight_node.capabilities import fabric_probe
 from cluster_preflight.capabilities import fabric
 from fabric_tree import HW_COUNTERS, PORT_COUNTERS, break_counter, bump, make_tree
 from fake_ops import FakeOps

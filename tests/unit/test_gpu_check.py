@@ -15,7 +15,7 @@ import pytest
 
 import fake_gpu_tools
 from capability_helpers import ROOT
-from cluster_preflight import gpu_check, gpu_check_capture
+from cluster_preflight.cli import gpu_check, gpu_check_capture
 from gpu_health_helpers import FIXTURES
 
 SCRIPT = os.path.join(ROOT, "scripts", "gpu-check")

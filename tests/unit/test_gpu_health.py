@@ -7,9 +7,9 @@ import os
 import pytest
 
 from preflight_node import checks as preflight_checks
-from preflight_node import gpu_health as node_half
-from preflight_node import nvidia_smi_xml, nvlink
-from preflight_node.gpus import parse_query_gpu
+from preflight_node.capabilities import gpu_health as node_half
+from preflight_node.gpu import nvidia_smi_xml, nvlink
+from preflight_node.gpu.nvidia_gpus import parse_query_gpu
 from cluster_preflight.capabilities import gpu_health
 from capability_helpers import (assert_contract as check_contract, assert_one_problem, role_path, role_yaml,
                                 statuses, switched_off_cases, typed_settings)

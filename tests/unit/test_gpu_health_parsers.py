@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from preflight_node import amd_smi, dcgm, kernel_log, nvidia_smi_xml
+from preflight_node.gpu import amd_smi, dcgm, xid_log as kernel_log, nvidia_smi_xml
 from gpu_health_helpers import fixture
 
 H100_IDS = ["00000000:%s:00.0" % bus for bus in ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")]

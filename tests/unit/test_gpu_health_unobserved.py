@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from preflight_node import nvidia_smi_xml, nvlink
+from preflight_node.gpu import nvidia_smi_xml, nvlink
 from cluster_preflight.capabilities import gpu_health
 from capability_helpers import assert_contract as check_contract, assert_one_problem, statuses
 from gpu_health_helpers import H100, H100_BUS, HOST, fixture, nvidia_node, read_node, settings

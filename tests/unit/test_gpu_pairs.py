@@ -1,4 +1,4 @@
-"""Localisation over the GPUs of one node in pair rounds (cluster_preflight/gpu_pairs.py).
+"""Localisation over the GPUs of one node in pair rounds (cluster_preflight/capabilities/allreduce/gpu_pairs.py).
 
 A fake node answers every planned slot from the ``allreduce`` arguments alone (the GPUs in the slot's
 ``CUDA_VISIBLE_DEVICES``) under a fault model: a bad GPU makes its rank fail (and its partner's abort), a slow
@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from cluster_preflight import gpu_pairs as gp
-from preflight_node import gpus as nvsmi
-from cluster_preflight import localize as loc
+from cluster_preflight.capabilities.allreduce import gpu_pairs as gp
+from preflight_node.gpu import nvidia_gpus as nvsmi
+from cluster_preflight.capabilities.allreduce import localize as loc
 from preflight_node.checks import node_status, normalize
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "nvidia_smi")

@@ -1,11 +1,12 @@
-"""Group rounds (cluster_preflight/groups.py): the node whose fault shows only in a large group, named when every
+"""Group rounds (cluster_preflight/capabilities/allreduce/groups.py): the node whose fault shows only in a large group,
+named when every
 pair passed.  The fault model: a node that fails every launch where it has more than ``peers`` peers (a node that
 refuses connections past a count), passes in pairs and alone."""
 
 import pytest
 
-from cluster_preflight import groups
-from cluster_preflight import localize as loc
+from cluster_preflight.capabilities.allreduce import groups
+from cluster_preflight.capabilities.allreduce import localize as loc
 from localize_helpers import PORT, base_args, hosts, ranks
 
 FLOOR = {"absolute": 0.01, "relative": 0.7}

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 import grub_cmdline
-from preflight_node import grub_plan
-from preflight_node import grub_shell
-from preflight_node import iommu as node_iommu
+from preflight_node.grub import plan as grub_plan
+from preflight_node.grub import shell as grub_shell
+from preflight_node.capabilities import iommu as node_iommu
 from cluster_preflight.capabilities import iommu as preflight_iommu
 from fake_ops import FakeOps
 
@@ -436,7 +436,7 @@ def test_iommu_role_in_check_and_apply_mode(tmp_path, update_script):
     """The role on a fake AMD node: check mode writes nothing and the audit reports drift; bring-up fixes it.
 
     The role only writes; the checks come from the audit's reader and decider
-    (module_utils/preflight_node/iommu.py) on the same node.
+    (module_utils/preflight_node/capabilities/iommu.py) on the same node.
     """
     sysfs = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:c1:00.0"
     sysfs.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The run history (cluster_preflight/history.py): recording, the queries, concurrent writers, a database
+"""The run history (cluster_preflight/outputs/history.py): recording, the queries, concurrent writers, a database
 that cannot take the run (never an exception), and the migrations."""
 
 import multiprocessing
@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from cluster_preflight import history
+from cluster_preflight.outputs import history
 from report_helpers import synthetic_verdict
 
 HOSTS = ["n1", "n2", "n3"]

@@ -1,4 +1,4 @@
-"""``python -m cluster_preflight history`` (cluster_preflight/history_cli.py) and verdict expiry
+"""``python -m cluster_preflight history`` (cluster_preflight/cli/history.py) and verdict expiry
 (``--max-age`` of scripts/verdict and of the ``verdict`` command, ``verdict_file.load(max_age=...)``)."""
 
 import datetime
@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from cluster_preflight import cli, history
-from cluster_preflight.verdict_file import VerdictError, describe_age, load, parse_age
+from cluster_preflight.cli import main as cli
+from cluster_preflight.outputs import history
+from cluster_preflight.verdict.file import VerdictError, describe_age, load, parse_age
 from report_helpers import synthetic_verdict
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "verdicts", "mixed.json")

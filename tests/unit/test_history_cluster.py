@@ -1,4 +1,5 @@
-"""The run history per cluster (cluster_preflight/history.py, cluster_preflight/history_cli.py): runs carry their
+"""The run history per cluster (cluster_preflight/outputs/history.py, cluster_preflight/cli/history.py): runs carry
+their
 cluster (a name, or the inventory) and kind, check-mode bring-ups are recorded as such, and the queries, the
 ``history`` command and the report's recent runs keep to one cluster and to real runs unless asked; a database
 whose path holds URI characters (``#``, ``?``, ``%``) opens."""
@@ -9,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from cluster_preflight import history
+from cluster_preflight.outputs import history
 from report_helpers import synthetic_verdict
 
 
@@ -110,7 +111,7 @@ def test_the_verdict_action_files_each_run_under_its_cluster_and_a_dry_run_as_su
 
 
 def test_the_history_command_shows_one_cluster_by_default(two_clusters, capsys):
-    from cluster_preflight import cli  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cli import main as cli  # pylint: disable=import-outside-toplevel
 
     assert cli.main(["history", "--db", two_clusters, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -129,7 +130,7 @@ def test_the_history_command_shows_one_cluster_by_default(two_clusters, capsys):
 
 
 def test_the_history_command_takes_the_cluster_of_an_inventory(tmp_path, capsys):
-    from cluster_preflight import cli  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cli import main as cli  # pylint: disable=import-outside-toplevel
 
     db = str(tmp_path / "history.sqlite")
     named = tmp_path / "b" / "hosts.yml"

@@ -1,8 +1,8 @@
-"""How the host lists name the nodes (cluster_preflight/outputs.py ``launch_names``, ``host_lists``; the inbound
+"""How the host lists name the nodes (cluster_preflight/outputs/formats.py ``launch_names``, ``host_lists``; the inbound
 ssh check that tells which names did not resolve): what a launcher on a node can reach, and a note either way."""
 
-from cluster_preflight import outputs
-from cluster_preflight.capabilities import ssh_trust_mesh
+from cluster_preflight.outputs import formats as outputs
+from cluster_preflight.capabilities.ssh_trust import mesh as ssh_trust_mesh
 from report_helpers import synthetic_verdict
 
 HOSTS = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]

@@ -11,8 +11,8 @@ import yaml
 
 import grub_cmdline
 from preflight_node import checks as preflight_checks
-from preflight_node import grub_plan
-from preflight_node import iommu as node_iommu
+from preflight_node.grub import plan as grub_plan
+from preflight_node.capabilities import iommu as node_iommu
 from cluster_preflight.capabilities import iommu
 from fake_ops import FakeOps
 from capability_helpers import (ROOT, assert_contract as check_contract, assert_table, capability_under_test,

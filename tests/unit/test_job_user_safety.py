@@ -1,4 +1,4 @@
-"""Who runs job-side code on a node (module_utils/preflight_node/ops.py resolve_job_user): root only when
+"""Who runs job-side code on a node (module_utils/preflight_node/host/ops.py resolve_job_user): root only when
 ``preflight_job_user: root`` asks; with no account that can run the training Python, nothing job-side runs and the
 node is unverified with the fix, never failed; a deliberate root is acknowledged; a job user who cannot reach the
 training Python gets one finding naming the directory that stops it (docs/security.md).  Needs root.
@@ -167,9 +167,9 @@ def test_a_forwarded_job_user_that_contradicts_the_node_s_own_settings_never_run
     own settings, and one that would run job-side code as root is refused (the node's own is used)."""
     marker = os.path.join(public_dir, "ran-as-root")
     python = _marking_python(public_dir, marker)
-    from preflight_node.ops import resolve_job_user
+    from preflight_node.host.ops import resolve_job_user
     forged = dict(forged, python=python)
-    from preflight_node.ops import NO_JOB_USER, NodeOps, job_account
+    from preflight_node.host.ops import NO_JOB_USER, NodeOps, job_account
     resolved = resolve_job_user(dict(job, python=python, resolved=forged), NodeOps(_Module({}, job)))
     # nobody, or no account at all (this Python fails as nobody): never this module's own user, root.
     assert job_account(resolved) in ("nobody", NO_JOB_USER) and "contradicts" in resolved["forwarded_refused"], \
@@ -179,7 +179,7 @@ def test_a_forwarded_job_user_that_contradicts_the_node_s_own_settings_never_run
 
 
 def test_a_forwarded_resolution_that_agrees_is_taken_as_it_is():
-    from preflight_node.ops import resolve_job_user
+    from preflight_node.host.ops import resolve_job_user
     agreed = {"how": "auto", "name": "nobody", "uid": __import__("pwd").getpwnam("nobody").pw_uid,
               "run_as": "nobody", "note": "", "python": "/nonexistent/python"}
     assert resolve_job_user({"user": "", "named": False, "python": "/nonexistent/python", "resolved": agreed},
@@ -199,7 +199,7 @@ def test_a_forwarded_resolution_that_agrees_is_taken_as_it_is():
     ("nobody", {}, "no job settings"),
 ])
 def test_ranks_always_name_their_account_and_root_only_when_preflight_job_user_names_it(run_as, job, problem):
-    from preflight_node.gate_run import MODULE_SPEC, check_params
+    from preflight_node.allreduce_run.gate_run import MODULE_SPEC, check_params
     from preflight_node.srun_task import with_defaults
     params = with_defaults(MODULE_SPEC, {"python": "/usr/bin/python3", "worker_source": "", "nnodes": 1,
                                          "node_rank": 0, "nproc_per_node": 1, "master_addr": "127.0.0.1",
@@ -247,7 +247,7 @@ def personal_torch(public_dir, monkeypatch):
             return entry
         return pwd.struct_passwd((entry.pw_name, entry.pw_passwd, entry.pw_uid, entry.pw_gid, entry.pw_gecos, home,
                                   entry.pw_shell))
-    from preflight_node import ops
+    from preflight_node.host import ops
     monkeypatch.setattr(ops.pwd, "getpwnam", getpwnam)
     return marker
 
@@ -269,7 +269,7 @@ def test_the_ranks_never_import_from_the_job_user_s_site_directory(personal_torc
     """torchrun and its ranks run without user site directories (-s, PYTHONNOUSERSITE=1): nobody's fake torch is
     never imported, so it cannot report a bandwidth for the node."""
     import uuid
-    from preflight_node import gate_run
+    from preflight_node.allreduce_run import gate_run
     params = {name: spec.get("default") for name, spec in gate_run.ARGUMENT_SPEC.items()}
     params.update(python="/usr/bin/python3", worker_source="# the worker\n", nnodes=1, node_rank=0, nproc_per_node=1,
                   master_addr="127.0.0.1", timeout=5.0, hard_timeout=20.0, stack_budget=0.0, run_as="nobody",

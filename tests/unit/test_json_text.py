@@ -1,11 +1,11 @@
-"""cluster_preflight/json_text.py: the verdict's JSON text, the same as the standard library's, faster."""
+"""cluster_preflight/verdict/json_text.py: the verdict's JSON text, the same as the standard library's, faster."""
 
 import json
 import random
 
 import pytest
 
-from cluster_preflight.json_text import indented
+from cluster_preflight.verdict.json_text import indented
 
 TEXTS = ["", "a", "é ü 日本", "quote \" backslash \\ slash /", "line\nbreak\ttab\rcr", "\x00\x1f\x7f", "\u2028\u2029",
          "\ud800 lone", "\U0001f600", "</script>"]

@@ -8,9 +8,9 @@ import pytest
 
 import sysctl_setting
 from cluster_preflight.capabilities import kernel_debug as controller
-from preflight_node import kernel_debug
-from preflight_node import kernel_debug_probe
-from preflight_node import sysctl as preflight_sysctl
+from preflight_node.capabilities import kernel_debug
+from preflight_node.capabilities import kernel_debug_probe
+from preflight_node.sysctl import values as preflight_sysctl
 from capability_helpers import (assert_one_problem, capability_under_test, deny_reading, role_settings, role_yaml,
                                 sandbox_reader, statuses, sysctl_tree, write, write_files)
 

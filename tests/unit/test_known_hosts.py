@@ -1,4 +1,4 @@
-"""``python -m cluster_preflight known-hosts`` (cluster_preflight/known_hosts.py): the nodes' host keys scanned,
+"""``python -m cluster_preflight known-hosts`` (cluster_preflight/cli/known_hosts.py): the nodes' host keys scanned,
 shown with their fingerprints, recorded only when confirmed, never replacing a key already known."""
 
 import base64
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from cluster_preflight import cli, known_hosts
+from cluster_preflight.cli import main as cli, known_hosts
 
 KEY1 = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + b"1" * 32).decode()
 KEY2 = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519\x00\x00\x00\x20" + b"2" * 32).decode()

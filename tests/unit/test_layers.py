@@ -49,7 +49,25 @@ def test_node_code_imports_its_own_package_relatively():
     """Inside the node package an absolute import of itself would name a package a node may not have
     under that name; relative imports work as shipped and as installed."""
     offenders = []
-    for path in glob.glob(os.path.join(ROOT, "module_utils", "preflight_node", "*.py")):
-        offenders += ["%s: %s" % (os.path.basename(path), name) for name in imported_modules(path)
+    for path in glob.glob(os.path.join(ROOT, "module_utils", "preflight_node", "**", "*.py"), recursive=True):
+        offenders += ["%s: %s" % (os.path.relpath(path, ROOT), name) for name in imported_modules(path)
                       if name.startswith(("preflight_node", "ansible.module_utils.preflight_node"))]
     assert not offenders, offenders
+
+
+def test_pyproject_lists_every_package_of_both_layers():
+    """setuptools installs only the packages pyproject.toml names: a subpackage left out would be missing from a
+    non-editable install (and from the controller's imports) while every test here still passed."""
+    import tomllib  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as handle:
+        listed = set(tomllib.load(handle)["tool"]["setuptools"]["packages"])
+    found = set()
+    for top, name in (("cluster_preflight", "cluster_preflight"),
+                      (os.path.join("module_utils", "preflight_node"), "preflight_node")):
+        for folder, dirs, files in os.walk(os.path.join(ROOT, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            if "__init__.py" in files:
+                relative = os.path.relpath(folder, os.path.join(ROOT, top))
+                found.add(name if relative == "." else "%s.%s" % (name, relative.replace(os.sep, ".")))
+    assert listed == found, "pyproject.toml packages: missing %s, extra %s" % (sorted(found - listed),
+                                                                              sorted(listed - found))

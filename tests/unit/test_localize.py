@@ -1,4 +1,4 @@
-"""Localisation of a failed or slow all-reduce in pair rounds (cluster_preflight/localize.py).
+"""Localisation of a failed or slow all-reduce in pair rounds (cluster_preflight/capabilities/allreduce/localize.py).
 
 A fake cluster answers every planned launch from a fault model (a node fault fails every run of the node,
 a network fault fails its pairs but not its run alone over lo, a slow link completes at a low busbw, a lost
@@ -7,7 +7,7 @@ The action's glue, its GPU rounds and the confirmation run are in test_localize_
 
 import pytest
 
-from cluster_preflight import localize as loc
+from cluster_preflight.capabilities.allreduce import localize as loc
 from localize_helpers import PORT, base_args, hosts, localise, ranks, status
 
 

@@ -1,11 +1,11 @@
-"""Localisation of a failed or slow all-reduce (cluster_preflight/localize.py), continued from
+"""Localisation of a failed or slow all-reduce (cluster_preflight/capabilities/allreduce/localize.py), continued from
 test_localize.py: the action's glue (action_plugins/preflight_localize.py: registered results in,
 rounds planned, a healthy run skipped), its GPU pair rounds, and the confirmation run over the
 nodes left, reconciled with the all-node run."""
 
 import pytest
 
-from cluster_preflight import localize as loc
+from cluster_preflight.capabilities.allreduce import localize as loc
 from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, action_module as _action, base_args, hosts, \
     localise, ranks, status, task_vars as _task_vars
 
@@ -17,7 +17,7 @@ from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, action_module as _
 def test_action_skips_a_healthy_run_and_plans_a_slow_one():
     action = _action()
     names = hosts(4)
-    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages.view import ClusterView  # pylint: disable=import-outside-toplevel
     healthy = action.start(ClusterView(_task_vars(names, {host: {"ranks": ranks()} for host in names})))
     assert healthy["needed"] is False and "checks_by_host" not in healthy
     task_vars = _task_vars(names, {host: {"ranks": ranks(busbw=SLOW_BW)} for host in names})
@@ -61,7 +61,7 @@ def test_action_skips_a_healthy_run_and_plans_a_slow_one():
 
 def _gpus():
     import os  # pylint: disable=import-outside-toplevel
-    from preflight_node.gpus import parse_query_gpu  # pylint: disable=import-outside-toplevel
+    from preflight_node.gpu.nvidia_gpus import parse_query_gpu  # pylint: disable=import-outside-toplevel
     path = os.path.join(os.path.dirname(__file__), "fixtures", "nvidia_smi", "query_gpu_8.csv")
     with open(path, encoding="utf-8") as handle:
         return parse_query_gpu(handle.read())
@@ -70,7 +70,7 @@ def _gpus():
 def _drive(task_vars, names, node_fault, bad_gpu):
     """Answer every planned launch from the registers the tasks would fill, until the action is done."""
     action = _action()
-    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages.view import ClusterView  # pylint: disable=import-outside-toplevel
     outcome, gpu_rounds = action.start(ClusterView(task_vars)), 0
     while not outcome["done"]:
         for host in names:
@@ -174,7 +174,7 @@ def test_the_conclusion_plans_a_confirmation_run_over_the_nodes_left_on_the_runs
 @pytest.mark.parametrize("confirmed, status", [(True, "pass"), (False, "slow")])
 def test_the_confirmation_run_is_folded_in_and_proves_an_unproven_node_only_when_it_passed(confirmed, status):
     action = _action()
-    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages.view import ClusterView  # pylint: disable=import-outside-toplevel
     names = hosts(4)
     task_vars = _gpu_task_vars(names, "gloo", [])
     done, _gpu_rounds = _drive(task_vars, names, "n2", bad_gpu=None)
@@ -234,8 +234,8 @@ def test_reconcile_a_failed_confirmation_leaves_the_nodes_unverified_never_blame
 
 
 def test_a_verdict_with_a_node_proven_good_and_failed_by_the_all_reduce_holds_it_and_says_so():
-    from cluster_preflight import accounting as preflight_verdict  # pylint: disable=import-outside-toplevel
-    from cluster_preflight import verdict_file as preflight_verdict_file  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.verdict import accounting as preflight_verdict  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.verdict import file as preflight_verdict_file  # pylint: disable=import-outside-toplevel
     nodes = {"n0": {"status": "fail", "checks": {"allreduce.ranks": loc.failed("hung", "done", "drain n0"),
                                                  "allreduce.localize": loc.passed("n0 proven good", "x")}}}
     contradicting = {"localize": {"good": ["n0"]}}
@@ -257,7 +257,7 @@ def test_a_node_the_all_node_run_names_by_its_own_evidence_is_left_out_of_the_ro
     """A rank that died by itself, returned wrong data or was held stopped names its node: the rounds and the
     confirmation run go over the others (a later run cannot disprove an intermittent fault)."""
     action = _action()
-    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages.view import ClusterView  # pylint: disable=import-outside-toplevel
     names = hosts(4)
     jobs = {host: {"ranks": [dict(ranks(ok=False)[0], rank=2 * index + local) for local in (0, 1)]}
             for index, host in enumerate(names)}

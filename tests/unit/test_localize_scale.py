@@ -2,21 +2,23 @@
 
 A failed all-node run over a large synthetic cluster is localised through the action's own state machine
 (action_plugins/preflight_localize.py: start, then advance after every step, the retest before blame included)
-and cluster_preflight/localize.py's round planner, a fake cluster answering every planned launch from a fault
+and cluster_preflight/capabilities/allreduce/localize.py's round planner, a fake cluster answering every planned launch
+from a fault
 model (tests/localize_helpers.py: a node fault fails every run of the node, alone over lo too; a network fault
 fails its pairs only).  Counted, never timed: the pair rounds, the node calls (one per step that has a launch),
 and who is named.  docs/scale.md says how this compares with group testing."""
 
 import pytest
 
-from cluster_preflight import groups, registers
-from cluster_preflight.cluster import ClusterView
+from cluster_preflight.capabilities.allreduce import groups
+from cluster_preflight.plays import stage_results
+from cluster_preflight.stages.view import ClusterView
 from localize_helpers import action_module, answer, hosts, ranks, task_vars
 
-STEPS = {None: (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND), "nodes": (registers.LOCALIZE_FIRST,
-                                                                                registers.LOCALIZE_SECOND),
-         "groups": (registers.LOCALIZE_FIRST, registers.LOCALIZE_SECOND),
-         "retest": (registers.RETEST_FIRST, registers.RETEST_SECOND)}
+STEPS = {None: (stage_results.LOCALIZE_FIRST, stage_results.LOCALIZE_SECOND), "nodes": (stage_results.LOCALIZE_FIRST,
+                                                                                stage_results.LOCALIZE_SECOND),
+         "groups": (stage_results.LOCALIZE_FIRST, stage_results.LOCALIZE_SECOND),
+         "retest": (stage_results.RETEST_FIRST, stage_results.RETEST_SECOND)}
 
 
 def drive(names, fault):
@@ -35,7 +37,7 @@ def drive(names, fault):
         calls += sum(1 for step in answers if step)
         for host in names:
             registered = variables["hostvars"][host]
-            registered[registers.LOCALIZE] = outcome
+            registered[stage_results.LOCALIZE] = outcome
             for step, name in enumerate(STEPS[outcome["state"].get("phase")]):
                 result = answers[step].get(host)
                 registered[name] = {"skipped": True} if result is None else result if isinstance(result, dict) \

@@ -1,4 +1,4 @@
-"""The gate's per-node run lock (module_utils/preflight_node/lock.py): held, busy, stale, released; and what the
+"""The gate's per-node run lock (module_utils/preflight_node/host/lock.py): held, busy, stale, released; and what the
 verdict makes of it.  Real files and flock in a temporary lock directory; real processes for a dead run's
 leftovers."""
 
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from preflight_node import lock
-from cluster_preflight.accounting import lock_checks
+from preflight_node.host import lock
+from cluster_preflight.verdict.accounting import lock_checks
 
 
 def args(directory, run_id="ctl:100:5", live=None, lease=600, controller="ctl"):

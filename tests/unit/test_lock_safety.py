@@ -1,5 +1,7 @@
-"""The run lock as a local account would attack it (module_utils/preflight_node/lock.py, preflight_node/state_dir.py,
-cluster_preflight/run_lock.py): a lock directory another account owns or may write, a planted link, a lease file of
+"""The run lock as a local account would attack it (module_utils/preflight_node/host/lock.py,
+preflight_node/host/state_dir.py,
+cluster_preflight/stages/run_lock.py): a lock directory another account owns or may write, a planted link, a lease file
+of
 another owner, a lease that is no lease, a foreign flock, a controller that vanished; and how the verdict says so.
 Real files, real flock, a real unprivileged account (nobody) where the kernel's permission checks are the point."""
 
@@ -14,7 +16,7 @@ import time
 
 import pytest
 
-from preflight_node import lock
+from preflight_node.host import lock
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: another account's files are made with chown")
 NOBODY = 65534
@@ -138,7 +140,7 @@ def test_a_lease_file_that_is_not_ours_alone_is_not_used(tmp_path, case):
 ], ids=["expires-text", "expires-nan", "expires-infinite", "expires-bool", "run-id-list", "a-list", "not-json",
         "not-utf8", "oversized"])
 def test_a_lease_that_is_no_lease_is_stale_a_warn_never_a_crash_nor_busy(tmp_path, content):
-    from cluster_preflight.accounting import lock_checks  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.verdict.accounting import lock_checks  # pylint: disable=import-outside-toplevel
 
     directory = locks(tmp_path)
     directory.mkdir(mode=0o700)
@@ -238,7 +240,7 @@ def test_a_run_named_dead_by_the_operator_is_taken_over_before_its_lease_ends(tm
 
 
 def test_busy_says_until_when_and_the_exact_commands_that_free_the_node():
-    from cluster_preflight.accounting import lock_checks  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.verdict.accounting import lock_checks  # pylint: disable=import-outside-toplevel
 
     lease = {"run_id": "far:7:1", "controller": "far", "controller_pid": 7, "user": "op", "since": 1000.0,
              "expires": 1300.0}
@@ -263,7 +265,7 @@ class FakeView(object):
 
 
 def test_a_lease_reaches_the_stage_in_flight_plus_the_grace_never_the_whole_run():
-    from cluster_preflight import stages  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages import decisions as stages  # pylint: disable=import-outside-toplevel
 
     taken = stages.lock_args(FakeView(["n1", "n2", "n3"]))
     # The facts call: its own bound (60 s and an SSH connection) plus the controller's grace (120 s).
@@ -276,7 +278,7 @@ def test_a_lease_reaches_the_stage_in_flight_plus_the_grace_never_the_whole_run(
 
 
 def test_every_later_node_call_renews_for_its_own_bound():
-    from cluster_preflight.run_lock import renewal, round_lock  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages.run_lock import renewal, round_lock  # pylint: disable=import-outside-toplevel
 
     base = {"dir": "/run/cluster-preflight", "run_id": "ctl:1:1", "lease_seconds": 205, "slack": 120}
     assert renewal(base, 200) == dict(base, lease_seconds=320, renewal=True)
@@ -288,7 +290,7 @@ def test_every_later_node_call_renews_for_its_own_bound():
 
 
 def test_a_node_lost_to_another_run_mid_run_is_unverified_never_failed():
-    from cluster_preflight.accounting import build_verdict  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.verdict.accounting import build_verdict  # pylint: disable=import-outside-toplevel
 
     lease = {"run_id": "far:7:1", "controller": "far", "since": 1000.0, "expires": 1300.0}
     lost = {"state": "lost", "path": "/run/cluster-preflight/cluster-preflight.n1.lease", "lease": lease,
@@ -304,7 +306,7 @@ def test_a_node_lost_to_another_run_mid_run_is_unverified_never_failed():
 
 def test_every_node_the_run_holds_renews_for_each_localisation_round():
     import importlib.util  # pylint: disable=import-outside-toplevel
-    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages.view import ClusterView  # pylint: disable=import-outside-toplevel
     from localize_helpers import SLOW_BW, base_args, ranks  # pylint: disable=import-outside-toplevel
 
     spec = importlib.util.spec_from_file_location("preflight_localize_lock", os.path.join(

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from preflight_node import nic as pn
-from preflight_node import nic_discovery as nd
+from preflight_node.net import interfaces as pn
+from preflight_node.capabilities import nic_discovery as nd
 from cluster_preflight.capabilities import nic_discovery as ndc
 from fake_ops import LocalOps
 

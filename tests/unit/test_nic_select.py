@@ -3,7 +3,7 @@ behind the nic_discovery capability's plan."""
 
 import pytest
 
-from cluster_preflight import nic_select as pn
+from cluster_preflight.capabilities.nic_discovery import nic_select as pn
 
 
 def nic(name, cls, ipv4=(), up=True, carrier=True, mtu=1500, speed=10000, rdma=(), default_route=False):

@@ -1,9 +1,9 @@
-"""How readers and probes run commands on a node (module_utils/preflight_node/ops.py)."""
+"""How readers and probes run commands on a node (module_utils/preflight_node/host/ops.py)."""
 
 import os
 import time
 
-from preflight_node.ops import NOT_FOUND_RC, TIMEOUT_RC, run_bounded_command
+from preflight_node.host.ops import NOT_FOUND_RC, TIMEOUT_RC, run_bounded_command
 
 
 def test_output_of_a_command_that_is_slow_to_print_is_kept():
@@ -77,7 +77,7 @@ def _hanging_python():
 def test_a_watched_program_that_hung_is_not_run_again_in_the_same_call():
     import shutil
 
-    from preflight_node.ops import HUNG_EARLIER_RC, NodeOps, hang_of
+    from preflight_node.host.ops import HUNG_EARLIER_RC, NodeOps, hang_of
     python = _hanging_python()
     try:
         ops = NodeOps(_Module(python))
@@ -101,10 +101,10 @@ def _node_call(ops, python, monkeypatch):
     """What one healthcheck node call does with the training Python: choose the job user, the allreduce
     reader, the ptrace probe; then the controller's deciders.  Returns (seconds, checks)."""
     from cluster_preflight.capabilities import allreduce as controller_ar
-    from preflight_node import allreduce as ar
+    from preflight_node.capabilities import allreduce as ar
     from cluster_preflight.capabilities import kernel_debug as controller_kd
-    from preflight_node import kernel_debug_probe as kd
-    from preflight_node import ops as pn
+    from preflight_node.capabilities import kernel_debug_probe as kd
+    from preflight_node.host import ops as pn
     monkeypatch.setattr(pn, "JOB_USER_PROBE_TIMEOUT", 1)
     monkeypatch.setattr(ar, "PROBE_TIMEOUT", 1)
     started = time.monotonic()
@@ -125,7 +125,7 @@ def test_a_hung_training_python_is_waited_out_once_and_the_checks_after_it_are_b
     import shutil
 
     from preflight_node.checks import is_blocked
-    from preflight_node.ops import NodeOps
+    from preflight_node.host.ops import NodeOps
     python = _hanging_python()
     try:
         once, checks, ready = _node_call(NodeOps(_Module(python)), python, monkeypatch)
@@ -149,7 +149,7 @@ def test_the_runs_next_call_on_the_node_takes_the_job_user_and_the_hang_from_the
     (``job.hangs``): it neither resolves the job user again nor waits for the hung Python a second time."""
     import shutil
 
-    from preflight_node.ops import HUNG_EARLIER_RC, NodeOps, resolve_job_user
+    from preflight_node.host.ops import HUNG_EARLIER_RC, NodeOps, resolve_job_user
     python = _hanging_python()
     try:
         facts_call = NodeOps(_Module(python))

@@ -1,4 +1,4 @@
-"""JUnit, Prometheus and host lists written from a verdict (cluster_preflight/outputs.py).
+"""JUnit, Prometheus and host lists written from a verdict (cluster_preflight/outputs/formats.py).
 
 The verdict is ``fixtures/verdicts/mixed.json``: the structure of a real gate verdict, trimmed, over
 five nodes -- gpu01 pass, gpu02 warn, gpu03 unverified (a check blocked by gpu04), gpu04 unreachable,
@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster_preflight import outputs
-from cluster_preflight.verdict_file import problems
+from cluster_preflight.outputs import formats as outputs
+from cluster_preflight.verdict.file import problems
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "verdicts", "mixed.json")
 

@@ -1,8 +1,8 @@
-"""Which peers each node checks in the port and ssh meshes (cluster_preflight/pairs.py)."""
+"""Which peers each node checks in the port and ssh meshes (cluster_preflight/capabilities/port_mesh/peers.py)."""
 
 import pytest
 
-from cluster_preflight import pairs
+from cluster_preflight.capabilities.port_mesh import peers as pairs
 from cluster_preflight.capabilities import port_mesh as pm
 from cluster_preflight.capabilities import ssh_trust as st
 from capability_helpers import role_settings

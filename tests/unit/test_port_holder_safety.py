@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from preflight_node import port_probe
-from preflight_node.allreduce import port_state
+from preflight_node.net import port_probe
+from preflight_node.capabilities.allreduce import port_state
 from preflight_node.checks import is_blocked, node_status
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a listener of another account needs root to start")

@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import port_probe
+from cluster_preflight.capabilities.port_mesh import mesh
+from preflight_node.net import arp, port_holder as net, port_probe as node_probe
+from port_probe_helpers import NODE1, NODE2, NODE3, _FailingSocket, row_for
 
 # A run's secret, as the plan makes one.
 TOKEN = "0123456789abcdef0123456789abcdef"
-from cluster_preflight import mesh
-from preflight_node import arp, net, port_probe as node_probe
-from port_probe_helpers import NODE1, NODE2, NODE3, _FailingSocket, row_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -2,7 +2,7 @@
 
 A peer whose ARP goes unanswered is unreachable, not firewalled: the next hop from fake
 /proc/net/route, neighbour states from fake /proc/net/arp, and mesh summaries built on them
-(module_utils/preflight_node/arp.py, net.py, port_probe.py; cluster_preflight/mesh.py).
+(module_utils/preflight_node/net/arp.py, net.py, port_probe.py; cluster_preflight/capabilities/port_mesh/mesh.py).
 """
 
 import errno
@@ -10,8 +10,8 @@ import socket
 
 import pytest
 
-from cluster_preflight import mesh
-from preflight_node import arp, port_probe as node_probe
+from cluster_preflight.capabilities.port_mesh import mesh
+from preflight_node.net import arp, port_probe as node_probe
 from port_probe_helpers import NODE1, _FailingSocket, row_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from ansible.module_utils import basic
-from preflight_node import files as pf
+from preflight_node.host import files as pf
 from capability_helpers import saved_umask
 
 

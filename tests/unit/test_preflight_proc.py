@@ -4,7 +4,7 @@ import os
 import sys
 import time
 
-from preflight_node import proc
+from preflight_node.host import proc
 
 # A parent that starts a grandchild in a new session (as torchrun does) and sleeps.
 SPAWNER = r"""
@@ -158,7 +158,7 @@ def test_sigterm_interrupts_run_bounded_and_kills_the_tree(tmp_path):
 # A caller that starts a guard and a marked tree in another session, then waits to be killed.
 GUARDED_CALLER = r"""
 import os, subprocess, sys, time
-from preflight_node import proc
+from preflight_node.host import proc
 marker, scratch, pidfile, release = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "release"
 with proc.Guard(marker, cleanup=[scratch]):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],

@@ -1,8 +1,8 @@
-"""cluster_preflight/printable.py: what others wrote, made safe for a terminal and the outputs."""
+"""cluster_preflight/verdict/printable.py: what others wrote, made safe for a terminal and the outputs."""
 
 import pytest
 
-from cluster_preflight.printable import printable, printable_tree, printable_verdict
+from cluster_preflight.verdict.printable import printable, printable_tree, printable_verdict
 
 
 @pytest.mark.parametrize("text, one_line, lines", [

@@ -1,5 +1,6 @@
-"""The profile capability (cluster_preflight/capabilities/profile.py), the profile file
-(cluster_preflight/profile.py) and baseline (cluster_preflight/baseline.py): every node against its group's
+"""The profile capability (cluster_preflight/capabilities/profile/), the profile file
+(cluster_preflight/capabilities/profile/known_good.py) and baseline (cluster_preflight/cli/baseline.py): every node
+against its group's
 known-good profile or the majority, and a profile recorded from a run that passed compares equal with it."""
 
 import json
@@ -7,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from cluster_preflight import baseline
-from cluster_preflight import profile as profiles
+from cluster_preflight.cli import baseline
+from cluster_preflight.capabilities.profile import known_good as profiles
 from cluster_preflight.capabilities import profile
 from preflight_node.checks import node_status
 from capability_helpers import assert_contract, role_settings

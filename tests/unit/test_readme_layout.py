@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from cluster_preflight import baseline_wire
-from cluster_preflight import profile as profiles
+from cluster_preflight.cli import baseline_wire
+from cluster_preflight.capabilities.profile import known_good as profiles
 from readme_steps import ROOT, inventory_of, readme_steps
 
 COPIED = ("ansible.cfg", "inventory", "inventory_plugins", "clusters/example")

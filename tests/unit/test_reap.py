@@ -1,4 +1,4 @@
-"""Hard bounds after a kill (module_utils/preflight_node/reap.py and its users): a command that left its session,
+"""Hard bounds after a kill (module_utils/preflight_node/host/reap.py and its users): a command that left its session,
 or that does not die from SIGKILL (a GPU tool stuck in the driver, state D), never holds its caller past its bound;
 it is reported and abandoned, and the node call's other capabilities keep their results."""
 
@@ -11,10 +11,11 @@ import time
 import pytest
 
 from capability_helpers import role_settings
-from cluster_preflight import slurm_local
+from cluster_preflight.slurm import local as slurm_local
 from cluster_preflight.capabilities import gpu_health, nic_discovery
-from preflight_node import calls, proc, readers, reap
-from preflight_node.ops import HUNG_EARLIER_RC, TIMEOUT_RC, NodeOps, run_bounded_command
+from preflight_node import calls, readers
+from preflight_node.host import proc, reap
+from preflight_node.host.ops import HUNG_EARLIER_RC, TIMEOUT_RC, NodeOps, run_bounded_command
 
 # The most a bounded command may take past its own timeout: the kill's reap and the last read of its output.
 SLACK = 2 * reap.REAP_TIMEOUT + 1.5
@@ -121,8 +122,9 @@ def test_a_command_inside_a_command_is_reached_by_the_outer_kill(tmp_path):
     pid_file = tmp_path / "inner.pid"
     inner = textwrap.dedent("""
         import sys
-        from preflight_node.ops import run_bounded_command
-        run_bounded_command(["sh", "-c", 'setsid sh -c "echo \\\\$\\\\$ > $0; exec sleep 30" & sleep 60', sys.argv[1]], 100)
+        from preflight_node.host.ops import run_bounded_command
+        run_bounded_command(["sh", "-c", 'setsid sh -c "echo \\\\$\\\\$ > $0; exec sleep 30" & sleep 60', sys.argv[1]],
+        100)
     """)
     started = time.monotonic()
     rc, _out, _err = run_bounded_command([sys.executable, "-c", inner, str(pid_file)], 2)
@@ -136,9 +138,10 @@ def test_the_health_check_budget_kill_reaches_the_sessions_its_node_calls_starte
     pid_file = tmp_path / "inner.pid"
     inner = textwrap.dedent("""
         import sys
-        from preflight_node.ops import run_bounded_command
+        from preflight_node.host.ops import run_bounded_command
         print("module started", flush=True)
-        run_bounded_command(["sh", "-c", 'setsid sh -c "echo \\\\$\\\\$ > $0; exec sleep 30" & sleep 60', sys.argv[1]], 100)
+        run_bounded_command(["sh", "-c", 'setsid sh -c "echo \\\\$\\\\$ > $0; exec sleep 30" & sleep 60', sys.argv[1]],
+        100)
     """)
     started = time.monotonic()
     rc, output = slurm_local.run_bounded([sys.executable, "-c", inner, str(pid_file)], 2, dict(os.environ), ROOT)

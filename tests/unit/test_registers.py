@@ -1,4 +1,4 @@
-"""The table of stage results (cluster_preflight/registers.py) against the playbooks and the Python that
+"""The table of stage results (cluster_preflight/plays/stage_results.py) against the playbooks and the Python that
 reads them: a register renamed on one side only fails here, not in a run."""
 
 import ast
@@ -8,9 +8,9 @@ import os
 import pytest
 import yaml
 
-from cluster_preflight import capabilities as registry
-from cluster_preflight import registers
-from cluster_preflight.cluster import ClusterView
+from cluster_preflight import capabilities
+from cluster_preflight.plays import stage_results
+from cluster_preflight.stages.view import ClusterView
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 YAML_FILES = sorted(glob.glob(os.path.join(ROOT, "playbooks", "*.yml"))
@@ -60,18 +60,18 @@ def read_names():
 
 def test_every_stage_result_is_registered_by_a_task():
     names = registered_names()
-    missing = sorted(set(registers.REGISTERS) - set(names))
-    assert not missing, "in cluster_preflight/registers.py but registered by no task: %s" % missing
+    missing = sorted(set(stage_results.REGISTERS) - set(names))
+    assert not missing, "in cluster_preflight/plays/stage_results.py but registered by no task: %s" % missing
 
 
 def test_the_controller_reads_stage_results_through_the_table_only():
     literals = list(read_names())
-    assert not literals, "write these as cluster_preflight.registers constants: %s" % literals
-    assert set(registry.STAGE_REGISTERS.values()) <= set(registers.REGISTERS)
+    assert not literals, "write these as cluster_preflight.plays.stage_results constants: %s" % literals
+    assert set(stage_results.STAGE_REGISTERS.values()) <= set(stage_results.REGISTERS)
 
 
 def test_the_view_refuses_a_name_no_task_registers():
     view = ClusterView({"ansible_play_hosts_all": ["n1"], "hostvars": {"n1": {"preflight_plan": {"ok": True}}}})
-    assert view.result("n1", registers.PLAN) == {"ok": True}
+    assert view.result("n1", stage_results.PLAN) == {"ok": True}
     with pytest.raises(KeyError, match="not a stage result"):
         view.result("n1", "preflight_plans")

@@ -13,11 +13,14 @@ import pytest
 import yaml
 
 from cluster_preflight import capabilities as controller
+from cluster_preflight.plays import stage_results
 from preflight_node import probes, readers, registry
 from test_settings_inputs import _settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NODE = os.path.join(ROOT, "module_utils", "preflight_node")
+# The capability halves of the node layer: <name>.py (read), <name>_probe.py (probe).
+HALVES = os.path.join(NODE, "capabilities")
 # Roles that are no capability: the run's own settings, and the diagnosis of a hung job.
 NOT_CAPABILITIES = {"preflight", "diagnose"}
 
@@ -61,7 +64,7 @@ def test_the_controller_lists_are_the_registry_s():
     assert controller.LOCAL_NAMES == registry.names_for("healthcheck")
     assert controller.readers_for is registry.readers_for and controller.probes_for is registry.probes_for
     assert controller.DEPENDS == {item.name: item.stages for item in registry.CAPABILITIES}
-    assert all(set(stages) <= set(controller.STAGE_REGISTERS) for stages in controller.DEPENDS.values())
+    assert all(set(stages) <= set(stage_results.STAGE_REGISTERS) for stages in controller.DEPENDS.values())
     assert all("probes" in controller.DEPENDS[name] for name in registry.probes_for("preflight"))
 
 
@@ -86,7 +89,7 @@ def test_a_declaration_that_contradicts_itself_or_a_kind_no_run_has_is_refused()
 
 
 def _node_module(name):
-    path = os.path.join(NODE, "%s.py" % name)
+    path = os.path.join(HALVES, "%s.py" % name)
     return path if os.path.isfile(path) else None
 
 
@@ -101,7 +104,7 @@ def test_every_trait_is_implemented_where_it_is_declared(name):
     half = controller.get(name)
     reader, probe = _node_module(name), _node_module("%s_probe" % name)
     assert bool(reader and _defines(reader, "read")) == declared.reader, \
-        "%s: reader=%s in the registry, module_utils/preflight_node/%s.py read()" % (name, declared.reader, name)
+        "%s: reader=%s in the registry, module_utils/preflight_node/capabilities/%s.py read()" % (name, declared.reader, name)
     assert not declared.reader or hasattr(half, "read_args"), "%s reads: its controller half needs read_args" % name
     assert bool(probe and _defines(probe, "probe")) == declared.probe == hasattr(half, "probe_args"), \
         "%s: probe=%s in the registry; %s_probe.py probe() and probe_args must agree" % (name, declared.probe, name)
@@ -117,7 +120,7 @@ def test_every_trait_is_implemented_where_it_is_declared(name):
 def test_every_profile_field_is_measured_by_a_capability_that_returns_it():
     """``profile_fields`` is declared by defining it: the fields it returns are the capability's to measure, so a
     failure of its checks (not the profile) is why such a field went unmeasured."""
-    from cluster_preflight import profile as profiles  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.capabilities.profile import known_good as profiles  # pylint: disable=import-outside-toplevel
     from cluster_preflight.capabilities import profile  # pylint: disable=import-outside-toplevel
     measured = profile.measured_by()
     assert measured["gpu"] == ("gpu_health",) and measured["rdma"] == ("fabric",)
@@ -136,7 +139,7 @@ def test_every_role_with_a_capability_s_shape_is_in_the_registry():
 def _imported(path):
     tree = ast.parse(open(path, encoding="utf-8").read(), path)
     return {alias.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.level == 1
-            and node.module is None for alias in node.names} - {"registry"}
+            and node.module == "capabilities" for alias in node.names}
 
 
 def test_the_node_calls_import_by_name_every_half_the_registry_declares():

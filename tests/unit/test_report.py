@@ -1,4 +1,4 @@
-"""report.html (cluster_preflight/report.py): the matrix, failed nodes first, findings, the bandwidth bars,
+"""report.html (cluster_preflight/outputs/report.py): the matrix, failed nodes first, findings, the bandwidth bars,
 sparklines from the history, escaping of whatever a verdict holds, and its cost at 1,000 nodes."""
 
 import html.parser
@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from cluster_preflight import history, report
+from cluster_preflight.outputs import history, report
 from report_helpers import synthetic_verdict
 
 HOSTILE = '<script>alert(1)</script>"onerror=alert(2)'

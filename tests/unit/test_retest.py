@@ -1,4 +1,5 @@
-"""Retest before blame (cluster_preflight/retest.py and its glue in action_plugins/preflight_localize.py): a node
+"""Retest before blame (cluster_preflight/capabilities/allreduce/retest.py and its glue in
+action_plugins/preflight_localize.py): a node
 the localisation rounds name for a slow or failed run is retested once (a pair with a node proven good, then
 alone over lo) before it is named; a pass makes it a warn with both measurements, a second failure keeps it
 failed with the retest in its details; wrong data and lost nodes are never retested; the bound counts it."""
@@ -8,9 +9,9 @@ import os
 
 import pytest
 
-from cluster_preflight import localize as loc
-from cluster_preflight import retest
-from cluster_preflight.cluster import ClusterView
+from cluster_preflight.capabilities.allreduce import localize as loc
+from cluster_preflight.capabilities.allreduce import retest
+from cluster_preflight.stages.view import ClusterView
 from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, base_args, hosts, ranks
 
 FLOOR = {"absolute": 0.01, "relative": 0.7, "grace": 10}

@@ -1,7 +1,8 @@
 """Retest before blame in the node probes: an ssh of the ssh_trust mesh that timed out is tried once more
-(module_utils/preflight_node/ssh_mesh.py, switched by preflight_retest_ssh through cluster_preflight/stages.py),
+(module_utils/preflight_node/ssh/mesh.py, switched by preflight_retest_ssh through
+cluster_preflight/stages/decisions.py),
 one refused or denied never is; a port-mesh pair not connected within the window is tried once more after a
-pause (module_utils/preflight_node/port_probe.py, preflight_retest_port_mesh), over real sockets on 127.0.0.x."""
+pause (module_utils/preflight_node/net/port_probe.py, preflight_retest_port_mesh), over real sockets on 127.0.0.x."""
 
 import socket
 import threading
@@ -9,9 +10,9 @@ import time
 
 import pytest
 
-from preflight_node import port_probe
-from preflight_node import ssh_mesh
-from preflight_node import ssh_trust_probe
+from preflight_node.net import port_probe
+from preflight_node.ssh import mesh as ssh_mesh
+from preflight_node.capabilities import ssh_trust_probe
 from fake_ops import FakeOps
 
 PEERS = [{"node": "n2", "targets": ["n2"], "port": 22}]
@@ -61,8 +62,8 @@ def test_refused_is_never_retried_and_retry_off_tries_once():
 @pytest.mark.parametrize("switch", [True, False])
 def test_the_stages_hand_the_run_wide_switch_to_the_ssh_probe(switch):
     from capability_helpers import role_settings  # pylint: disable=import-outside-toplevel
-    from cluster_preflight import stages  # pylint: disable=import-outside-toplevel
-    from cluster_preflight.cluster import ClusterView  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages import decisions as stages  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages.view import ClusterView  # pylint: disable=import-outside-toplevel
     names = ["n1", "n2"]
     hostvars = {host: {"preflight_settings": {"settings": {
         "ssh_trust": role_settings("ssh_trust"), "preflight": {"preflight_retest_ssh": switch}},
@@ -147,7 +148,7 @@ def test_a_pair_that_stays_closed_is_blamed_after_its_retry_saying_so():
 
 
 def test_the_mesh_plan_with_retry_waits_for_it():
-    from cluster_preflight import stages  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages import decisions as stages  # pylint: disable=import-outside-toplevel
     mesh = {"run": True, "wait_timeout": 38, "async_seconds": 38, "args_by_host": {
         "n1": {"connect_timeout": 2, "window": 8}, "n2": {"connect_timeout": 2, "window": 8}}}
     out = stages.mesh_with_retry(mesh)

@@ -1,5 +1,5 @@
 """Root on a shared node, against the job's own user: what the all-reduce reads back from the job's scratch
-directory, and what it writes and chowns there (module_utils/preflight_node/scratch.py, docs/security.md).
+directory, and what it writes and chowns there (module_utils/preflight_node/allreduce_run/scratch.py, docs/security.md).
 
 The job user is ``nobody``; its "training Python" is a small shell script in a directory it can reach, which
 acts as the job's code would: it swaps the files the gate reads back for links to root-only files, leaves a
@@ -19,7 +19,7 @@ import pytest
 
 from attacker_helpers import write_script
 
-from preflight_node import gate_run
+from preflight_node.allreduce_run import gate_run
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to the job's user needs root")
 

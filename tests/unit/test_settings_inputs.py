@@ -1,4 +1,4 @@
-"""Every input checked once, up front (action_plugins/preflight_settings.py, cluster_preflight/settings_check.py):
+"""Every input checked once, up front (action_plugins/preflight_settings.py, cluster_preflight/settings/checks.py):
 a variable with a role's prefix that nothing reads, a number that is not finite or out of its range, an inventory
 name that is no file name -- each stops the run with found / expected / fix before any node is touched."""
 
@@ -109,7 +109,7 @@ def test_usual_host_names_and_addresses_are_file_names(host):
 
 
 def test_every_numeric_setting_has_a_range_and_every_range_a_setting():
-    from cluster_preflight import settings_check
+    from cluster_preflight.settings import checks as settings_check
 
     numeric = set()
     for path in glob.glob(os.path.join(ROOT, "roles", "*", "meta", "argument_specs.yml")):
@@ -120,7 +120,7 @@ def test_every_numeric_setting_has_a_range_and_every_range_a_setting():
 
 
 def test_every_default_is_within_its_range():
-    from cluster_preflight import settings_check
+    from cluster_preflight.settings import checks as settings_check
 
     for path in glob.glob(os.path.join(ROOT, "roles", "*", "defaults", "main.yml")):
         with open(path, encoding="utf-8") as handle:

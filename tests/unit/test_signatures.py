@@ -1,4 +1,4 @@
-"""Failure signatures (cluster_preflight/signatures.py): recorded log lines -> cause and fix.
+"""Failure signatures (cluster_preflight/capabilities/allreduce/signatures.py): recorded log lines -> cause and fix.
 
 torch/gloo/TCPStore lines were recorded on this machine (torch 2.13.0+cpu: a TCPStore client to a closed
 port, to an address with an `unreachable` route and to one without any route inside a network namespace,
@@ -8,7 +8,7 @@ as torchrun --tee prints them ([node:rank]: prefix).  NCCL lines follow NCCL's d
 
 import pytest
 
-from cluster_preflight import signatures as sig
+from cluster_preflight.capabilities.allreduce import signatures as sig
 
 RECORDED = {
     # torch 2.13 c10d socket.cpp / TCPStore.cpp, recorded here.

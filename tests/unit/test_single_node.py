@@ -1,4 +1,5 @@
-"""The gate's single-node all-reduce (cluster_preflight/single_node.py): planned from the all-node plan on the
+"""The gate's single-node all-reduce (cluster_preflight/capabilities/allreduce/single_node.py): planned from the
+all-node plan on the
 nodes it applies to, judged per node, carried into the verdict and the profile by the final stage; and the node
 calls' after_job probes (module_utils/preflight_node/calls.py), which run once the job is collected."""
 
@@ -6,7 +7,7 @@ import types
 
 import pytest
 
-from cluster_preflight import single_node
+from cluster_preflight.capabilities.allreduce import single_node
 from preflight_node import calls, registry
 from capability_helpers import role_settings
 from test_decide import HOSTS, Run, mesh_result

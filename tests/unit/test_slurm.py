@@ -1,4 +1,4 @@
-"""cluster_preflight/slurm.py: the drain reason, the prefix rule, what scontrol and sinfo print
+"""cluster_preflight/slurm/drain.py: the drain reason, the prefix rule, what scontrol and sinfo print
 (recorded from Slurm 22.05.8 here), the plan that applies a verdict, and scripts/slurm-drain against a
 recording stand-in for scontrol and sinfo."""
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from cluster_preflight import slurm as ps
-from cluster_preflight import slurm_local as psl
+from cluster_preflight.slurm import drain as ps
+from cluster_preflight.slurm import local as psl
 from verdict_helpers import verdict_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from cluster_preflight import history
-from cluster_preflight import slurm as ps
-from cluster_preflight import slurm_local as psl
+from cluster_preflight.outputs import history
+from cluster_preflight.slurm import drain as ps
+from cluster_preflight.slurm import local as psl
 from report_helpers import synthetic_verdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,4 +1,4 @@
-"""What the Slurm prolog and health check trust as root (cluster_preflight/slurm_local.py): their state directory
+"""What the Slurm prolog and health check trust as root (cluster_preflight/slurm/local.py): their state directory
 (root's alone, checked at every start, or refused with exit 2 and nothing read or written there), the verdicts in
 it (none dated in the future, none of a shape no run writes, is fresh), and the node's variables file (another
 account may not write it; an invalid one means the script could not run, and drains nothing).  The scripts'
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from cluster_preflight import slurm_local as psl
-from cluster_preflight import verdict_file
+from cluster_preflight.slurm import local as psl
+from cluster_preflight.verdict import file as verdict_file
 from report_helpers import synthetic_verdict
 from test_slurm_history import ROOT, SHOW_IDLE, fake_tools, stamp, stand_in, updates, write_report  # noqa: F401
 

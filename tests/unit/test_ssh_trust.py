@@ -1,5 +1,5 @@
 """Unit tests of the ssh_trust module known_hosts_block and the node helpers
-(module_utils/preflight_node/ssh.py, sshd.py, ssh_mesh.py).  Files live in a sandbox root; keys are
+(module_utils/preflight_node/ssh/primitives.py, sshd.py, ssh_mesh.py).  Files live in a sandbox root; keys are
 made with ssh-keygen so fingerprints are compared with what ssh-keygen -lf prints."""
 
 import base64
@@ -13,10 +13,10 @@ import textwrap
 import pytest
 
 import known_hosts_block
-from cluster_preflight.capabilities import ssh_trust_plan
-from preflight_node import ssh as ps
-from preflight_node import ssh_mesh as psm
-from preflight_node import sshd as psd
+from cluster_preflight.capabilities.ssh_trust import cluster_plan as ssh_trust_plan
+from preflight_node.ssh import primitives as ps
+from preflight_node.ssh import mesh as psm
+from preflight_node.ssh import sshd as psd
 
 KH = "/etc/ssh/ssh_known_hosts"
 BEGIN, END = ps.markers()

@@ -1,4 +1,4 @@
-"""The ssh_trust capability (module_utils/preflight_node/ssh_trust.py): validate, read on sandbox roots
+"""The ssh_trust capability (module_utils/preflight_node/capabilities/ssh_trust.py): validate, read on sandbox roots
 with FakeOps, plan and decide from tables of node facts, probe with FakeOps (ssh rc/stderr
 classifications), and the writer (known_hosts_block) agreeing with the audit because both use
 the same plan and the same block functions.  The per-user cluster key audit, the mesh probe and
@@ -11,9 +11,9 @@ import pytest
 import known_hosts_block
 from preflight_node import checks as pc
 from cluster_preflight.capabilities import ssh_trust as st
-from cluster_preflight.capabilities import ssh_trust_plan, ssh_trust_settings
-from preflight_node import known_hosts_plan, ssh as ps
-from preflight_node import ssh_trust as node_st
+from cluster_preflight.capabilities.ssh_trust import cluster_plan as ssh_trust_plan, settings as ssh_trust_settings
+from preflight_node.ssh import known_hosts_plan, primitives as ps
+from preflight_node.capabilities import ssh_trust as node_st
 from fake_ops import FakeOps
 from capability_helpers import write
 from ssh_trust_helpers import (DROPIN, KEYS, KH, NO_LISTENER, NO_SSHD, assert_contract, cluster,

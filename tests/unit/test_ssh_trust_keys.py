@@ -14,11 +14,11 @@ import pytest
 
 import ssh_cluster_key
 from cluster_preflight.capabilities import ssh_trust as st
-from preflight_node import ssh_checks
-from preflight_node import ssh_keys_write
-from preflight_node import ssh_mesh as psm
-from preflight_node import ssh_trust as node_st
-from preflight_node import sshd as psd
+from preflight_node.ssh import checks as ssh_checks
+from preflight_node.ssh import keys_write as ssh_keys_write
+from preflight_node.ssh import mesh as psm
+from preflight_node.capabilities import ssh_trust as node_st
+from preflight_node.ssh import sshd as psd
 from capability_helpers import write
 from fake_ops import FakeOps, LocalOps
 from preflight_node import checks as pc

@@ -1,5 +1,5 @@
-"""The ssh_trust capability (cluster_preflight/capabilities/ssh_trust.py, node half
-module_utils/preflight_node/ssh_trust.py), continued from test_ssh_trust_capability.py: the
+"""The ssh_trust capability (cluster_preflight/capabilities/ssh_trust/, node half
+module_utils/preflight_node/capabilities/ssh_trust.py), continued from test_ssh_trust_capability.py: the
 per-user cluster key and ssh directory audit, the mesh (probe with FakeOps, decide from its
 rows), probe_args, the check contract and the role defaults."""
 
@@ -9,8 +9,8 @@ import pytest
 
 from preflight_node import checks as pc
 from cluster_preflight.capabilities import ssh_trust as st
-from preflight_node import ssh_checks
-from preflight_node import ssh_trust_probe
+from preflight_node.ssh import checks as ssh_checks
+from preflight_node.capabilities import ssh_trust_probe
 from fake_ops import FakeOps
 from capability_helpers import write
 from ssh_trust_helpers import (KEYS, KH, NODES3, ROLE, UKEY, assert_contract, cluster, decide_all, facts,

@@ -1,4 +1,5 @@
-"""What a summary says besides the matrix (cluster_preflight/summary.py, the summary callback, the command line):
+"""What a summary says besides the matrix (cluster_preflight/outputs/summary.py, the summary callback, the command
+line):
 findings grouped by root cause, findings blocked by another failure that say so, the profile each node was
 compared with, and a bring-up's changes."""
 
@@ -8,10 +9,10 @@ import types
 
 from ansible.plugins.loader import callback_loader
 
-from cluster_preflight import summary
-from cluster_preflight.verdict import ROOT
+from cluster_preflight.outputs import summary
+from cluster_preflight.verdict.value import ROOT
 from cluster_preflight.capabilities import profile
-from cluster_preflight.capabilities.ssh_trust_mesh import CAUSES
+from cluster_preflight.capabilities.ssh_trust.mesh import CAUSES
 from report_helpers import synthetic_verdict
 
 HOSTS = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
@@ -79,7 +80,7 @@ def test_same_check_different_fixes_stay_apart():
 
 
 def test_a_field_not_measured_because_of_another_failure_is_blocked_by_it_not_a_profile_edit(tmp_path):
-    from cluster_preflight import profile as profiles  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.capabilities.profile import known_good as profiles  # pylint: disable=import-outside-toplevel
 
     path = tmp_path / "cluster.yml"
     fields = {"torch.version": "2.13.0", "allreduce.backend": "gloo", "allreduce.busbw_gbps": 0.5}
@@ -155,7 +156,7 @@ def test_the_callback_records_the_changes_in_bringup_json_and_prints_them(tmp_pa
 
 
 def test_the_command_line_keeps_each_diff_without_the_task_banner():
-    from cluster_preflight import playbooks  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cli import playbooks  # pylint: disable=import-outside-toplevel
 
     collector = playbooks._Collector()  # pylint: disable=protected-access
     collector({"event": "runner_on_file_diff", "event_data": {"host": "gpu-node-1", "task": "Ensure the pattern."},
@@ -167,7 +168,7 @@ def test_the_command_line_keeps_each_diff_without_the_task_banner():
 
 def test_the_command_line_takes_the_verdict_file_only_from_the_verdict_task():
     """A node's module result is the node's word: a verdict_file (or report_file) in it is never the run's."""
-    from cluster_preflight import playbooks  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.cli import playbooks  # pylint: disable=import-outside-toplevel
 
     collector = playbooks._Collector()  # pylint: disable=protected-access
     forged = {"verdict_file": "/tmp/forged/verdict.json", "report_file": "/tmp/forged/diagnose.json",

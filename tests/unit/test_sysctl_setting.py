@@ -6,7 +6,7 @@ import os
 import pytest
 
 import sysctl_setting
-from preflight_node import sysctl as ps
+from preflight_node.sysctl import values as ps
 from capability_helpers import link_hashes as tree_hashes, read_text as read, write
 
 SYSCTL_CONF = (

@@ -1,4 +1,5 @@
-"""Root runs only root's programs (module_utils/preflight_node/trust.py, docs/security.md): the sshd listening on the
+"""Root runs only root's programs (module_utils/preflight_node/host/ownership.py, docs/security.md): the sshd listening
+on the
 ssh port, py-spy for the gate's hung ranks and for diagnose, gdb on a core.  An unprivileged account (nobody)
 plants what root would otherwise run: a fake sshd of its own on the port, a py-spy next to an interpreter, a core in
 a world-writable directory.  Each fake leaves a marker when root runs it.  Needs root.
@@ -20,9 +21,10 @@ import pytest
 from attacker_helpers import write_script
 from fake_ops import LocalOps
 from preflight_node import diagnose as diag
-from preflight_node import gate_run, trust
-from preflight_node import sshd as psd
-from preflight_node.ssh_checks import host_keys_check
+from preflight_node.allreduce_run import gate_run
+from preflight_node.host import ownership as trust
+from preflight_node.ssh import sshd as psd
+from preflight_node.ssh.checks import host_keys_check
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the attacks are against root; nobody is the attacker")
 
@@ -269,7 +271,7 @@ def test_the_interpreters_own_venv_is_root_s_place_also_without_site(tmp_path):
     the venv the interpreter lives in is still the one its programs (py-spy next to it) may come from."""
     module_utils = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "module_utils")
-    code = "import sys; sys.path.insert(0, %r); from preflight_node import trust; print(trust.own_venv())" % module_utils
+    code = "import sys; sys.path.insert(0, %r); from preflight_node.host import ownership; print(ownership.own_venv())" % module_utils
     venv = os.path.realpath(os.path.dirname(os.path.dirname(sys.executable)))
     plain = subprocess.run([os.path.join(venv, "bin", "python"), "-I", "-S", "-c", code], capture_output=True,
                            text=True, timeout=60, check=True).stdout.strip()

@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from cluster_preflight import capabilities as registry
-from cluster_preflight import accounting as pv
+from cluster_preflight import capabilities
+from cluster_preflight.plays import stage_results
+from cluster_preflight.verdict import accounting as pv
 from preflight_node.checks import failed, passed, warned
-from cluster_preflight.verdict_file import problems
+from cluster_preflight.verdict.file import problems
 from verdict_build_helpers import (OK, UNREACHABLE, build, every_capability_passes, gate,
                                    passing_verdict, records)
 
@@ -105,10 +106,10 @@ def test_two_decisions_naming_the_same_check_are_a_contract_failure():
 
 
 def test_bringup_apply_errors_fail_that_capability_on_that_node_only():
-    checks = {"n1": {name: {"x": passed("ok", "ok")} for name in registry.BRINGUP_NAMES}}
+    checks = {"n1": {name: {"x": passed("ok", "ok")} for name in capabilities.BRINGUP_NAMES}}
     data = records()
     data["preflight_apply"] = {"debug_tools": "task 'Install': No package matching 'pdsh' (no mirror)"}
-    verdict = pv.build_verdict(["n1"], {"n1": data}, [{"checks_by_host": checks}], registry.BRINGUP_NAMES,
+    verdict = pv.build_verdict(["n1"], {"n1": data}, [{"checks_by_host": checks}], capabilities.BRINGUP_NAMES,
                                ("settings", "facts", "apply"), "r", "/tmp/r", gate=False)
     assert verdict["failed_hosts"] == ["n1"] and "allreduce" not in verdict
     assert "no mirror" in verdict["nodes"]["n1"]["checks"]["debug_tools.error"]["found"]
@@ -179,14 +180,14 @@ def test_cli_refuses_a_pass_that_contradicts_its_nodes(tmp_path):
 
 
 def test_a_budgeted_run_reports_its_wall_time_and_an_overrun_fails_every_node():
-    checks = {"n1": {name: {"x": passed("ok", "ok")} for name in registry.LOCAL_NAMES}}
-    data = {"n1": {registry.STAGE_REGISTERS["settings"]: {"ok": True, "errors": []},
-                   registry.STAGE_REGISTERS["facts"]: dict(OK)}}
-    within = pv.build_verdict(["n1"], data, [{"checks_by_host": checks}], registry.LOCAL_NAMES, ("settings", "facts"),
+    checks = {"n1": {name: {"x": passed("ok", "ok")} for name in capabilities.LOCAL_NAMES}}
+    data = {"n1": {stage_results.STAGE_REGISTERS["settings"]: {"ok": True, "errors": []},
+                   stage_results.STAGE_REGISTERS["facts"]: dict(OK)}}
+    within = pv.build_verdict(["n1"], data, [{"checks_by_host": checks}], capabilities.LOCAL_NAMES, ("settings", "facts"),
                               "r", "/tmp/r", gate=False, budget={"elapsed": 2.5, "limit": 30})
     assert within["status"] == "pass" and "2.5 s of the 30 s budget" in within["nodes"]["n1"]["checks"][
         "preflight.budget"]["found"]
-    over = pv.build_verdict(["n1"], data, [{"checks_by_host": checks}], registry.LOCAL_NAMES, ("settings", "facts"),
+    over = pv.build_verdict(["n1"], data, [{"checks_by_host": checks}], capabilities.LOCAL_NAMES, ("settings", "facts"),
                             "r", "/tmp/r", gate=False, budget={"elapsed": 41.0, "limit": 30})
     budget = over["nodes"]["n1"]["checks"]["preflight.budget"]
     assert over["status"] == "fail" and budget["status"] == "fail" and "over the 30 s budget" in budget["found"]

@@ -4,8 +4,9 @@ the verdict's status stays what the nodes made it."""
 
 import os
 
-from cluster_preflight import capabilities as registry
-from cluster_preflight import history
+from cluster_preflight import capabilities
+from cluster_preflight.plays import stage_results
+from cluster_preflight.outputs import history
 from verdict_build_helpers import records, run_action
 
 
@@ -13,8 +14,8 @@ def _hostvars(history_db=None):
     hostvars = {"n1": records(), "n2": records()}
     if history_db is not None:
         for host in hostvars:
-            hostvars[host][registry.STAGE_REGISTERS["settings"]]["settings"] = {
-                registry.RUN_ROLE: {"preflight_history_db": history_db}}
+            hostvars[host][stage_results.STAGE_REGISTERS["settings"]]["settings"] = {
+                capabilities.RUN_ROLE: {"preflight_history_db": history_db}}
     return hostvars
 
 

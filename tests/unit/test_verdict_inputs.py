@@ -13,9 +13,11 @@ import types
 
 import pytest
 
-from cluster_preflight import accounting as pv
-from cluster_preflight import cli, history, slurm, slurm_local
-from cluster_preflight.verdict_file import VerdictError, load
+from cluster_preflight.verdict import accounting as pv
+from cluster_preflight.cli import main as cli
+from cluster_preflight.outputs import history
+from cluster_preflight.slurm import drain as slurm, local as slurm_local
+from cluster_preflight.verdict.file import VerdictError, load
 from preflight_node.checks import failed, passed, warned
 from verdict_build_helpers import build, gate, records, run_action
 
@@ -222,7 +224,7 @@ def test_the_prolog_does_not_fail_the_node_on_a_stopped_run(tmp_path, monkeypatc
 # -- texts the job controls reach no terminal as control codes -----------------------------------------------
 
 def test_escape_sequences_in_a_rank_error_reach_no_terminal_and_no_output(tmp_path, capsys):
-    from cluster_preflight.printable import printable_tree
+    from cluster_preflight.verdict.printable import printable_tree
 
     verdict = _verdict(found="rank 1: " + ESCAPES)
     results = tmp_path / "results"

@@ -1,7 +1,7 @@
 """The verdict, continued from test_verdict.py: what the run directory may show and to whom,
 task errors reduced to their message, the preflight_verdict action end to end, a results
 directory that cannot take the run, and a node module that could not even start
-(cluster_preflight/accounting.py, cluster_preflight/verdict_file.py, action_plugins/preflight_verdict.py)."""
+(cluster_preflight/verdict/accounting.py, cluster_preflight/verdict/file.py, action_plugins/preflight_verdict.py)."""
 
 import errno
 import json
@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 
-from cluster_preflight import capabilities as registry
-from cluster_preflight import accounting as pv
+from cluster_preflight import capabilities
+from cluster_preflight.plays import stage_results
+from cluster_preflight.verdict import accounting as pv
 from capability_helpers import saved_umask
 from verdict_build_helpers import ACTION, UNREACHABLE, build, gate, passing_verdict, records, run_action
 
@@ -152,7 +153,7 @@ def test_a_censored_or_unreachable_result_gives_only_what_it_may():
 def test_a_bringup_record_keeps_the_message_and_drops_a_dumped_result(record):
     data = records()
     data["preflight_apply"] = {"debug_tools": record}
-    verdict = pv.build_verdict(["n1"], {"n1": data}, [{"checks_by_host": {}}], registry.BRINGUP_NAMES,
+    verdict = pv.build_verdict(["n1"], {"n1": data}, [{"checks_by_host": {}}], capabilities.BRINGUP_NAMES,
                                ("settings", "facts", "apply"), "r", "/tmp/r", gate=False)
     assert SECRET not in json.dumps(verdict)
     found = verdict["nodes"]["n1"]["checks"]["debug_tools.error"]["found"]
@@ -195,7 +196,7 @@ def test_the_action_reports_a_results_dir_it_cannot_write(tmp_path, monkeypatch)
 
 
 def test_cli_says_why_a_private_verdict_cannot_be_read(tmp_path, monkeypatch):
-    from cluster_preflight import verdict_file as vf
+    from cluster_preflight.verdict import file as vf
     pv.write_run_dir(passing_verdict("r1"), {}, str(tmp_path), str(tmp_path / "r1"))
 
     def refuse(*_args, **_kwargs):
@@ -207,7 +208,7 @@ def test_cli_says_why_a_private_verdict_cannot_be_read(tmp_path, monkeypatch):
 
 def test_the_bound_counts_the_localisation_rounds_the_confirmation_run_and_every_gpu_pair_launch():
     import importlib.util
-    from cluster_preflight.cluster import ClusterView
+    from cluster_preflight.stages.view import ClusterView
     spec = importlib.util.spec_from_file_location("preflight_verdict_action_bound", ACTION)
     plugin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plugin)
@@ -347,9 +348,9 @@ NOT_STARTED = {"failed": True, "rc": 126, "_ansible_parsed": False,
                                                      "Permission denied\n"}
 
 
-def login_records(user="pfuser", **stage_results):
-    data = records(**stage_results)
-    data[registry.STAGE_REGISTERS["settings"]] = {"ok": True, "errors": [], "node": {"name": "n1", "user": user}}
+def login_records(user="pfuser", **given):
+    data = records(**given)
+    data[stage_results.STAGE_REGISTERS["settings"]] = {"ok": True, "errors": [], "node": {"name": "n1", "user": user}}
     return data
 
 
