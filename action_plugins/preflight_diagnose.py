@@ -18,7 +18,8 @@ from cluster_preflight.plays import stage_results
 from cluster_preflight.stages.view import ClusterView
 from cluster_preflight.stages.diagnosis import diagnose, label
 from cluster_preflight.verdict.printable import printable, printable_tree
-from cluster_preflight.verdict.accounting import atomic_write, prepare_results_dir, prepare_run_dir, run_place
+from cluster_preflight.verdict.accounting import (atomic_write, node_file, node_name_problem, prepare_results_dir,
+                                                  prepare_run_dir, run_place)
 
 REPORT_FILE = "diagnose.json"
 
@@ -100,7 +101,13 @@ class ActionModule(ControllerAction):
             stacks_files = {}
             for host, node in sorted(nodes.items()):
                 if node.get("ok") and (node.get("processes") or node.get("core")):
-                    stacks_files[host] = os.path.join(run_dir, "%s.stacks.txt" % host)
+                    # An inventory name is not a file name: one that would leave the run directory gets no file.
+                    problem = node_name_problem(host)
+                    if problem:
+                        report["lines"].append("%s: its stacks were not written to a file: node %s (rename it in "
+                                               "the inventory)" % (printable(host), printable(problem)))
+                        continue
+                    stacks_files[host] = node_file(run_dir, host, ".stacks.txt")
                     atomic_write(stacks_files[host], printable(stacks_text(host, node), lines=True))
             data = printable_tree(report_data(report, nodes, run_id))
             data["stacks_files"] = stacks_files

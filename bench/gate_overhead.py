@@ -49,6 +49,9 @@ FLOOR_PLAYBOOK = """- name: Ansible's floor, the all-reduce module alone
         master_port: {port}
         socket_ifname: lo
         role: localhost
+        # The account the embedded default names (this bench runs as the one who built .venv).
+        run_as: "{{{{ lookup('ansible.builtin.pipe', 'id -un') }}}}"
+        job: {{user: "{{{{ lookup('ansible.builtin.pipe', 'id -un') }}}}", named: true}}
         sizes: {sizes}
         iters: {iters}
         warmup: {warmup}

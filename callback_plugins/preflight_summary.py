@@ -35,7 +35,9 @@ import os
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
-from cluster_preflight.verdict.printable import printable
+from ansible.utils.display import Display
+
+from cluster_preflight.verdict.printable import guard_display, printable
 from cluster_preflight.verdict.accounting import FILE_MODE, atomic_write
 from cluster_preflight.stages.view import without_gc
 from cluster_preflight.verdict.json_text import indented
@@ -167,6 +169,9 @@ class CallbackModule(CallbackBase):
 
     def __init__(self, display=None):
         super().__init__(display=display)
+        # A node's words reach Ansible's own display lines as the node wrote them: no escape sequence of theirs
+        # reaches the operator's terminal (cluster_preflight/printable.py).
+        guard_display(Display)
         self.verdict_files = []
         self.playbook = None
 

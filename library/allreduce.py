@@ -143,13 +143,27 @@ options:
     description:
       - Interface the collectives must use; sets C(GLOO_SOCKET_IFNAME=<name>) and C(NCCL_SOCKET_IFNAME==<name>).
     type: str
+  store_token:
+    description:
+      - The run's secret for the rendezvous store (the launch plan makes one per launch). The ranks' keys go under
+        it, so a program of another account that connects to the port cannot name them. Handed to the ranks in their
+        environment (C(PREFLIGHT_STORE_TOKEN)), never on a command line.
+    type: str
+    default: ""
   run_as:
     description:
       - Account torchrun, the ranks and C(py-spy) of them run as (the job's user); the scratch directory is given to
         it. Its environment is minimal (HOME, USER, PATH, C locale, and C(NCCL_*), C(GLOO_*), C(CUDA_*) and similar
         job settings of this module's environment) plus O(env). Needs root unless it is the module's own user.
-      - Unset, they run as the module's user.
+      - Required, and checked on the node against O(job) (the node's own settings). It must be the account they
+        name, else the module's own login when it is not root, else C(nobody); C(root) only when O(job) says
+        C(preflight_job_user) named it. A launch naming another account is refused.
     type: str
+  job:
+    description:
+      - The node's job-user settings, C({user, named, python}) (C(preflight_settings)' C(job)), which O(run_as) is
+        checked against on the node.
+    type: dict
   env:
     description:
       - Extra environment for torchrun and the ranks.

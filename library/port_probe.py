@@ -16,8 +16,10 @@ description:
   - Run on all nodes of a play in the same task (Ansible runs a task on all hosts at the same
     time). Every node listens on O(port) on its inter-node address and connects to the same port
     on every peer, all pairs in parallel, within one bounded time O(window).
-  - The connecting node sends C(PREFLIGHT <from> <to>) and the listener answers C(OK <node_name>),
-    so a connection that lands on the wrong node is told apart from an open port.
+  - The connecting node sends C(PREFLIGHT <from> <to> <nonce> <proof>) and the listener answers
+    C(OK <node_name> <proof>), each proof an HMAC of the words with the run's O(token), so a connection that lands on
+    the wrong node, or on another program's listener, is told apart from an open port, and another program's
+    connection is neither answered nor counted.
   - Each outgoing connection is classified as C(open), C(refused) (RST, nothing listening or a
     REJECT rule), C(timeout) (packets dropped, a firewall DROP), C(no_route)
     (EHOSTUNREACH/ENETUNREACH), C(unreachable), C(wrong_host) or C(error).
@@ -84,6 +86,12 @@ options:
         again has C(retried) (the first outcome) and says so in C(detail).
     type: bool
     default: false
+  token:
+    description:
+      - The run's secret (the controller's plan makes one per run, 32 hex digits); required. The listener answers
+        only probers that prove it, and a peer's answer counts only with its proof. It never crosses the network.
+    type: str
+    default: ""
   lock:
     description:
       - The gate's run lock arguments with C(lease_seconds) (C(cluster_preflight/stages/run_lock.py)), renewed before anything

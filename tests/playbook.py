@@ -44,7 +44,8 @@ def run_playbook(tmp_path, playbook="preflight.yml", inventory=None, extravars=N
     stdout = run.stdout.read()
     # The run's own verdict, as the command line finds it (latest moves only with a verdict that checked a node).
     written = [(item.get("event_data") or {}).get("res", {}).get("verdict_file") for item in events
-               if item.get("event") in ("runner_on_ok", "runner_on_failed")]
+               if item.get("event") in ("runner_on_ok", "runner_on_failed")
+               and str((item.get("event_data") or {}).get("task_action") or "").endswith("preflight_verdict")]
     written = [path for path in written if isinstance(path, str) and path.endswith("/verdict.json")]
     verdict_path = written[-1] if written else os.path.join(results_dir, "latest", "verdict.json")
     verdict = None

@@ -73,13 +73,16 @@ def latest_passing(results_dir, cluster):
     return None
 
 
-def node_fields(raw, path=""):
+def node_fields(raw, path="", allow_personal=False):
     """``{host: fields}`` from a verdict's ``profile.summary`` checks; raises BaselineError when the verdict
-    did not pass or carries no fields."""
+    did not pass or carries no fields, or (unless ``allow_personal``) when a node's job-side code came from an
+    environment an account other than root can change, or the verdict does not say whose it was."""
     where = " (%s)" % path if path else ""
     if raw.get("status") != "pass":
         raise BaselineError("the run's verdict%s is %s, not pass: a profile is recorded only from a run that "
                             "passed (fix what it names and run again)" % (where, raw.get("status")))
+    if not allow_personal:
+        _personal_environment(raw, where)
     fields = {}
     for host, node in (raw.get("nodes") or {}).items():
         summary = (node.get("checks") or {}).get("profile.summary") or {}
@@ -91,6 +94,25 @@ def node_fields(raw, path=""):
     if not fields:
         raise BaselineError("the verdict%s names no node" % where)
     return fields
+
+
+def _personal_environment(raw, where):
+    """Refuse a run whose job-side code (the training Python, its venv, torch) another account than root could
+    change: the bandwidth and versions it recorded are what that account's code reported, and a floor raised on
+    them would fail every honest node later.  ``allreduce.python``'s ``changeable_by`` says whose it was."""
+    for host, node in sorted((raw.get("nodes") or {}).items()):
+        details = ((node.get("checks") or {}).get("allreduce.python") or {}).get("details") or {}
+        owner = details.get("changeable_by")
+        if not isinstance(owner, str):
+            raise BaselineError(
+                "the verdict%s does not say whose environment ran the job-side code on %s (written before the gate "
+                "said so, or without the all-reduce): run the gate again, or pass --allow-personal-env to record it "
+                "anyway" % (where, host))
+        if owner:
+            raise BaselineError(
+                "on %s the job-side code came from an environment another account can change (%s)%s: the figures "
+                "are what that account's code reported; put the training environment where only root can change it "
+                "and run the gate again, or pass --allow-personal-env to record them anyway" % (host, owner, where))
 
 
 def _floor(field, per_host, runs):
@@ -133,10 +155,10 @@ def fold(fields_by_host, runs=1):
     return folded, notes
 
 
-def record_runs(runs, groups, out_dir, force=False, now=None):
+def record_runs(runs, groups, out_dir, force=False, now=None, allow_personal=False):
     """Write one profile per group holding nodes of the runs (``[(verdict dict, verdict path)]``, each of which
-    passed); returns ``[(group, path, nodes, notes)]``."""
-    fields_by_run = [node_fields(raw, path) for raw, path in runs]
+    passed); returns ``[(group, path, nodes, notes)]``.  ``allow_personal``: see :func:`node_fields`."""
+    fields_by_run = [node_fields(raw, path, allow_personal) for raw, path in runs]
     per_host = {}
     for fields_by_host in fields_by_run:
         for host, fields in fields_by_host.items():
@@ -161,6 +183,6 @@ def record_runs(runs, groups, out_dir, force=False, now=None):
     return written
 
 
-def record(raw, verdict_path, groups, out_dir, force=False, now=None):
+def record(raw, verdict_path, groups, out_dir, force=False, now=None, allow_personal=False):
     """One run's :func:`record_runs`."""
-    return record_runs([(raw, verdict_path)], groups, out_dir, force=force, now=now)
+    return record_runs([(raw, verdict_path)], groups, out_dir, force=force, now=now, allow_personal=allow_personal)

@@ -105,6 +105,10 @@ def build_parser():
     sub.add_argument("--group", action="append", default=[], metavar="GROUP",
                      help="only this inventory group (repeatable; default: every group with a node of the run)")
     sub.add_argument("--force", action="store_true", help="replace existing profile files")
+    sub.add_argument("--allow-personal-env", action="store_true",
+                     help="record even from runs whose job-side code came from an environment an account other than "
+                          "root can change (a venv in a home directory): its figures are what that account's code "
+                          "reported")
     sub = commands.add_parser("verdict", help="validate and summarise a verdict file (as scripts/verdict)",
                               description="Validate and summarise a verdict (default results/latest); exit 0 pass, "
                                           "1 pass with warnings, 2 fail, 3 unknown, 4 invalid settings.",
@@ -318,7 +322,8 @@ def cmd_baseline(args, passthrough):
                     ", ".join(missing), ", ".join(sorted(groups))))
             groups = {name: groups[name] for name in args.group}
         out_dir = args.out or baseline.default_out_dir(inventory[0] if isinstance(inventory, list) else inventory)
-        written = baseline.record_runs(runs, groups, out_dir, force=args.force)
+        written = baseline.record_runs(runs, groups, out_dir, force=args.force,
+                                       allow_personal=args.allow_personal_env)
     except _Refused as exc:
         _out("BASELINE NOT RECORDED: %s" % exc, sys.stderr)
         return exc.code

@@ -31,6 +31,9 @@ PLAYBOOKS = {"gate": "preflight.yml", "bringup": "bringup.yml", "healthcheck": "
              "diagnose": "diagnose.yml"}
 DEFAULT_INVENTORY = os.path.join(ROOT, "inventory", "hosts.yml")
 SUMMARY_CALLBACK = "preflight_summary"
+# The actions whose results name the run's files (the verdict, the diagnosis).
+VERDICT_ACTION = "preflight_verdict"
+DIAGNOSE_ACTION = "preflight_diagnose"
 # Lines of the summary callback's block (callback_plugins/preflight_summary.py), from its title on.
 SUMMARY_TITLE = re.compile(r"^(PREFLIGHT|BRING-UP|HEALTH CHECK) SUMMARY: ")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -92,10 +95,14 @@ class _Collector:
         kind = event.get("event")
         data = event.get("event_data") or {}
         res = data.get("res") if isinstance(data.get("res"), dict) else {}
-        if kind in ("runner_on_ok", "runner_on_failed") and isinstance(res.get("verdict_file"), str):
+        # Only the controller's own tasks name the run's files: a node's module result is the node's word.
+        action = str(data.get("task_action") or "").rsplit(".", 1)[-1]
+        if kind in ("runner_on_ok", "runner_on_failed") and action == VERDICT_ACTION and \
+                isinstance(res.get("verdict_file"), str):
             self.verdict_file = res["verdict_file"]
             self.outputs = res.get("outputs") if isinstance(res.get("outputs"), dict) else None
-        if kind in ("runner_on_ok", "runner_on_failed") and isinstance(res.get("report_file"), str):
+        if kind in ("runner_on_ok", "runner_on_failed") and action == DIAGNOSE_ACTION and \
+                isinstance(res.get("report_file"), str):
             self.report_file = res["report_file"]
             self.report_lines = [str(line) for line in res.get("lines") or []]
         if kind == "playbook_on_play_start":

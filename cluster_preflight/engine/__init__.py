@@ -85,11 +85,27 @@ def node_result(value, host):
     return found
 
 
-# srun options every step sets itself (its nodes, tasks, I/O, bounds): preflight_srun_args may not change them.
-RESERVED_SRUN_OPTIONS = ("-w", "--nodelist", "-x", "--exclude", "-N", "--nodes", "-n", "--ntasks",
-                         "--ntasks-per-node", "--jobid", "-i", "--input", "-o", "--output", "-e", "--error",
-                         "--export", "--multi-prog", "--overlap", "-K", "--kill-on-bad-exit", "-t", "--time",
-                         "-l", "--label", "-u", "--unbuffered", "-Q", "--quiet")
+# The srun options preflight_srun_args may add: they choose the resources a step gets (GPUs a constrained node
+# shows, a partition, an account), nothing else.  Each is given whole as --name=value (a flag of FLAGS alone): srun
+# accepts abbreviations (--exp for --export) and bundled short options (-lK), so anything not exactly on this list
+# could export the controller's environment to root on every node (--export), run a program there (--task-prolog,
+# --bcast), move a step's tasks or output (-w, -n, -o, --chdir) or break how a line is bound to its task (--label).
+SRUN_ARG_OPTIONS = ("--gpus-per-node", "--gpus", "--gpus-per-task", "--gres", "--gpu-bind", "--gpu-freq",
+                    "--cpus-per-task", "--cpus-per-gpu", "--mem", "--mem-per-cpu", "--mem-per-gpu", "--partition",
+                    "--account", "--qos", "--reservation", "--constraint", "--network", "--switches", "--comment",
+                    "--wckey")
+SRUN_ARG_FLAGS = ("--exclusive",)
+
+
+def srun_arg_problem(option):
+    """Why ``option`` may not be added to every step's srun line, or ""."""
+    text = str(option)
+    name, sep, value = text.partition("=")
+    if text in SRUN_ARG_FLAGS:
+        return ""
+    if name in SRUN_ARG_OPTIONS and sep and value and not any(char.isspace() for char in text):
+        return ""
+    return "not an option that only chooses a step's resources"
 
 
 def problems(run_settings, host, first_engine, environ):
@@ -113,9 +129,11 @@ def problems(run_settings, host, first_engine, environ):
             found.append({"name": name, "found": value or "empty", "expected": "an absolute path on the nodes",
                           "fix": "leave %s at its default or name an absolute path" % name})
     for option in run_settings.get("preflight_srun_args") or []:
-        name = str(option).split("=", 1)[0]
-        if not name.startswith("-") or name in RESERVED_SRUN_OPTIONS:
+        if srun_arg_problem(option):
             found.append({"name": "preflight_srun_args", "found": option,
-                          "expected": "srun options that leave a step's nodes, tasks, I/O and bounds to the engine",
-                          "fix": "remove %s from preflight_srun_args" % option})
+                          "expected": "only srun options that choose a step's resources, each as --name=value (%s) "
+                                      "or %s; the engine sets the step's nodes, tasks, environment, I/O and bounds "
+                                      "itself" % (", ".join(SRUN_ARG_OPTIONS), " or ".join(SRUN_ARG_FLAGS)),
+                          "fix": "remove %s from preflight_srun_args (or write it as --name=value with a name of "
+                                 "the list)" % option})
     return found + refusals(host, environ)

@@ -47,8 +47,8 @@ RETRIES = 2
 ALLREDUCE_KEYS = ("python", "nnodes", "node_rank", "nproc_per_node", "master_addr", "master_port", "backend",
                   "timeout", "hard_timeout", "stack_budget", "sizes", "iters", "warmup", "bandwidth_deadline",
                   "bandwidth_grace", "check_elements", "min_busbw_gbps", "socket_ifname", "role", "run_as", "env", "keep_scratch",
-                  "selftest_fault", "selftest_rank", "run_id", "lock")
-WHEN_SET = ("socket_ifname", "run_as", "run_id")
+                  "selftest_fault", "selftest_rank", "run_id", "lock", "store_token")
+WHEN_SET = ("socket_ifname", "run_id", "store_token")
 # What an unreachable node's slurmd makes srun or sbcast say.
 UNREACHABLE_WORDS = ("connection", "timed out", "not responding", "unable to contact", "no route", "refused",
                      "node failure", "down")
@@ -75,6 +75,16 @@ def unreachable(why):
 def task_outcome(found, task, bound):
     """One task's outcome in a step's ``found`` (:func:`step.run_step`): its result, or why there is none."""
     node = task[0]
+    if task in found.get("spoke_for", {}):
+        # A finding on the printer; the node its lines named keeps its own result.
+        return {"failed": True, "msg": "the task on %s printed protocol lines naming %s (srun --label says which task "
+                                       "printed them): a node speaks only for itself, so this task's result is not "
+                                       "used and the node it named keeps its own" % (node, found["spoke_for"][task]),
+                "fix": "find what on %s writes into its tasks' output as root (preflight_srun_python, a program "
+                       "named there, the node code's directory) and restore the node from a known-good image; then "
+                       "re-run" % node}
+    if task in found.get("cut", {}):
+        return {"failed": True, "msg": "the task on %s: %s" % (node, found["cut"][task])}
     if task in found["results"]:
         return found["results"][task]
     if node in found["launch_failed"]:
@@ -106,17 +116,17 @@ class Srun(object):
         self._archive = None
 
     def archive(self):
-        """``(bytes, path on the nodes)`` of the node code (the operator's archive: no bytes)."""
-        if self.given:
-            return None, self.given
+        """``(bytes, path on the nodes, sha256)`` of the node code: this controller's, which the operator's archive
+        (no bytes: it is on the nodes already) must be too (the bootstrap checks it on every node)."""
         if self._archive is None:
             data, digest = archive.build()
-            self._archive = (data, os.path.join(self.dir, archive.file_name(digest)))
+            path = self.given or os.path.join(self.dir, archive.file_name(digest))
+            self._archive = (None if self.given else data, path, digest)
         return self._archive
 
     def send_archive(self, nodes):
         """sbcast the archive to the allocation's nodes; ``{node: result}`` of those of ``nodes`` it did not reach."""
-        data, path = self.archive()
+        data, path, _digest = self.archive()
         if data is None:
             return {}
         with tempfile.NamedTemporaryFile(prefix="preflight-node-", suffix=".pyz") as handle:
@@ -147,8 +157,9 @@ class Srun(object):
     def run(self, call, args_by_node, bound, tasks=1, exclude=()):
         """One step of ``call`` over ``args_by_node`` (``tasks`` per node): ``{(node, local): outcome}``."""
         nodes = list(args_by_node)
-        argv = step.srun_argv(nodes, call, self.python, self.archive()[1], tasks=tasks, bound=bound,
-                              exclude=exclude, extra=self.extra)
+        _data, path, digest = self.archive()
+        argv = step.srun_argv(nodes, call, self.python, path, digest, tasks=tasks, bound=bound, exclude=exclude,
+                              extra=self.extra)
         expected = [(node, local) for node in nodes for local in range(tasks)]
         found = self.runner(argv, step.payload(call, args_by_node), expected, bound, env=self.environ)
         self._record(call, argv, found)
@@ -177,9 +188,12 @@ class Srun(object):
         step, a task per rank."""
         with open(WORKER, encoding="utf-8") as handle:
             worker = handle.read()
-        params = {node: allreduce_params(args, worker) for node, args in args_by_node.items()}
+        # Each node's own job-user settings go with its launch: the node checks run_as against them.
+        params = {node: dict(allreduce_params(args, worker), job=(self.view.result(node, stage_results.SETTINGS) or {})
+                             .get("job") or {}) for node, args in args_by_node.items()}
         tasks = max(int(args["nproc_per_node"]) for args in args_by_node.values())
-        argv = step.srun_argv(list(params), "rank", self.python, self.archive()[1], tasks=tasks, bound=bound,
+        _data, path, digest = self.archive()
+        argv = step.srun_argv(list(params), "rank", self.python, path, digest, tasks=tasks, bound=bound,
                               exclude=exclude, extra=self.extra)
         return argv, step.payload("rank", params), rank_tasks(args_by_node)
 
@@ -198,9 +212,14 @@ class Srun(object):
         return rank_results(args_by_node, found, bound)
 
     def _record(self, call, argv, found):
-        self.steps.append({"call": call, "argv": argv, "rc": found["rc"], "elapsed": found["elapsed"],
+        self.steps.append({"call": call, "argv": shown(argv), "rc": found["rc"], "elapsed": found["elapsed"],
                            "launch_failed": found["launch_failed"], "lost": sorted("%s:%d" % task for task in
                                                                                    found["lost"])})
+
+
+def shown(argv):
+    """A step's srun line as the run records it: the bootstrap's text (``step.BOOTSTRAP``) named, not repeated."""
+    return ["<bootstrap.py>" if item == step.BOOTSTRAP else item for item in argv]
 
 
 def rank_tasks(args_by_node):
@@ -244,7 +263,8 @@ def facts(engine, view):
 
 def port_mesh(engine, view):
     mesh = _first(view, stage_results.PLAN).get("port_mesh") or {}
-    keys = ("listen_addr", "port", "node_name", "peers", "window", "connect_timeout", "inbound", "retry", "lock")
+    keys = ("listen_addr", "port", "node_name", "peers", "window", "connect_timeout", "inbound", "retry", "lock",
+            "token")
     args = {host: {key: item[key] for key in keys if key in item}
             for host, item in (mesh.get("args_by_host") or {}).items()
             if host not in lost_nodes(view, [stage_results.FACTS])}
@@ -289,10 +309,9 @@ def launch(engine, view):
         return {}
     bound = launch_bound(gate_args)
     argv, data, _expected = engine.rank_step(gate_args, bound)
-    handle = step.start(argv, data, tempfile.mkdtemp(prefix="preflight-launch-"), env=engine.environ)
-    handle.pop("proc")
+    handle = step.detached(step.start(argv, data, tempfile.mkdtemp(prefix="preflight-launch-"), env=engine.environ))
     handle.update(deadline=handle["started"] + bound, bound=bound)
-    engine.steps.append({"call": "rank", "argv": argv, "started": handle["started"]})
+    engine.steps.append({"call": "rank", "argv": shown(argv), "started": handle["started"]})
     return {host: {"started": 1, "finished": 0, "step": handle, "changed": False} for host in gate_args}
 
 

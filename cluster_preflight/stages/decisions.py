@@ -199,6 +199,9 @@ def stage_launch(view):
     excluded = dict(lost)
     for host in report.get("suspect_nodes") or []:
         excluded.setdefault(host, "the port mesh blames it (see port_mesh.reach)")
+    for host, why in (report.get("held") or {}).items():
+        # Another account's listener: the node has no ranks and is unverified, never blamed.
+        excluded.setdefault(host, why)
     for host, reason in _job_env_excluded(view, [host for host in plan["hosts"] if host not in excluded],
                                           checks_by_host).items():
         excluded.setdefault(host, reason)

@@ -146,13 +146,16 @@ def _stage_checks(host, records, stages):
             # How the node was reached: over SSH (the ssh engine), or through Slurm (the srun engine's "via").
             unreachable = (stage, message, (result or {}).get("via") or "over SSH")
         elif state == "failed":
-            fix = start_fix(result, login, host)
             # A node call that could not start (its interpreter) is the inventory's configuration, not the node's
-            # health: the run history does not count it as a flaky node.
+            # health: the run history does not count it as a flaky node.  The srun engine says what to do about a
+            # task it refused (``fix``).
+            fix = start_fix(result, login, host)
+            given = (result or {}).get("fix")
             checks[(RUN, stage)] = failed(
                 "%s failed on %s while %s: %s" % (stage, host, what, message[:600]),
                 "every preflight task completes on the node within its bound",
-                fix or "read the play output for %s; a timeout means the node is overloaded or hung (check it with "
+                fix or (given if isinstance(given, str) and given else None) or
+                "read the play output for %s; a timeout means the node is overloaded or hung (check it with "
                 "uptime and dmesg); then re-run" % host, **({"configuration": True} if fix else {}))
     if unreachable:
         stage, message, via = unreachable

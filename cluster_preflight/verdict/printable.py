@@ -72,6 +72,38 @@ def printable_tree(value):
     return value
 
 
+# Select Graphic Rendition (colours, bold): the only sequence a terminal-bound text keeps (terminal_safe).
+_SGR = re.compile(r"(\x1b\[[0-9;]*m)")
+
+
+def terminal_safe(text):
+    """``text`` for a terminal, as Ansible's own output is: colours (SGR, ``ESC [ ... m``, which Ansible's display
+    and callbacks use) and line breaks kept, every other escape sequence and control character gone, a lone
+    carriage return a line break (it would let the next text overwrite the line)."""
+    if not _UNSAFE[True].search(text):
+        return text
+    parts = _SGR.split(text.replace("\r\n", "\n").replace("\r", "\n"))
+    # [text, colour, text, colour, ...]: each text made printable (it then holds no ESC or C1 that could join a
+    # colour into another sequence), each colour kept.
+    return "".join(part if index % 2 else printable(part, lines=True) for index, part in enumerate(parts))
+
+
+def guard_display(display_class):
+    """Make every message Ansible's ``Display`` prints :func:`terminal_safe` before it colours it: a node's
+    result (a failed call's message, a module's warning or exception) reaches Ansible's own display lines
+    (``[ERROR]: Task failed: ...``, ``[WARNING]: ...``) as the node wrote it.  Installed once per process, by the
+    summary callback (callback_plugins/preflight_summary.py), which every playbook of the project loads."""
+    original = display_class.display
+    if getattr(original, "terminal_safe", False):
+        return
+
+    def display(self, msg, *args, **kwargs):
+        return original(self, terminal_safe(msg) if isinstance(msg, str) else msg, *args, **kwargs)
+    display.terminal_safe = True
+    display.__doc__ = original.__doc__
+    display_class.display = display
+
+
 _NUMBERS = frozenset((int, float, bool, type(None)))
 _TEXT = frozenset((str,))
 # A check's fields (preflight_node/checks.py): names that need nothing.

@@ -82,10 +82,10 @@ def skipped(reason, expected="", **details):
     return check("skipped", reason, expected, **details)
 
 
-def blocked(found, expected="", fix=""):
+def blocked(found, expected="", fix="", **details):
     """Not run because of another node, a cluster-wide blocker or a privilege the run lacks: not this
     node's fault, not proven either.  ``fix`` says how to let it run (optional)."""
-    return check("skipped", found, expected, fix, blocked=True)
+    return check("skipped", found, expected, fix, blocked=True, **details)
 
 
 def is_blocked(result):

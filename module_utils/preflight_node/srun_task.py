@@ -2,10 +2,13 @@
 """One task of a srun engine step (node layer): the same node-side code an Ansible module runs, its result printed.
 
 The srun engine (``cluster_preflight/engine/srun.py``) runs every node call of the gate as one Slurm step over the
-nodes it concerns: each task is ``<python> -I -S <archive> <call>`` (isolated, no site packages: the node layer needs
-the standard library only), where the archive is this package zipped with a
+nodes it concerns: each task is ``<python> -I -S -c <bootstrap> <archive> <sha256> <call>`` (isolated, no site packages: the node layer
+needs the standard library only), where the archive is this package zipped with a
 ``__main__`` (``cluster_preflight/engine/archive.py``), sent to the node's own directory with ``sbcast``.  The task:
 
+* is started by the controller's fixed bootstrap (``cluster_preflight/engine/bootstrap.py``, on the task's command
+  line), which runs this archive only once it has checked its file, its directories and its SHA-256, and imports it
+  from those bytes in memory;
 * reads the step's arguments from standard input (srun hands every task the same stream): ``{call, common,
   nodes: {node: args}}``, zlib-compressed JSON; its node's arguments are ``common`` updated with its own entry;
 * runs the body of the module the ssh engine would run for that call (:data:`CALLS`) over a :class:`StepModule`,
@@ -138,18 +141,6 @@ def node_args(payload, node):
     return args
 
 
-def origin_problem(path):
-    """Why the archive at ``path`` lies where an account other than this one could have changed it, or "": it runs
-    as root, so its file and directory must be root's alone (``state_dir``'s rules)."""
-    from .host.state_dir import dir_problem, trusted_file  # pylint: disable=import-outside-toplevel
-    path = os.path.abspath(path)
-    problem = dir_problem(os.path.dirname(path)) or trusted_file(path)
-    if problem:
-        return ("refused to run the node code %s: %s (preflight_srun_dir and preflight_srun_archive must be root's "
-                "alone)" % (path, problem))
-    return ""
-
-
 def run(call, params):
     """The result of ``call`` with ``params`` on this node (never raises)."""
     try:
@@ -210,8 +201,7 @@ def main(argv=None):
         call = argv[0] if argv else payload.get("call")
         if call != payload.get("call"):
             raise ValueError("the task runs %s, its arguments are for %s" % (call, payload.get("call")))
-        refused = origin_problem(sys.argv[0]) if sys.argv[0].endswith(".pyz") else ""
-        result = {"failed": True, "msg": refused} if refused else run(call, node_args(payload, node))
+        result = run(call, node_args(payload, node))
     except Exception as exc:  # pylint: disable=broad-except
         result = {"failed": True, "msg": "the step's arguments could not be read on %s: %s: %s" % (
             node, type(exc).__name__, exc)}

@@ -9,7 +9,9 @@ run per scenario:
 * a fake ``sshd`` of pfmal's own (perl under another name) listens on ``ssh_trust_port``: root never runs it (it
   would leave a marker only root can write) and ``ssh_trust.host_keys`` names it;
 * pfmal plants a core in a world-writable core directory: diagnose's gdb (a witness that notes its uid, then runs
-  the real gdb) reads it as pfmal, never as root.
+  the real gdb) reads it as pfmal, never as root;
+* pfmal listens on the gate's rendezvous port first: that node is unverified naming pfmal's pid and command, never
+  failed (so never drained), and its peer is not blamed.
 """
 
 import json
@@ -201,3 +203,33 @@ def test_a_core_a_user_plants_is_read_by_gdb_as_that_user_never_as_root(bed, sha
     assert ran_as and set(ran_as) == {uid}, "gdb ran as %s on pfmal's core (pfmal is uid %d): %s" % (
         ran_as, uid, json.dumps(report)[-2000:])
     assert core["path"] == cores + "/core.666" and core["gdb_user"] == USER and core["uid"] == uid, core
+
+
+SQUAT = ("import socket, sys, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+         "s.bind(('0.0.0.0', int(sys.argv[1])))\ns.listen(8)\ntime.sleep(600)\n")
+SQUAT_PORT = 6391
+
+
+def test_an_account_listening_on_the_rendezvous_port_first_leaves_the_node_unverified_never_failed(bed, tmp_path):
+    honest, squatted = bed.nodes
+    listener = bed.spawn(squatted, ["runuser", "-u", USER, "--", "/usr/bin/python3", "-c", SQUAT, str(SQUAT_PORT)])
+    try:
+        bed.run(squatted, ["sh", "-c", "for i in $(seq 100); do ss -ltn | grep -q ':%d ' && exit 0; sleep 0.1; done; "
+                                       "exit 1" % SQUAT_PORT], check=True)
+        inventory = bed.write_inventory(path=str(tmp_path / "inventory.yml"))
+        result = run_playbook(tmp_path, inventory=inventory, timeout=600,
+                              extravars=dict(FAST, preflight_master_port=SQUAT_PORT))
+    finally:
+        for pid in bed.host_pids(squatted):
+            if "sleep(600)" in " ".join(cmdline(pid)):
+                send_signal(pid, signal.SIGKILL)
+        listener.wait(10)
+    verdict = result.verdict
+    assert verdict is not None, result.stdout[-3000:]
+    # Never failed, so never drained; the squatted node is unverified, its peer not blamed.
+    assert verdict["failed_hosts"] == [], json.dumps(verdict["nodes"], indent=1)[:4000]
+    assert verdict["nodes"][squatted.name]["status"] == "unverified", verdict["nodes"][squatted.name]
+    assert verdict["nodes"][honest.name]["status"] in ("pass", "warn"), verdict["nodes"][honest.name]
+    listen = verdict["nodes"][squatted.name]["checks"]["port_mesh.listen"]
+    assert listen["status"] == "skipped" and listen["details"]["blocked"], listen
+    assert "of account %s" % USER in listen["found"] and "sleep(600)" in listen["found"], listen

@@ -6,6 +6,8 @@ an allocation as an operator starts it (``salloc ... python -m cluster_preflight
   the node's ``preflight.inputs`` saying what was found, what is expected and the fix; nothing ran on a node;
 * a healthy gate passes, and the ssh engine's gate over the same nodes gives the same verdict shape (the same
   checks on every node, the same statuses, the same all-reduce);
+* root on one node makes its task print a failed result for another node: the printer is the one failed, saying
+  whom it spoke for, and the node it named keeps its own result and passes;
 * a node whose training Python hangs, a throttled node (tc tbf), a node whose slurmd was stopped before the run,
   and a node killed while the all-reduce step runs: each time that node is the only one failed, and its peers
   are proven (the all-reduce over them passed, at once or in the confirmation run after localisation).
@@ -13,11 +15,14 @@ an allocation as an operator starts it (``salloc ... python -m cluster_preflight
 The destructive scenarios come last, in the order above (a stopped slurmd is started again; the killed node is
 the last test's).  Seconds per gate are printed at the end (pytest -s)."""
 
+import base64
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 
@@ -150,6 +155,35 @@ def test_a_healthy_gate_passes_with_the_ssh_engine_s_verdict_shape(bed, slurm, t
     # The same sizes measured (their bandwidths are the runs' own).
     assert [row["size_bytes"] for row in verdict["allreduce"]["sizes"]] == \
         [row["size_bytes"] for row in ssh_verdict["allreduce"]["sizes"]]
+
+
+def forged_lines(node, result):
+    """The protocol lines of ``result`` naming ``node``'s task 0, as any task could print them."""
+    text = base64.b64encode(zlib.compress(json.dumps(result).encode())).decode()
+    return "PFR %s 0 +\nPFR %s 0 r 0 1 %s\nPFR %s 0 end %s\n" % (node, node, text, node,
+                                                                  hashlib.sha256(text.encode()).hexdigest())
+
+
+def test_a_node_whose_task_prints_another_node_s_result_is_the_one_failed(bed, slurm, tmp_path):
+    victim, attacker, names = bed.nodes[0], bed.nodes[2], [item.name for item in bed.nodes]
+    python = "/etc/pf-srun-python"
+    # Root on the attacker's node: its tasks' Python first prints a failed facts result naming the victim.
+    forged = forged_lines(victim.name, {"failed": True, "msg": "FORGED by %s" % attacker.name})
+    for node in bed.nodes:
+        body = "#!/bin/sh\nexec /usr/bin/python3 \"$@\"\n"
+        if node is attacker:
+            bed.run(node, ["sh", "-c", 'cat > /etc/pf-forged'], input=forged, check=True)
+            body = '#!/bin/sh\ncase " $* " in *" facts "*) cat /etc/pf-forged;; esac\nexec /usr/bin/python3 "$@"\n'
+        bed.run(node, ["sh", "-c", 'cat > "$1" && chmod 755 "$1"', "-", python], input=body, check=True)
+    code, verdict, out = run_gate(slurm, "a node prints another's result", write_inventory(
+        bed, tmp_path, preflight_srun_python=python, **SMALL), tmp_path / "r")
+    assert code == 2, why(verdict, out)
+    only_failed(verdict, out, attacker.name, names)
+    # The victim's facts are its own (only_failed: it is healthy, the all-reduce over it passed).
+    assert "preflight.facts" not in verdict["nodes"][victim.name]["checks"], why(verdict, out)
+    check = verdict["nodes"][attacker.name]["checks"]["preflight.facts"]
+    assert "printed protocol lines naming %s task 0" % victim.name in check["found"], check
+    assert "FORGED" not in json.dumps(verdict), why(verdict, out)
 
 
 def test_a_node_whose_training_python_hangs_is_the_only_one_failed(bed, slurm, tmp_path):

@@ -152,7 +152,9 @@ def test_a_long_rank_log_keeps_nccls_transport_line_from_init_and_its_tail(tmp_p
 def module_args(**overrides):
     args = dict(python=PYTHON, worker_source=open(WORKER).read(), nnodes=1, node_rank=0, nproc_per_node=2,
                 master_addr="127.0.0.1", master_port=free_port(), timeout=20, hard_timeout=90, sizes=[65536],
-                iters=1, warmup=0, socket_ifname="lo")
+                iters=1, warmup=0, socket_ifname="lo",
+                # As root, named (the embedded default's): the node checks run_as against it.
+                run_as="root", job={"user": "root", "named": True})
     args.update(overrides)
     return args
 
@@ -324,7 +326,7 @@ def test_ranks_and_py_spy_run_as_the_job_user_and_a_hung_ranks_stack_is_taken_wi
     try:
         result, failed = run_module(allreduce, module_args(selftest_fault="hang", selftest_rank=1, timeout=4,
                                                            hard_timeout=60, run_as="nobody", scratch_dir=parent,
-                                                           python=python))
+                                                           python=python, job={"user": "nobody", "named": True}))
         assert not failed, result
         assert result["run_as"] == {"name": "nobody", "uid": nobody.pw_uid}
         by_rank = {r["rank"]: r for r in result["ranks"]}
@@ -366,7 +368,7 @@ def test_bad_arguments_are_rejected(run_module):
 # init, or succeeds.
 FAKE_TORCHRUN = r"""#!{python}
 import os, subprocess, sys, tempfile
-args = sys.argv[3:]  # after "-m torch.distributed.run"
+args = sys.argv[sys.argv.index("torch.distributed.run") + 1:]  # after "[-s] -m torch.distributed.run"
 options = {}
 while args[0].startswith("--"):
     options[args[0]] = args[1]

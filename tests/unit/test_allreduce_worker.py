@@ -109,3 +109,38 @@ def test_a_collective_late_against_the_floor_ends_the_stage_before_the_whole_swe
 def test_the_worker_takes_a_grace_and_without_one_keeps_the_whole_deadline():
     assert worker.parse_args(["--bandwidth-deadline", "10", "--bandwidth-grace", "3"]).bandwidth_grace == 3.0
     assert worker.parse_args([]).bandwidth_grace < 0
+
+
+def test_rank_0_s_store_listens_on_the_master_address_only_and_keeps_its_keys_under_the_run_s_secret(tmp_path):
+    """Started by Slurm (no torchrun), rank 0 holds the rendezvous store: on MASTER_ADDR, never on every address
+    (its keys go under the run's secret, PREFLIGHT_STORE_TOKEN)."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               PREFLIGHT_STORE_TOKEN="0123456789abcdef", PYTHONWARNINGS="ignore")
+    env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    argv = [sys.executable, WORKER, "--out", str(tmp_path), "--sizes", "4096", "--iters", "1", "--warmup", "0",
+            "--check-elements", "100", "--timeout", "30"]
+    first = subprocess.Popen(argv, env=dict(env, RANK="0", LOCAL_RANK="0"))
+    try:
+        listening = ""
+        for _ in range(200):
+            listening = subprocess.run(["ss", "-Hltn", "sport = :%d" % port], capture_output=True, text=True).stdout
+            if listening.strip():
+                break
+            time.sleep(0.1)
+        assert "127.0.0.1:%d" % port in listening and "*:%d" % port not in listening and \
+            "0.0.0.0:%d" % port not in listening, listening
+        second = subprocess.run(argv, env=dict(env, RANK="1", LOCAL_RANK="0"), timeout=120)
+        assert second.returncode == 0 and first.wait(120) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert json.loads((tmp_path / "rank1.json").read_text())["status"] == "ok"

@@ -29,8 +29,10 @@ def write_inventory(directory, hosts=("n1", "n2"), group_vars=None):
     return str(inventory)
 
 
-def write_run(results, run_id, status="pass", busbw=0.5, inventory=None, hosts=("n1", "n2"), name=None):
-    """A gate's run directory with a verdict whose nodes carry their profile fields."""
+def write_run(results, run_id, status="pass", busbw=0.5, inventory=None, hosts=("n1", "n2"), name=None,
+              changeable_by=""):
+    """A gate's run directory with a verdict whose nodes carry their profile fields, and who besides root can
+    change their job-side code (``changeable_by``: "" for root alone; None: the verdict does not say)."""
     run_dir = results / run_id
     run_dir.mkdir(parents=True)
     nodes = {}
@@ -38,6 +40,9 @@ def write_run(results, run_id, status="pass", busbw=0.5, inventory=None, hosts=(
         fields = dict(FIELDS, **{"allreduce.busbw_gbps": busbw[host] if isinstance(busbw, dict) else busbw})
         checks = {"profile.summary": {"status": "pass", "found": "fields", "expected": "", "fix": "",
                                       "details": {"fields": fields, "profile": None}}}
+        if changeable_by is not None:
+            checks["allreduce.python"] = {"status": "pass", "found": "Python 3.11", "expected": "a Python", "fix": "",
+                                          "details": {"changeable_by": changeable_by}}
         if status == "fail" and host == hosts[0]:
             checks["allreduce.ranks"] = {"status": "fail", "found": "rank 0 died", "expected": "ranks finish",
                                          "fix": "see the rank log"}
@@ -229,3 +234,29 @@ def test_a_child_group_gets_its_own_line_and_a_value_set_in_the_inventory_file_i
     assert "NOT wired: group gpu_b already has profile_file /srv/b.yml from the inventory" in out
     assert yaml.safe_load((directory / "group_vars" / "gpu_a.yml").read_text()) == {
         "profile_file": "{{ inventory_dir }}/profiles/gpu_a.yml"}
+
+
+def test_a_run_whose_job_side_code_came_from_a_personal_account_s_environment_is_refused_unless_told(tmp_path,
+                                                                                                    capsys):
+    """The job user's own code measured the bandwidth: a floor recorded from it is that account's word."""
+    results = tmp_path / "results"
+    inventory = write_inventory(tmp_path / "inv")
+    personal = "/home/alice (mode 0755, owner alice, group alice) is owned by alice, not root"
+    point_latest(results, write_run(results, "20261126T100000Z", busbw=900.0, inventory=inventory,
+                                    changeable_by=personal))
+    code = cli.main(["baseline", "-i", inventory, "--results-dir", str(results), "--quiet"])
+    out = capsys.readouterr()
+    assert code != 0 and not (tmp_path / "inv" / "profiles").exists(), out
+    assert "owned by alice" in out.out + out.err and "--allow-personal-env" in out.out + out.err, out
+    code = cli.main(["baseline", "-i", inventory, "--results-dir", str(results), "--quiet", "--allow-personal-env"])
+    assert code == 0, capsys.readouterr()
+    assert recorded(tmp_path / "inv" / "profiles")["fields"]["allreduce.busbw_gbps"] == 900.0
+
+
+def test_a_run_that_does_not_say_whose_environment_ran_the_job_side_code_is_refused(tmp_path, capsys):
+    results = tmp_path / "results"
+    inventory = write_inventory(tmp_path / "inv")
+    point_latest(results, write_run(results, "20261126T100000Z", inventory=inventory, changeable_by=None))
+    code = cli.main(["baseline", "-i", inventory, "--results-dir", str(results), "--quiet"])
+    out = capsys.readouterr()
+    assert code != 0 and "does not say" in out.out + out.err, out

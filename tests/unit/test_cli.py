@@ -212,7 +212,8 @@ def verdict_events(path, failed=False):
         {"event": "playbook_on_play_start", "event_data": {"name": "Audit", "pattern": "cluster"}},
         {"event": "playbook_on_task_start", "event_data": {"task": "Write the verdict."}},
         {"event": "runner_on_failed" if failed else "runner_on_ok",
-         "event_data": {"host": "gpu01", "task": "Write the verdict.", "res": res}},
+         "event_data": {"host": "gpu01", "task": "Write the verdict.", "task_action": "preflight_verdict",
+                        "res": res}},
         {"event": "playbook_on_stats", "event_data": {"ok": {"gpu01": 3}, "failures": {}},
          "stdout": "PLAY RECAP *****\ngpu01 : ok=3"},
         {"event": "verbose", "stdout": "\x1b[0;32mPREFLIGHT SUMMARY: PASS, 1/1 nodes healthy\x1b[0m\nnode   status"},
@@ -291,7 +292,7 @@ def test_cancelled_run_exits_130(fake_runner):
 def test_report_instead_of_verdict(monkeypatch, fake_runner):
     monkeypatch.setattr(playbooks, "diagnose_available", lambda: True)
     fake_runner([{"event": "playbook_on_play_start", "event_data": {"name": "Diagnose"}},
-                 {"event": "runner_on_ok", "event_data": {"host": "gpu01", "res": {
+                 {"event": "runner_on_ok", "event_data": {"host": "gpu01", "task_action": "preflight_diagnose", "res": {
                      "report_file": "/r/diagnose.json", "lines": ["DIAGNOSIS: rank 3 on gpu02 is the suspect"]}}}])
     result = cluster_preflight.diagnose()
     assert result.exit_code == 0 and result.report_file == "/r/diagnose.json"

@@ -6,6 +6,7 @@ The dump texts below were recorded on this machine with py-spy 0.4.3: a sleeping
 rank 0 waits in ``all_reduce``, rank 1 (read with --nonblocking) sits in its loop.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -449,3 +450,34 @@ def test_gdb_backtrace_of_the_newest_core(sleeper, tmp_path):
     assert "python" in os.path.basename(found["executable"]), found
     assert "Thread 1" in found["backtrace"] and found["error"] == "", found["backtrace"][-2000:]
     assert diag.core_backtrace(str(tmp_path / "none"), "core*", "gdb", 5, Ops())["found"] is False
+
+
+def test_diagnose_writes_no_file_outside_its_run_directory_whatever_a_node_is_named(tmp_path):
+    """An inventory name is not a file name: ``../../x`` would have put its stacks file outside the run directory
+    (and over any file there the controller's user may write)."""
+    import importlib.util
+    from unittest import mock
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = importlib.util.spec_from_file_location("preflight_diagnose_action",
+                                                  os.path.join(root, "action_plugins", "preflight_diagnose.py"))
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    process = {"pid": 7, "role": "rank", "rank": 0, "state": "S", "dump_user": "alice", "stack": "Thread 7\n  main",
+               "frames": [], "command": "python train.py"}
+    hosts = ["n1", "../../escaped"]
+    hostvars = {host: {"diagnose_stacks": {"processes": [dict(process)], "core": None, "py_spy": "py-spy",
+                                           "hostname": "h", "seconds": 1.0, "refused": []}} for host in hosts}
+    task = mock.MagicMock(args={"results_dir": str(tmp_path / "results"), "run_id": "r1",
+                                "register": "diagnose_stacks"}, async_val=0, check_mode=False, diff=False)
+    action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
+                                 mock.MagicMock())
+    result = action.run(task_vars={"ansible_play_hosts_all": hosts, "hostvars": hostvars})
+    written = sorted(os.path.relpath(os.path.join(top, name), str(tmp_path))
+                     for top, _dirs, files in os.walk(str(tmp_path)) for name in files)
+    assert written == ["results/r1/diagnose.json", "results/r1/n1.stacks.txt"], written
+    assert not result.get("failed"), result
+    with open(str(tmp_path / "results" / "r1" / "diagnose.json")) as handle:
+        report = json.load(handle)
+    assert "../../escaped" not in report["stacks_files"]
+    assert any("../../escaped" in line and "not usable as a file name" in line for line in result["lines"]), \
+        result["lines"]

@@ -15,7 +15,7 @@ import yaml
 from cluster_preflight import engine
 from cluster_preflight.plays import stage_results
 from cluster_preflight.stages.view import ClusterView
-from cluster_preflight.engine import allocation, ranks, srun
+from cluster_preflight.engine import allocation, archive, ranks, srun, step
 from preflight_node.allreduce_run.gate_run import ARGUMENT_SPEC
 from preflight_node.srun_task import node_args
 
@@ -48,6 +48,27 @@ def test_one_engine_per_run_and_srun_settings_that_leave_the_steps_to_the_engine
     assert sorted(item["found"] for item in bad) == ["--nodelist=x", "oops", "python3"]
 
 
+@pytest.mark.parametrize("option", [
+    "--exp=ALL", "--export=ALL", "--export-file=/tmp/env", "-lK", "--label", "-oout", "--output=/tmp/o", "-e/tmp/e",
+    "--input=0", "-u", "-w", "n1", "-wn1", "--nodelist=n1", "-n4", "--ntasks=4", "--task-prolog=/tmp/x",
+    "--task-epilog=/tmp/x", "--prolog=/tmp/x", "--chdir=/tmp", "--propagate=ALL", "--bcast", "--get-user-env",
+    "--uid=0", "--container=/tmp/c", "--distribution=cyclic", "--quiet", "--verbose", "--gpus-per-node 8"])
+def test_srun_args_that_would_change_the_protocol_the_tasks_or_their_environment_are_refused(option):
+    """Only options that choose resources pass (each --name=value, or a flag of the list): anything else could
+    export the controller's environment to root on every node, run a program of the controller's choosing there,
+    or break how a line is bound to its task (abbreviations and bundled short options included)."""
+    [bad] = engine.problems(dict(SRUN, preflight_srun_args=[option]), "gpu01", "srun", ALLOC)
+    assert bad["name"] == "preflight_srun_args" and bad["found"] == option, bad
+    assert "--gpus-per-node" in bad["expected"] and option in bad["fix"], bad
+
+
+def test_srun_args_that_choose_resources_pass():
+    good = ["--gpus-per-node=8", "--gres=gpu:8", "--partition=gpu", "--account=ops", "--qos=high",
+            "--reservation=maint", "--constraint=h100", "--mem=0", "--cpus-per-task=4", "--exclusive",
+            "--network=sn_all", "--switches=1", "--gpu-bind=closest", "--mem-per-gpu=8G", "--comment=preflight"]
+    assert engine.problems(dict(SRUN, preflight_srun_args=good), "gpu01", "srun", ALLOC) == []
+
+
 def test_a_register_of_every_node_is_read_once_per_node_and_each_node_gets_its_own():
     reads = []
 
@@ -75,11 +96,13 @@ def _allreduce_module_keys():
 
 
 def test_a_launch_plan_becomes_the_same_allreduce_options_as_the_ssh_engine_s():
-    assert set(srun.ALLREDUCE_KEYS) | {"worker_source"} == _allreduce_module_keys()
+    # ``job`` is the node's own settings (preflight_settings.job), not the launch plan's: both engines add it.
+    assert set(srun.ALLREDUCE_KEYS) | {"worker_source", "job"} == _allreduce_module_keys()
     assert set(srun.ALLREDUCE_KEYS) <= set(ARGUMENT_SPEC) | {"lock"}
-    params = srun.allreduce_params({"python": "/p", "nnodes": 2, "run_as": "", "socket_ifname": "eth0",
-                                    "wait_timeout": 9, "poll": 0.1}, "WORKER")
-    assert params == {"python": "/p", "nnodes": 2, "socket_ifname": "eth0", "lock": {}, "worker_source": "WORKER"}
+    params = srun.allreduce_params({"python": "/p", "nnodes": 2, "run_as": "alice", "socket_ifname": "eth0",
+                                    "run_id": "", "wait_timeout": 9, "poll": 0.1}, "WORKER")
+    assert params == {"python": "/p", "nnodes": 2, "socket_ifname": "eth0", "lock": {}, "worker_source": "WORKER",
+                      "run_as": "alice"}
 
 
 def _tasks(path):
@@ -192,7 +215,9 @@ def test_the_facts_call_is_one_step_of_every_node_with_its_readers_job_and_lock(
                                                        "job_user": {}, "args": args})
     value = srun.run_call("facts", view, environ=ALLOC, runner=runner)
     [one] = runner.steps
-    assert one["argv"][-5:] == ["/usr/bin/python3", "-I", "-S", "/shared/node.pyz", "facts"]
+    # The operator's archive, run by the bootstrap only with this controller's node code's digest.
+    assert one["argv"][-8:] == ["/usr/bin/python3", "-I", "-S", "-c", step.BOOTSTRAP, "/shared/node.pyz",
+                                archive.build()[1], "facts"]
     assert one["payload"]["common"]["lock"] == inputs["lock"] and one["payload"]["nodes"] == {}
     assert value[engine.BY_NODE]["n2"]["facts"] == {"node": "n2"} and value["call"] == "facts"
     assert value[engine.BY_NODE]["n1"]["args"]["capabilities"] == {"nic_discovery": {}}

@@ -35,11 +35,14 @@ def test_the_values_every_node_shares_go_once_and_each_node_adds_its_own():
 
 
 def test_the_srun_line_names_its_nodes_tasks_bound_and_leaves_no_controller_environment():
-    argv = step.srun_argv(["n1", "n2", "n3"], "rank", "/usr/bin/python3", "/run/x.pyz", tasks=2, bound=300,
-                          exclude=["n4"], extra=["--gpus-per-node=8"])
-    assert argv[0] == "srun" and argv[-5:] == ["/usr/bin/python3", "-I", "-S", "/run/x.pyz", "rank"]
+    argv = step.srun_argv(["n1", "n2", "n3"], "rank", "/usr/bin/python3", "/run/x.pyz", "ab" * 32, tasks=2,
+                          bound=300, exclude=["n4"], extra=["--gpus-per-node=8"])
+    # The program is the bootstrap's text, never a file on the node; the archive and its digest its arguments.
+    assert argv[0] == "srun" and argv[-8:] == ["/usr/bin/python3", "-I", "-S", "-c", step.BOOTSTRAP, "/run/x.pyz",
+                                               "ab" * 32, "rank"]
     for option in ("--nodes=3", "--nodelist=n[1-3]", "--ntasks-per-node=2", "--ntasks=6", "--overlap",
-                   "--kill-on-bad-exit=0", "--time=7", "--exclude=n4", "--gpus-per-node=8", "--cpu-bind=none"):
+                   "--kill-on-bad-exit=0", "--time=7", "--exclude=n4", "--gpus-per-node=8", "--cpu-bind=none",
+                   "--label", "--verbose"):
         assert option in argv
     export = next(item for item in argv if item.startswith("--export="))
     assert export == "--export=PATH=%s,LANG=C,LC_ALL=C" % step.TASK_PATH
@@ -53,29 +56,39 @@ def _lines(node, local, result, chunk=40):
     return out + ["PFR %s %d end %s" % (node, local, hashlib.sha256(text.encode()).hexdigest())]
 
 
+def _placed(expected, clock=None, order=None):
+    """A collector that read srun --verbose's launch lines of ``expected`` (one task per node, in ``order``)."""
+    collector = step.Collector(expected, clock=clock) if clock else step.Collector(expected)
+    for number, node in enumerate(order or [node for node, _local in expected]):
+        collector.feed_err("srun: launching StepId=9.0 on host %s, 1 tasks: %d\n" % (node, number))
+    return collector
+
+
 def test_results_are_reassembled_whatever_the_interleaving_and_a_damaged_one_is_refused():
     first, second = _lines("n1", 0, {"facts": {"a": "x" * 500}}), _lines("n2", 0, {"facts": {"b": 2}})
-    collector = step.Collector([("n1", 0), ("n2", 0), ("n3", 0)])
+    collector = _placed([("n1", 0), ("n2", 0), ("n3", 0)])
     for pair in zip(first, second):
-        for line in pair:
-            collector.feed(line + "\n")
-    for line in second[len(first):] + first[len(second):]:
-        collector.feed(line)
-    collector.feed("some other line")
+        collector.feed("0: " + pair[0] + "\n")
+        collector.feed("1: " + pair[1] + "\n")
+    for line in second[len(first):]:
+        collector.feed("1: " + line)
+    for line in first[len(second):]:
+        collector.feed("0: " + line)
+    collector.feed("2: some other line")
     bad = _lines("n3", 0, {"x": 1})
-    collector.feed(bad[0])
-    collector.feed(bad[1].replace(" r 0 ", " r 0 ")[:-2] + "AA")
+    collector.feed("2: " + bad[0])
+    collector.feed("2: " + bad[1][:-2] + "AA")
     for line in bad[2:]:
-        collector.feed(line)
+        collector.feed("2: " + line)
     assert collector.results == {("n1", 0): {"facts": {"a": "x" * 500}}, ("n2", 0): {"facts": {"b": 2}}}
-    assert "damaged" in collector.damaged[("n3", 0)] and collector.pending() == []
-    assert collector.other == ["some other line"]
+    assert "damaged" in collector.damaged[("n3", 0)] and collector.pending_tasks() == []
+    assert list(collector.other) == ["n3:0: some other line"]
 
 
 def test_a_task_silent_too_long_or_never_started_is_lost():
     now = [100.0]
-    collector = step.Collector([("n1", 0), ("n2", 0)], clock=lambda: now[0])
-    collector.feed("PFR n1 0 +")
+    collector = _placed([("n1", 0), ("n2", 0)], clock=lambda: now[0])
+    collector.feed("0: PFR n1 0 +")
     now[0] += step.LOST_AFTER - 1
     assert collector.silent() == {}
     now[0] += 2
@@ -102,13 +115,13 @@ def test_srun_s_own_words_name_the_node_it_could_not_launch_and_each_task_s_end(
 @pytest.fixture(scope="module")
 def node_archive(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("node") / "node.pyz")
-    archive.write(path)
-    return path
+    return path, archive.write(path)
 
 
 def _lock_step(node_archive, tmp_path, nodes, env=None, bound=30):
-    argv = [sys.executable, FAKE_SRUN, "--nodelist=%s" % ",".join(nodes), "--ntasks-per-node=1",
-            sys.executable, node_archive, "lock"]
+    path, digest = node_archive
+    argv = [sys.executable] + step.srun_argv(nodes, "lock", sys.executable, path, digest, bound=bound,
+                                             srun=FAKE_SRUN)
     data = step.payload("lock", {node: {"dir": str(tmp_path), "run_id": "r1"} for node in nodes})
     return step.run_step(argv, data, [(node, 0) for node in nodes], bound, env=dict(os.environ, **(env or {})))
 
@@ -148,7 +161,7 @@ def test_a_step_past_its_bound_is_stopped_and_its_working_tasks_are_overdue(tmp_
     sleeper.write_text("import os, time\nprint('PFR %s 0 +' % os.environ['SLURMD_NODENAME'], flush=True)\n"
                        "while True:\n    time.sleep(1)\n    print('PFR %s 0 .' % os.environ['SLURMD_NODENAME'], "
                        "flush=True)\n")
-    argv = [sys.executable, FAKE_SRUN, "--nodelist=n1", sys.executable, str(sleeper)]
+    argv = [sys.executable, FAKE_SRUN, "--nodelist=n1", "--label", "--verbose", sys.executable, str(sleeper)]
     started = time.monotonic()
     found = step.run_step(argv, b"", [("n1", 0)], 2.0)
     assert time.monotonic() - started < 2.0 + 1.0 + step.STOP_GRACE + step.REAP_GRACE
@@ -203,24 +216,21 @@ def test_the_archive_is_the_node_layer_and_the_same_bytes_for_the_same_code(tmp_
         capture_output=True, timeout=60, env=dict(os.environ, SLURMD_NODENAME="n9", SLURM_LOCALID="0"), check=True)
     lines = done.stdout.decode().splitlines()
     assert lines[0] == "PFR n9 0 +" and lines[-1].startswith("PFR n9 0 end ")
-    collector = step.Collector([("n9", 0)])
+    collector = _placed([("n9", 0)])
     for line in lines:
-        collector.feed(line)
+        collector.feed("0: " + line)
     assert collector.results[("n9", 0)]["why"] == "no lease on this node"
 
 
-def test_a_task_refuses_to_run_node_code_another_account_could_have_changed(tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)
-    path = shared / "node.pyz"
-    archive.write(str(path))
-    done = subprocess.run([sys.executable, str(path), "lock"], input=zlib.compress(json.dumps(
-        {"call": "lock", "common": {"dir": str(tmp_path), "run_id": "r"}, "nodes": {}}).encode()),
-        capture_output=True, timeout=60, env=dict(os.environ, SLURMD_NODENAME="n9", SLURM_LOCALID="0"), check=True)
-    collector = step.Collector([("n9", 0)])
-    for line in done.stdout.decode().splitlines():
-        collector.feed(line)
-    result = collector.results[("n9", 0)]
-    assert result["failed"] and "refused to run the node code" in result["msg"] and "writable by other" in result["msg"]
-    assert not os.path.exists(os.path.join(str(tmp_path), "cluster-preflight.n9.lease"))
+def test_srun_s_verbose_lines_place_the_tasks_and_are_not_kept_as_its_words():
+    collector = step.Collector([("pfn1", 0), ("pfn1", 1)])
+    for line in ["srun: defined options", "srun: -------------------- --------------------",
+                 "srun: ntasks-per-node     : 2", "srun: end of defined options",
+                 "srun: jobid 1: nodes(3):`pfn[1-3]', cpu counts: 2(x3)",
+                 "srun: launch/slurm: launch_p_step_launch: CpuBindType=(null type)",
+                 "srun: launching StepId=1.0 on host pfn1, 2 tasks: [0-1]",
+                 "srun: route/default: init: route default plugin loaded",
+                 "srun: launch/slurm: _task_start: Node pfn1, 2 tasks started"] + SRUN_STDERR[-2:]:
+        collector.feed_err(line)
+    assert collector.layout == {0: ("pfn1", 0), 1: ("pfn1", 1)}
+    assert list(collector.stderr) == SRUN_STDERR[-2:]

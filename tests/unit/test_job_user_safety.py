@@ -158,3 +158,131 @@ def test_a_training_python_that_is_not_there_is_the_nodes_finding_not_a_missing_
     named = _facts_call(python, {"user": "nobody", "named": True})
     assert named["job_user"]["python_blocked"] is None
 
+
+
+@pytest.mark.parametrize("job, forged", [
+    # No job user named, root: the node's own choice is nobody; the forwarded one says "stay root".
+    ({"user": "", "named": False}, {"how": "auto", "name": "nobody", "uid": 0, "run_as": None, "note": ""}),
+    # A named account; the forwarded one keeps its name and drops the switch.
+    ({"user": "nobody", "named": True}, {"how": "named", "name": "nobody", "uid": 65534, "run_as": None,
+                                         "note": ""}),
+    # A resolution the node never gives.
+    ({"user": "", "named": False}, {"how": "connecting", "name": "root", "uid": 0, "run_as": None, "note": ""}),
+])
+def test_a_forwarded_job_user_that_contradicts_the_node_s_own_settings_never_runs_job_code_as_root(public_dir, job,
+                                                                                                    forged):
+    """The probes call takes the facts call's resolution back from the controller: the node checks it against its
+    own settings, and one that would run job-side code as root is refused (the node's own is used)."""
+    marker = os.path.join(public_dir, "ran-as-root")
+    python = _marking_python(public_dir, marker)
+    from preflight_node.host.ops import resolve_job_user
+    forged = dict(forged, python=python)
+    from preflight_node.host.ops import NO_JOB_USER, NodeOps, job_account
+    resolved = resolve_job_user(dict(job, python=python, resolved=forged), NodeOps(_Module({}, job)))
+    # nobody, or no account at all (this Python fails as nobody): never this module's own user, root.
+    assert job_account(resolved) in ("nobody", NO_JOB_USER) and "contradicts" in resolved["forwarded_refused"], \
+        resolved
+    _probes_call(python, job, forged)
+    assert not os.path.exists(marker), "a forwarded resolution ran the training Python as root"
+
+
+def test_a_forwarded_resolution_that_agrees_is_taken_as_it_is():
+    from preflight_node.host.ops import resolve_job_user
+    agreed = {"how": "auto", "name": "nobody", "uid": __import__("pwd").getpwnam("nobody").pw_uid,
+              "run_as": "nobody", "note": "", "python": "/nonexistent/python"}
+    assert resolve_job_user({"user": "", "named": False, "python": "/nonexistent/python", "resolved": agreed},
+                            None) == agreed
+    refused = {"how": "unavailable", "name": "root", "uid": 0, "run_as": None, "note": "nobody cannot"}
+    assert resolve_job_user({"user": "", "named": False, "python": "/x", "resolved": refused}, None) == refused
+
+
+@pytest.mark.parametrize("run_as, job, problem", [
+    ("", {"user": "", "named": False}, "names no account"),
+    ("root", {"user": "", "named": False}, "only with preflight_job_user: root"),
+    ("root", {"user": "nobody", "named": True}, "this node's settings name nobody"),
+    ("daemon", {"user": "nobody", "named": True}, "this node's settings name nobody"),
+    ("nobody", {"user": "", "named": False}, None),
+    ("nobody", {"user": "nobody", "named": True}, None),
+    ("root", {"user": "root", "named": True}, None),
+    ("nobody", {}, "no job settings"),
+])
+def test_ranks_always_name_their_account_and_root_only_when_preflight_job_user_names_it(run_as, job, problem):
+    from preflight_node.allreduce_run.gate_run import MODULE_SPEC, check_params
+    from preflight_node.srun_task import with_defaults
+    params = with_defaults(MODULE_SPEC, {"python": "/usr/bin/python3", "worker_source": "", "nnodes": 1,
+                                         "node_rank": 0, "nproc_per_node": 1, "master_addr": "127.0.0.1",
+                                         "run_as": run_as, "job": job})
+    found = check_params(params)
+    if problem is None:
+        assert found == [], found
+    else:
+        assert any(problem in item for item in found), found
+
+
+@pytest.fixture
+def personal_torch(public_dir, monkeypatch):
+    """nobody with a home of its own (``HOME`` as the job's environment gives it) holding a fake torch in its user
+    site directory (``~/.local/lib/python3.X/site-packages``) that leaves a marker when imported: ``marker``."""
+    import pwd
+    import sys
+    nobody = pwd.getpwnam("nobody")
+    home = os.path.join(public_dir, "home-nobody")
+    marker = os.path.join(public_dir, "fake-torch-imported")
+    version = "python%d.%d" % sys.version_info[:2]
+    system = __import__("subprocess").run(["/usr/bin/python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                          capture_output=True, text=True, check=True).stdout.strip()
+    for minor in {version, "python" + system}:
+        torch = os.path.join(home, ".local", "lib", minor, "site-packages", "torch")
+        os.makedirs(os.path.join(torch, "distributed"))
+        for name in ("__init__.py", os.path.join("distributed", "__init__.py"), os.path.join("distributed", "run.py")):
+            with open(os.path.join(torch, name), "w") as handle:
+                handle.write("open(%r, 'a').write('imported\\n')\n" % marker)
+        with open(os.path.join(torch, "version.py"), "w") as handle:
+            handle.write("__version__ = '9.9.9'\ncuda = None\n")
+    for top, dirs, files in os.walk(home):
+        for name in dirs + files:
+            os.chown(os.path.join(top, name), nobody.pw_uid, nobody.pw_gid)
+    os.chown(home, nobody.pw_uid, nobody.pw_gid)
+    with open(marker, "w"):
+        pass
+    os.chmod(marker, 0o666)
+    os.truncate(marker, 0)
+    real = pwd.getpwnam
+
+    def getpwnam(name):
+        entry = real(name)
+        if name != "nobody":
+            return entry
+        return pwd.struct_passwd((entry.pw_name, entry.pw_passwd, entry.pw_uid, entry.pw_gid, entry.pw_gecos, home,
+                                  entry.pw_shell))
+    from preflight_node.host import ops
+    monkeypatch.setattr(ops.pwd, "getpwnam", getpwnam)
+    return marker
+
+
+def test_the_job_user_s_site_directory_never_answers_for_the_training_environment(personal_torch):
+    """The training Python is the system's (no torch); nobody's ~/.local holds a fake one.  The torch probe runs
+    isolated (-I): it finds no torch, so the node cannot pass on it."""
+    from cluster_preflight.capabilities import allreduce as controller
+    facts = _facts_call("/usr/bin/python3", {"user": "nobody", "named": True})
+    assert facts["job_user"]["run_as"] == "nobody"
+    found = facts["facts"]["allreduce"]
+    assert found["torch"] is None, found["torch"]
+    assert open(personal_torch).read() == "", "the torch probe imported the job user's own torch"
+    checks, ready = controller.readiness("n1", found, {"allreduce_env": {}})
+    assert not ready and checks["torch"]["status"] == "fail", checks
+
+
+def test_the_ranks_never_import_from_the_job_user_s_site_directory(personal_torch, public_dir):
+    """torchrun and its ranks run without user site directories (-s, PYTHONNOUSERSITE=1): nobody's fake torch is
+    never imported, so it cannot report a bandwidth for the node."""
+    import uuid
+    from preflight_node.allreduce_run import gate_run
+    params = {name: spec.get("default") for name, spec in gate_run.ARGUMENT_SPEC.items()}
+    params.update(python="/usr/bin/python3", worker_source="# the worker\n", nnodes=1, node_rank=0, nproc_per_node=1,
+                  master_addr="127.0.0.1", timeout=5.0, hard_timeout=20.0, stack_budget=0.0, run_as="nobody",
+                  role="n1", scratch_dir=public_dir)
+    result = gate_run.bounded_run(params, "n1", uuid.uuid4().hex)
+    assert open(personal_torch).read() == "", "the ranks imported the job user's own torch"
+    assert result["argv"][:2] == ["/usr/bin/python3", "-s"], result["argv"]
+    assert "No module named 'torch'" in result["log"], result["log"][-2000:]

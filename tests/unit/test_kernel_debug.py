@@ -330,7 +330,7 @@ def attaching_as(uid, scope):
         return 0, json.dumps({"uid": uid, "target": 4242, "attached": ok, "errno": "" if ok else "EPERM",
                               "error": "" if ok else "Operation not permitted"}) + "\n", ""
 
-    ops = FakeOps(commands={("/venv/bin/python", "-c"): answer})
+    ops = FakeOps(commands={("/venv/bin/python", "-I"): answer})
     ops.job = {"name": "alice" if uid else "root", "python": "/venv/bin/python"}
     ops.job_user = "alice" if uid else None
     return ops

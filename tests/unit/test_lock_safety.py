@@ -65,6 +65,38 @@ def test_a_lock_directory_another_account_controls_is_refused_and_never_written(
     assert os.listdir(os.path.realpath(directory)) == [], "a lease was written in a directory others control"
 
 
+@pytest.fixture(params=[0, 1], ids=["protected_symlinks=0", "protected_symlinks=1"])
+def protected_symlinks(request):
+    """fs.protected_symlinks (global) set for the test and restored."""
+    path = "/proc/sys/fs/protected_symlinks"
+    with open(path) as handle:
+        before = handle.read().strip()
+    subprocess.run(["sysctl", "-q", "-w", "fs.protected_symlinks=%d" % request.param], check=True)
+    yield request.param
+    subprocess.run(["sysctl", "-q", "-w", "fs.protected_symlinks=%s" % before], check=True)
+
+
+@ROOT_ONLY
+def test_a_state_path_through_another_account_s_link_is_refused_though_its_target_is_root_s(tmp_path,
+                                                                                            protected_symlinks):
+    """/tmp/<nobody's link> -> a directory of root's: every real directory is root's, but nobody can point the link
+    elsewhere between two runs (its own directory, with a forged lease or verdict), so the path is refused."""
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    real = tmp_path / "root-state"
+    real.mkdir(mode=0o700)
+    link = sticky / "state"
+    link.symlink_to(real)
+    os.lchown(link, NOBODY, NOBODY)
+    taken = lock.acquire(args(link / "locks"), now=1000.0)
+    assert taken["state"] == "error" and "symbolic link" in taken["why"] and "nobody" in taken["why"], taken
+    assert os.listdir(real) == [], "a lease was written through another account's link"
+    # The same link of root's own is root's to keep: the path is used.
+    os.lchown(link, 0, 0)
+    assert lock.acquire(args(link / "locks"), now=1000.0)["state"] == "held"
+
+
 def test_a_link_planted_as_the_lease_is_never_followed(tmp_path):
     directory = locks(tmp_path)
     directory.mkdir(mode=0o700)

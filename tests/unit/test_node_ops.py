@@ -154,7 +154,7 @@ def test_the_runs_next_call_on_the_node_takes_the_job_user_and_the_hang_from_the
     try:
         facts_call = NodeOps(_Module(python))
         assert facts_call.run([python, "-c", "pass"], timeout=0.3)[0] == TIMEOUT_RC
-        resolved = {"name": "root", "uid": 0, "run_as": None, "how": "auto_root", "note": "nobody: it hung"}
+        resolved = {"name": "root", "uid": 0, "run_as": None, "how": "unavailable", "note": "nobody: it hung"}
         module = _Module(python)
         module.params["job"].update(resolved=resolved, hangs=facts_call.hangs)
         probes_call = NodeOps(module)

@@ -9,6 +9,7 @@ test_port_probe_unreachable.py; shared helpers in tests/port_probe_helpers.py.
 
 import errno
 import os
+import pwd
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,9 @@ import port_probe
 from cluster_preflight.capabilities.port_mesh import mesh
 from preflight_node.net import arp, port_holder as net, port_probe as node_probe
 from port_probe_helpers import NODE1, NODE2, NODE3, _FailingSocket, row_for
+
+# A run's secret, as the plan makes one.
+TOKEN = "0123456789abcdef0123456789abcdef"
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -205,7 +209,9 @@ def test_port_in_use_names_the_holder():
     with open("/proc/self/comm") as handle:
         comm = handle.read().strip()
     assert listen["holder"]["comm"] == comm
-    assert listen["detail"] == "port %d in use by pid %d (%s)" % (port, os.getpid(), comm)
+    # Root's own listener: its account and command named, and a fail (root's program, the node's configuration).
+    assert listen["detail"].startswith("port %d in use by pid %d (%s) of account %s: " % (
+        port, os.getpid(), comm, pwd.getpwuid(os.geteuid()).pw_name))
     check = result["checks"]["port_listen"]
     assert check["status"] == "fail"
     assert "node1" in check["found"] and str(port) in check["found"]
@@ -468,7 +474,7 @@ def test_module_runs_in_check_mode(run_module):
     port = free_port()
     result, failed = run_module(port_probe, {
         "listen_addr": NODE1, "port": port, "node_name": "node1",
-        "peers": [{"name": "node2", "addr": NODE2}], "window": 1.0, "connect_timeout": 0.3,
+        "peers": [{"name": "node2", "addr": NODE2}], "window": 1.0, "connect_timeout": 0.3, "token": TOKEN,
     }, check_mode=True)
     assert not failed
     assert result["changed"] is False
@@ -489,7 +495,7 @@ def test_module_in_use_with_fake_proc_root(run_module, tmp_path):
     try:
         result, failed = run_module(port_probe, {
             "listen_addr": NODE1, "port": port, "node_name": "node1", "check_in_use_only": True,
-            "proc_root": str(tmp_path), "window": 1.0,
+            "proc_root": str(tmp_path), "window": 1.0, "token": TOKEN,
         }, check_mode=True)
     finally:
         holder.close()
@@ -509,7 +515,7 @@ def test_module_in_use_with_fake_proc_root(run_module, tmp_path):
     ({"connect_timeout": -1}, "connect_timeout"),
 ])
 def test_module_rejects_bad_arguments(run_module, args, message):
-    base = {"listen_addr": NODE1, "port": free_port(), "node_name": "node1", "window": 0.5}
+    base = {"listen_addr": NODE1, "port": free_port(), "node_name": "node1", "window": 0.5, "token": TOKEN}
     base.update(args)
     result, failed = run_module(port_probe, base)
     assert failed and message in result["msg"]

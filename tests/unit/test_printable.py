@@ -66,3 +66,38 @@ def test_a_verdicts_own_checks_are_cleaned_in_place_the_decisions_data_copied():
         "rank 1: boom"
     assert verdict["allreduce"]["suspects"][0]["reason"] == "rank 1: \x1b[31mboom", "the decisions' data stays"
     assert checks["allreduce.ranks"]["details"] is not details and details["ranks"][0]["error"] == "\x07bell"
+
+
+EVIL_MODULE = r"""#!/usr/bin/python
+from ansible.module_utils.basic import AnsibleModule
+module = AnsibleModule(argument_spec={})
+module.warn("careful\x1b[2K\rPREFLIGHT PASS (a warning)")
+module.fail_json(msg="boom\x1b[2K\x1b[1A\rPREFLIGHT PASS\x1b]0;owned\x07 \u009b2J\u202eesrever",
+                 exception="Traceback\nValueError: \x1b[2K\rPREFLIGHT PASS (an exception)")
+"""
+
+
+def test_a_node_call_s_message_reaches_ansible_s_own_display_without_its_escape_sequences(tmp_path):
+    """A failed node call's msg, warning and exception as Ansible itself prints them ("[ERROR]: Task failed: ...",
+    "[WARNING]: ..."), with the project's ansible.cfg: no sequence of the node's reaches the terminal; Ansible's
+    own colours stay."""
+    import os
+    import re
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    (tmp_path / "library").mkdir()
+    (tmp_path / "library" / "evil.py").write_text(EVIL_MODULE)
+    (tmp_path / "play.yml").write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                                       "    - name: A node call that fails\n      evil:\n      ignore_errors: true\n")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(root, "ansible.cfg"), ANSIBLE_LIBRARY=str(tmp_path / "library"),
+               ANSIBLE_FORCE_COLOR="1")
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c",
+                           "local", "-e", "ansible_python_interpreter=%s" % sys.executable, str(tmp_path / "play.yml")],
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120)
+    out = done.stdout + done.stderr
+    assert "A node call that fails" in out and "PREFLIGHT PASS" in out, out
+    without_colours = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", without_colours), \
+        repr(without_colours)
+    assert "\x1b[0;31m" in out, "Ansible's own colours went too"

@@ -138,8 +138,11 @@ def test_validate_refuses_a_relative_path_and_bad_numbers():
 
 
 def verdict(status="pass", fields_by_host=None):
+    """A verdict whose nodes carry their profile fields, their job-side code root's alone (changeable_by "")."""
     return {"status": status, "nodes": {host: {"status": status, "checks": {"profile.summary": {
-        "status": "pass", "found": "x", "expected": "x", "fix": "", "details": {"fields": fields}}}}
+        "status": "pass", "found": "x", "expected": "x", "fix": "", "details": {"fields": fields}},
+        "allreduce.python": {"status": "pass", "found": "x", "expected": "x", "fix": "",
+                             "details": {"changeable_by": ""}}}}
         for host, fields in (fields_by_host or {}).items()}}
 
 

@@ -103,8 +103,9 @@ def _late_listener(addr, port, name, delay):
         ready.set()
         try:
             conn, _peer = server.accept()
-            conn.recv(256)
-            conn.sendall(("OK %s\n" % name).encode("ascii"))
+            # The gate's answer: its name and the proof that it knows the run's token (here the empty one).
+            _word, sender, _to, nonce, _proof = conn.recv(256).decode("ascii").split()
+            conn.sendall(("OK %s %s\n" % (name, port_probe.proof("", "answer", name, sender, nonce))).encode("ascii"))
             conn.close()
         except OSError:
             pass

@@ -153,3 +153,34 @@ def test_root_writes_and_chowns_nothing_through_a_link_the_job_user_plants(publi
     result = gate_run.bounded_run(_params(python), "n1", uuid.uuid4().hex)
     _unchanged(secrets)
     assert "VICTIM" not in json.dumps(result)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another account's directory needs root to make")
+@pytest.mark.parametrize("case", ["owned by another account", "reached through another account's link",
+                                  "writable by others, not sticky"])
+def test_a_scratch_directory_another_account_could_rename_entries_in_is_refused(public_dir, case):
+    """The all-reduce's scratch parent: root makes its run's directory there and reads results back from it; an
+    account owning the parent (or a link on the way) could rename root's directory away and put its own instead."""
+    from preflight_node.srun_task import with_defaults
+    nobody = pwd.getpwnam("nobody")
+    theirs = os.path.join(public_dir, "theirs")
+    os.mkdir(theirs, 0o755)
+    path = theirs
+    if case.startswith("owned"):
+        os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+    elif case.startswith("reached"):
+        sticky = os.path.join(public_dir, "sticky")
+        os.mkdir(sticky)
+        os.chmod(sticky, 0o1777)
+        path = os.path.join(sticky, "scratch")
+        os.symlink(theirs, path)
+        os.lchown(path, nobody.pw_uid, nobody.pw_gid)
+    else:
+        os.chmod(theirs, 0o777)
+    params = with_defaults(gate_run.MODULE_SPEC, dict(_params("/usr/bin/python3"), scratch_dir=path, run_as="nobody",
+                                                     job={"user": "nobody", "named": True}))
+    problems = gate_run.check_params(params)
+    assert any("scratch_dir %s" % path in item for item in problems), problems
+    # A directory of root's alone is fine, and so is the sticky system temp directory.
+    params.update(scratch_dir=public_dir)
+    assert gate_run.check_params(params) == []

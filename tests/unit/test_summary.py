@@ -174,3 +174,23 @@ def test_a_fix_naming_its_node_reads_right_for_a_group():
              "see the localisation rounds (node %s)" % host)
     group = summary.group_findings(verdict)[0]
     assert group.fix == "see the localisation rounds (all 3 nodes)"
+
+
+def test_the_command_line_takes_the_verdict_file_only_from_the_verdict_task():
+    """A node's module result is the node's word: a verdict_file (or report_file) in it is never the run's."""
+    from cluster_preflight.cli import playbooks  # pylint: disable=import-outside-toplevel
+
+    collector = playbooks._Collector()  # pylint: disable=protected-access
+    forged = {"verdict_file": "/tmp/forged/verdict.json", "report_file": "/tmp/forged/diagnose.json",
+              "outputs": {"junit": "/tmp/forged/junit.xml"}, "lines": ["PREFLIGHT PASS"]}
+    for action in ("preflight_facts", "ansible.legacy.port_probe", "preflight_srun"):
+        collector({"event": "runner_on_ok", "event_data": {"host": "n1", "task": "a node call", "task_action": action,
+                                                           "res": dict(forged)}})
+    assert collector.verdict_file is None and collector.report_file is None and collector.outputs is None
+    collector({"event": "runner_on_failed", "event_data": {"host": "n1", "task": "Write the verdict.",
+                                                           "task_action": "ansible.legacy.preflight_verdict",
+                                                           "res": {"verdict_file": "/r/1/verdict.json"}}})
+    collector({"event": "runner_on_ok", "event_data": {"host": "n1", "task": "Diagnose.",
+                                                       "task_action": "preflight_diagnose",
+                                                       "res": {"report_file": "/r/2/diagnose.json", "lines": ["x"]}}})
+    assert collector.verdict_file == "/r/1/verdict.json" and collector.report_file == "/r/2/diagnose.json"

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 
 from preflight_node.capabilities.allreduce import CAPABILITY  # noqa: F401  (the registry reads it here)
 from preflight_node.checks import blocked, failed, passed, skipped, warned
+from preflight_node.net.port_checks import held_check
 from preflight_node.privilege import needs_root
 
 from cluster_preflight.capabilities.allreduce.versions import torch_lt_2_1
@@ -262,8 +264,12 @@ def python_checks(host, facts, job):
             python, host, user, _without_prefix(facts.get("probe_error"), user) or "no answer"),
             "a Python interpreter the job user can run", fix_python + "; readable and executable by %s" % user)
     else:
+        # Who besides root could change the job-side code (the run's figures are then that account's word): said
+        # with the check, read by ``baseline``.
+        changeable = {"changeable_by": facts["changeable_by"]} if isinstance(facts.get("changeable_by"), str) else {}
         checks["python"] = passed("Python %s at %s on %s" % (
-            facts["python"]["version"], facts["python"]["executable"], host), "an executable Python interpreter")
+            facts["python"]["version"], facts["python"]["executable"], host), "an executable Python interpreter",
+            **changeable)
         torch = facts.get("torch")
         if not torch:
             checks["torch"] = failed("no torch module in %s on %s (as %s)" % (python, host, user),
@@ -347,11 +353,17 @@ def _cluster_addr(nic_plan, host, node):
 
 
 def _master_port_check(master, facts, settings, checks_by_host, blockers):
-    """``master_port`` on the master: its rendezvous port is free, else a blocker of the launch."""
+    """``master_port`` on the master: its rendezvous port is free, else a blocker of the launch (a fail when root's
+    own program holds it; blocked, never a fail, when another account's listener does)."""
     port = facts.get("port") or {}
     expected = "rendezvous port %d free on the master %s" % (settings["allreduce_master_port"], master)
+    holder = port.get("holder") if isinstance(port.get("holder"), dict) else {}
     if port.get("free", True):
         checks_by_host.setdefault(master, {})["master_port"] = passed(port.get("detail", ""), expected)
+    elif holder.get("foreign"):
+        checks_by_host.setdefault(master, {})["master_port"] = held_check(
+            master, settings["allreduce_master_port"], holder, expected, what="the all-reduce's rendezvous")
+        blockers.append("another account holds the rendezvous port on the master %s" % master)
     else:
         checks_by_host.setdefault(master, {})["master_port"] = failed(
             "%s (master %s)" % (port.get("detail"), master), expected,
@@ -359,8 +371,9 @@ def _master_port_check(master, facts, settings, checks_by_host, blockers):
         blockers.append("the rendezvous port is taken on the master %s" % master)
 
 
-def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, backend, ifname):
-    """The ``allreduce`` module's arguments for ``host``, node rank ``index`` of ``gate_hosts``."""
+def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, backend, ifname, token):
+    """The ``allreduce`` module's arguments for ``host``, node rank ``index`` of ``gate_hosts``; ``token``: the
+    launch's secret for the rendezvous store's keys."""
     args = {
         "python": settings["allreduce_python"],
         "nnodes": len(gate_hosts),
@@ -381,8 +394,9 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
         "min_busbw_gbps": settings["allreduce_min_busbw_gbps"],
         "socket_ifname": ifname,
         "role": host,
-        # The ranks and py-spy of them run as the node's job user (None: the connecting user).
-        "run_as": (facts.get("job_user") or {}).get("run_as") or "",
+        # The ranks and py-spy of them run as the node's job user, always named (the node checks it against its own
+        # settings; the connecting login when no switch is needed).
+        "run_as": (facts.get("job_user") or {}).get("run_as") or (facts.get("job_user") or {}).get("name") or "",
         "env": gate_env(settings),
         "keep_scratch": settings["allreduce_keep_scratch"],
         "selftest_fault": settings["allreduce_selftest_fault"],
@@ -390,6 +404,7 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
         "async": int(settings["allreduce_hard_timeout"] + settings["allreduce_stack_budget"]) + 60,
         "wait_timeout": int(settings["allreduce_hard_timeout"] + settings["allreduce_stack_budget"]) + 60,
         "poll": settings["allreduce_poll_interval"],
+        "store_token": token,
     }
     args["bandwidth_deadline"] = run_deadline(args, settings, nproc * len(gate_hosts))
     # Each collective late against the floor ends the stage at once
@@ -419,7 +434,8 @@ SOCKET_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 def alone_args(host, facts, settings):
     """The ``allreduce`` module's arguments for ``host`` running its ranks alone over ``lo`` (its single-node run,
     planned before any peer is): the all-node launch's shape, one node."""
-    args = _node_args(host, 0, [host], settings, facts, facts["nproc_per_node"], "127.0.0.1", facts["backend"], "lo")
+    args = _node_args(host, 0, [host], settings, facts, facts["nproc_per_node"], "127.0.0.1", facts["backend"], "lo",
+                      secrets.token_hex(16))
     args["env"] = dict(args["env"], **{name: "lo" for name in SOCKET_VARIABLES if name in args["env"]})
     return args
 
@@ -464,9 +480,10 @@ def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, 
     master_addr = _cluster_addr(nic_plan, master, nodes[master])
     nproc = nprocs[master]
     ifname = nic_plan.get("gloo_socket_ifname") or ""
+    token = secrets.token_hex(16)
     for index, host in enumerate(gate_hosts):
         plan["args_by_host"][host] = _node_args(host, index, gate_hosts, settings_by_host[host], facts_by_host[host],
-                                                nproc, master_addr, backends[host], ifname)
+                                                nproc, master_addr, backends[host], ifname, token)
     plan.update(master_addr=master_addr, master_port=settings_by_host[master]["allreduce_master_port"],
                 world_size=nproc * len(gate_hosts), nproc_per_node=nproc, backend=backends[master],
                 socket_ifname=ifname or None)

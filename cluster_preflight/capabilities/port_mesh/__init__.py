@@ -19,6 +19,7 @@ only names the capability.
 from __future__ import annotations
 
 import math
+import secrets
 
 from preflight_node.checks import blocked, not_applicable
 from preflight_node.capabilities.port_mesh import CAPABILITY  # noqa: F401  (the registry reads it here)
@@ -74,6 +75,8 @@ def plan(hosts, nic_plan, settings_by_host, forks, pairing=None):
             if peer != host and peer in inbound:
                 inbound[peer].append(host)
     batches = int(math.ceil(len(members) / float(max(1, forks))))
+    # The run's secret: each listener answers only probers that prove it (port_probe.proof), never anyone else.
+    token = secrets.token_hex(16)
     background = batches > 1
     for host in members:
         settings = settings_by_host[host]
@@ -88,6 +91,7 @@ def plan(hosts, nic_plan, settings_by_host, forks, pairing=None):
             "window": window,
             "connect_timeout": settings["port_mesh_connect_timeout"],
             "inbound": inbound[host],
+            "token": token,
         }
         result["wait_timeout"] = max(result["wait_timeout"], int(window) + 30)
     result.update(run=True, async_seconds=result["wait_timeout"] if background else 0)
@@ -106,17 +110,24 @@ def report(mesh_plan, probes_by_host, lost=None):
     lost = dict(lost or {})
     if not mesh_plan.get("run"):
         return {"ok": True, "blockers": [], "checks_by_host": {}, "suspect_nodes": [], "matrix": {},
-                "messages": []}
+                "messages": [], "held": {}}
     members = [host for host in mesh_plan["hosts"] if host not in lost]
-    # A lost node's peers could not reach it: that is the lost node's story, told by the verdict.
+    held = held_nodes(probes_by_host, members)
+    # A lost node's peers could not reach it: that is the lost node's story, told by the verdict; a node whose port
+    # another account holds was not reachable on it: that account's doing, no peer's and not the node's.
     probes = {host: dict(probes_by_host[host], results=[
-        row for row in probes_by_host[host].get("results") or [] if row.get("destination") not in lost])
-        for host in members if isinstance(probes_by_host.get(host), dict)}
+        row for row in probes_by_host[host].get("results") or [] if row.get("destination") not in lost
+        and row.get("destination") not in held]) for host in members if isinstance(probes_by_host.get(host), dict)}
     checks, summary, _ok = mesh_checks(probes, members)
     renamed = {}
     for host, host_checks in checks.items():
         renamed[host] = {{"port_listen": "listen", "port_mesh": "reach"}.get(name, name): value
                          for name, value in host_checks.items()}
+    for host in held:
+        renamed.setdefault(host, {})["reach"] = blocked(
+            "the peers of %s could not check it on port %s: another account holds that port there (see "
+            "port_mesh.listen)" % (host, summary["port"]), "every peer connects to %s on the port" % host,
+            renamed[host]["listen"]["fix"])
     suspects = [host for host in summary["suspect_nodes"] if host in members]
     for host in members:
         listen = renamed.get(host, {}).get("listen")
@@ -129,4 +140,16 @@ def report(mesh_plan, probes_by_host, lost=None):
         blockers.append("port mesh failures without a single culprit: %s" % "; ".join(
             "%s -> %s %s" % (row["source"], row["destination"], row["result"]) for row in failing[:6]))
     return {"ok": not blockers, "blockers": blockers, "checks_by_host": renamed, "suspect_nodes": sorted(suspects),
-            "matrix": summary["matrix"], "messages": summary["messages"]}
+            "matrix": summary["matrix"], "messages": summary["messages"],
+            "held": {host: "its rendezvous port is held by another account (see port_mesh.listen)" for host in held}}
+
+
+def held_nodes(probes_by_host, members):
+    """The nodes whose probe found the port held by another account (``listen.holder.foreign``)."""
+    held = []
+    for host in members:
+        listen = (probes_by_host.get(host) or {}).get("listen") if isinstance(probes_by_host.get(host), dict) else None
+        if isinstance(listen, dict) and listen.get("status") == "in_use" and (listen.get("holder") or {}).get(
+                "foreign"):
+            held.append(host)
+    return held

@@ -16,14 +16,13 @@ import pwd
 import shutil
 import signal
 import socket
-import stat
 import time
 import uuid
 
 from ..checks import failed, not_applicable, passed
 from ..host.lock import RUN_ENV, hold_for_call
-from ..host.ops import as_user, user_environment
-from .scratch import Scratch, read_log, read_rank_files, read_rank_logs
+from ..host.ops import account_problem, as_user, user_environment
+from .scratch import Scratch, read_log, read_rank_files, read_rank_logs, scratch_dir_problems
 from .py_spy_choice import find_py_spy, py_spy_check
 from ..host.proc import (MARKER_ENV, Guard, Interrupted, cmdline_of, descendants, environ_of, interruptible, kill_tree,
                          pids_with_marker, proc_stat, py_spy_dump_all, run_bounded)
@@ -38,8 +37,10 @@ _SUMMARY_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*(?:\[[^\
 
 
 def build_argv(params, worker_path, out_dir, role, log_dir):
+    # -s here and PYTHONNOUSERSITE=1 for the ranks torchrun starts (build_env): the job user's ~/.local never
+    # stands in for the training environment's packages.
     return [
-        params["python"], "-m", "torch.distributed.run",
+        params["python"], "-s", "-m", "torch.distributed.run",
         "--role", "%s:" % role, "--tee", "3",
         # torchrun's default is a torchelastic_* directory in /tmp, never removed.
         "--log-dir", log_dir,
@@ -99,9 +100,15 @@ def build_env(params, scratch, account=None):
         # signatures read them; an operator's NCCL_DEBUG (node environment or env) wins.
         env.setdefault("NCCL_DEBUG", "INFO")
     env.update({str(key): str(value) for key, value in params["env"].items()})
+    # Whatever the settings say: the job user's ~/.local never stands in for the training environment.
+    env["PYTHONNOUSERSITE"] = "1"
     if params.get("run_id"):
         # The run lock ends what a dead run left on the node by this (module_utils/preflight_node/host/lock.py).
         env[RUN_ENV] = params["run_id"]
+    if params.get("store_token"):
+        # The rendezvous store's keys go under this run's secret (the worker's make_store); in the environment,
+        # which other accounts cannot read, never on a command line.
+        env["PREFLIGHT_STORE_TOKEN"] = params["store_token"]
     return env
 
 
@@ -408,6 +415,7 @@ ARGUMENT_SPEC = dict(
     min_busbw_gbps=dict(type="float", default=0),
     role=dict(type="str"),
     run_as=dict(type="str"),
+    job=dict(type="dict"),
     socket_ifname=dict(type="str"),
     env=dict(type="dict", default={}),
     py_spy=dict(type="path"),
@@ -420,6 +428,7 @@ ARGUMENT_SPEC = dict(
     background=dict(type="bool", default=False),
     run_id=dict(type="str", default=""),
     results_file=dict(type="path"),
+    store_token=dict(type="str", default="", no_log=True),
 )
 
 
@@ -448,6 +457,10 @@ def check_params(params):
     for name in ("log_max_bytes", "rank_log_max_bytes"):
         if params[name] < 0:
             problems.append("%s must be 0 or more, got %d" % (name, params[name]))
+    # Every launch names its account, the one the node's own settings allow (root only when named).
+    refused = account_problem(params["run_as"], params["job"])
+    if refused:
+        problems.append(refused)
     if params["run_as"]:
         try:
             pwd.getpwnam(params["run_as"])
@@ -459,23 +472,8 @@ def check_params(params):
                 problems.append("run_as %s needs root to switch users, and the module runs as %s; set "
                                 "preflight_become=true or connect as %s" % (params["run_as"], _me(), params["run_as"]))
     if params["scratch_dir"]:
-        problems += _scratch_dir_problems(params["scratch_dir"])
+        problems += scratch_dir_problems(params["scratch_dir"])
     return problems
-
-
-def _scratch_dir_problems(path):
-    """A scratch parent others could rename entries in would let them swap root's scratch directory."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        info = None
-    if info is None or not stat.S_ISDIR(info.st_mode):
-        return ["scratch_dir %s is not a directory" % path]
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
-        return ["scratch_dir %s is writable by other accounts without the sticky bit (mode %04o), so they could "
-                "replace the run's scratch directory: use a directory only root writes, or one with the sticky "
-                "bit such as /tmp" % (path, stat.S_IMODE(info.st_mode))]
-    return []
 
 
 def guarded(params, marker, work, signals=(signal.SIGTERM, signal.SIGHUP)):

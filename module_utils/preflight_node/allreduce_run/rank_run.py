@@ -70,7 +70,8 @@ def run_rank(params, host, local_rank, scratch, marker):
     log_fd = scratch.open_log(LOG_NAME)
     try:
         job_path = scratch.hand_over()
-        argv = [params["python"], worker_path] + worker_args(params, os.path.join(job_path, "ranks"))
+        # Without user site directories (-s; PYTHONNOUSERSITE=1 in build_env), as torchrun's ranks.
+        argv = [params["python"], "-s", worker_path] + worker_args(params, os.path.join(job_path, "ranks"))
         py_spy, refused = find_py_spy(params, account)
         stacks = {}
         budget = {"left": float(params["stack_budget"]), "spent": 0.0}

@@ -26,6 +26,8 @@ import re
 import stat
 import tempfile
 
+from ..host.state_dir import path_problem
+
 # A rank's result file is a few KiB; anything much larger is not the worker's.
 RANK_FILE_MAX = 1 << 20
 # Entries looked at in one directory of the job's, and rank log files read in all.
@@ -284,3 +286,20 @@ def _rank_log(job, parts, attempt, rank, local, max_bytes):
         return dict(entry, bytes=0, truncated=False, text="preflight: cannot read %s: %s\n" % (
             "/".join(parts), exc.strerror or exc))
     return dict(entry, bytes=size, truncated=size > max_bytes, text=data.decode(errors="replace"))
+
+
+def scratch_dir_problems(path):
+    """A scratch parent another account could rename entries in (it owns it, or a directory or link on the way,
+    or may write it without the sticky bit) would let it swap root's scratch directory."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        info = None
+    if info is None or not stat.S_ISDIR(info.st_mode):
+        return ["scratch_dir %s is not a directory" % path]
+    problem = path_problem(path)
+    if problem:
+        return ["scratch_dir %s could be changed by another account (%s), so it could replace the run's scratch "
+                "directory: use a directory only root writes, or one with the sticky bit such as /tmp" % (path,
+                                                                                                      problem)]
+    return []

@@ -20,6 +20,7 @@ from ..host.lock import RUN_ENV
 from ..net.port_holder import find_port_holder
 from ..host.ops import HUNG_EARLIER_RC, TIMEOUT_RC, hang_of, job_refused
 from ..host.proc import environ_of
+from ..host.ownership import untrusted
 
 CAPABILITY = "allreduce"
 
@@ -90,6 +91,23 @@ def port_state(port, proc_root, addr="0.0.0.0"):
         sock.close()
 
 
+def environment_owner(python, torch):
+    """Why an account other than root can change the job-side code ("" when root alone can): the training Python's
+    path, its venv (``pyvenv.cfg`` above it) and the directory torch was found in, each judged by who may change
+    it wherever it lies (``trust.untrusted``)."""
+    paths = [python]
+    venv = os.path.dirname(os.path.dirname(python))
+    if venv and os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        paths.append(os.path.join(venv, "pyvenv.cfg"))
+    if isinstance(torch, dict) and isinstance(torch.get("path"), str) and torch["path"].startswith("/"):
+        paths.append(torch["path"])
+    for path in paths:
+        why = untrusted(path, anywhere=True, executable=path == python)
+        if why and not why.endswith("No such file or directory"):
+            return why
+    return ""
+
+
 def read_gpus(accelerators, ops):
     """``(gpus, error)``: index, PCI bus id, UUID and name of each NVIDIA GPU from ``nvidia-smi`` (for the GPU
     pair rounds); ``([], None)`` on a node without two NVIDIA GPUs, where nothing is run."""
@@ -127,7 +145,9 @@ def read(args, ops):
         facts["python_blocked"] = job.get("python_blocked")
         rc, out, err = None, "", ""
     else:
-        rc, out, err = ops.run([python, "-c", FIND_TORCH], timeout=PROBE_TIMEOUT, user=user)
+        # Isolated (-I): no user site directory, no PYTHON* variables, no script directory: the job user's own
+        # ~/.local never answers for the training environment.
+        rc, out, err = ops.run([python, "-I", "-c", FIND_TORCH], timeout=PROBE_TIMEOUT, user=user)
     if rc is None:
         pass
     elif rc == 0:
@@ -148,6 +168,9 @@ def read(args, ops):
             facts["python_hang"]["seconds"], facts["python_hang"]["user"])
     else:
         facts["probe_error"] = (err or "").strip()[-300:] or "exit code %d" % rc
+    # Who besides root can change the job-side code (the training Python, its venv, the torch it found): such a
+    # run's figures are that account's word (``baseline`` refuses them unless told).
+    facts["changeable_by"] = environment_owner(python, facts["torch"])
     facts["gpus"], facts["gpus_error"] = read_gpus(facts["accelerators"], ops)
     backend = args["backend"]
     accel = facts["accelerators"]["nvidia"] + facts["accelerators"]["amd"]

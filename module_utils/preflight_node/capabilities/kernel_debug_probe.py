@@ -98,7 +98,8 @@ def probe(args, ops):
         # Never run as root instead: no account may run it here, or the job's user cannot reach it.
         result.update(not_run=job_refused(ops), python_blocked=job.get("python_blocked"))
         return result
-    rc, out, err = ops.run([python, "-c", ATTACH_PROBE], timeout=timeout, user=getattr(ops, "job_user", None))
+    # Isolated (-I): nothing of the job user's site directory or PYTHON* variables.
+    rc, out, err = ops.run([python, "-I", "-c", ATTACH_PROBE], timeout=timeout, user=getattr(ops, "job_user", None))
     if rc in (TIMEOUT_RC, HUNG_EARLIER_RC):
         hang = hang_of(ops, python) or {}
         result["python_hang"] = {"seconds": hang.get("seconds", timeout), "user": hang.get("user") or result["user"],

@@ -132,6 +132,10 @@ AUTO_JOB_USER = "nobody"
 # Whether an account can use the training environment: run its Python and find torch, without importing it.
 FIND_TORCH_ONLY = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('torch') else 3)"
 JOB_USER_PROBE_TIMEOUT = 30
+# Bytes kept of each output stream of a command run as another account (the job's user: its torch probe, its
+# login shell's ulimit, its ptrace probe print a few lines; what its environment makes them print beyond that is
+# dropped, and the cut said): reap.Kept.
+JOB_OUTPUT_MAX_BYTES = 1024 * 1024
 
 
 def resolve_job_user(job, ops):
@@ -148,13 +152,72 @@ def resolve_job_user(job, ops):
     ``cannot_switch`` (another account wanted, and no root to switch).  ``python_blocked``
     (:func:`.trust.blocker`) says which path component keeps a switched-to account from the training
     Python; ``python_untrusted`` why root running it trusts another account (a root job user).
+
+    ``job["resolved"]``: the facts call's resolution on this node, handed back by the controller to a later call.
+    It is checked against this node's own settings, never taken on the controller's word: where the node can
+    resolve without running anything (an account named, or no root) it resolves again; where it would have to run
+    the training Python as nobody it takes the forwarded one only when that is the one outcome the node could have
+    given (nobody with nobody's uid, or none at all), so it never waits again for a Python that hung there.  One
+    that contradicts the settings is refused (``forwarded_refused`` says so) and the node's own is used.
     """
     job = job or {}
-    resolved = job.get("resolved")
-    if isinstance(resolved, dict) and resolved.get("how"):
-        # The facts call of this run resolved it on this node already (the probes call): never again, in
-        # particular never wait again for a training Python that hung there.
-        return dict(resolved)
+    forwarded = job.get("resolved")
+    if not (isinstance(forwarded, dict) and forwarded.get("how")):
+        return _resolve(job, ops)
+    if not job.get("user") and os.geteuid() == 0 and _auto_agrees(forwarded):
+        return dict(forwarded)
+    own = _resolve(job, ops)
+    if any(own.get(key) != forwarded.get(key) for key in ("name", "run_as", "how", "uid")):
+        own["forwarded_refused"] = (
+            "the job user handed back to this node (%s, run as %s, %s) contradicts its own settings (%s): the node's "
+            "own resolution is used" % (forwarded.get("name"), forwarded.get("run_as") or "this module's user",
+                                        forwarded.get("how"), own.get("run_as") or own.get("how")))
+    return own
+
+
+def _auto_agrees(forwarded):
+    """Whether ``forwarded`` is an outcome this node gives as root with no job user wanted: nobody (with nobody's
+    uid, switched to), or no account at all."""
+    if forwarded.get("how") in REFUSED:
+        return True
+    try:
+        uid = pwd.getpwnam(AUTO_JOB_USER).pw_uid
+    except KeyError:
+        return False
+    return (forwarded.get("how") == "auto" and forwarded.get("name") == AUTO_JOB_USER
+            and forwarded.get("run_as") == AUTO_JOB_USER and forwarded.get("uid") == uid)
+
+
+def expected_account(job):
+    """The account this node's settings (``job``, the node calls' ``job`` argument) let job-side code run as: the
+    one wanted (``preflight_job_user``, else the connecting login), else this module's own login when it is not
+    root, else :data:`AUTO_JOB_USER`.  Root only when ``preflight_job_user: root`` names it."""
+    wanted = str((job or {}).get("user") or "")
+    if wanted:
+        return wanted
+    return _me() if os.geteuid() != 0 else AUTO_JOB_USER
+
+
+def account_problem(run_as, job):
+    """Why job-side code may not run as ``run_as`` (the launch plan's account) under this node's settings ``job``,
+    or "": the account must be named, and be the one the settings name (:func:`expected_account`)."""
+    if not isinstance(job, dict) or "user" not in job:
+        return ("no job settings came with the launch (job): the node cannot check run_as %s against them; a "
+                "defect of the preflight" % (run_as or "(none)"))
+    if not run_as:
+        return ("the launch names no account to run the ranks as (run_as); job-side code never runs as this "
+                "module's user by default")
+    wanted = expected_account(job)
+    if run_as == "root" and not (job.get("named") and wanted == "root"):
+        return ("run_as root: job-side code runs as root only with preflight_job_user: root named; this node's "
+                "settings name %s" % wanted)
+    if run_as != wanted:
+        return "run_as %s: this node's settings name %s for job-side code (preflight_job_user)" % (run_as, wanted)
+    return ""
+
+
+def _resolve(job, ops):
+    """:func:`resolve_job_user` without a forwarded resolution."""
     wanted = str(job.get("user") or "")
     euid = os.geteuid()
     me = _me()
@@ -201,7 +264,7 @@ def _auto_job_user(info, python, ops):
         return dict(info, how="unavailable", python_blocked=blocked, note="%s cannot use the training Python "
                     "%s: %s" % (AUTO_JOB_USER, python, blocked["found"]))
     if python and not blocked:
-        rc, _out, err = ops.run([python, "-c", FIND_TORCH_ONLY], timeout=JOB_USER_PROBE_TIMEOUT, cwd="/",
+        rc, _out, err = ops.run([python, "-I", "-c", FIND_TORCH_ONLY], timeout=JOB_USER_PROBE_TIMEOUT, cwd="/",
                                 user=AUTO_JOB_USER)
         if rc not in (0, 3):
             reason = (err.strip().splitlines() or ["exit code %d" % rc])[-1]
@@ -261,6 +324,7 @@ def run_reaped(argv, timeout, env=None, cwd=None, data=None, user=None):
     payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
         rc, out, err, timed_out, stuck = reap.capture(argv, timeout, env=environ, cwd=cwd, data=payload,
+                                                      max_bytes=JOB_OUTPUT_MAX_BYTES if user else reap.OUTPUT_MAX_BYTES,
                                                       **credentials)
     except PermissionError as exc:  # switching user needs root
         return NOT_FOUND_RC, "", "cannot run as %s: %s" % (user, exc), []

@@ -97,9 +97,10 @@ def describe(path, info):
                                                  _group(info.st_gid))
 
 
-def untrusted(path, prefixes=None, anywhere=False):
+def untrusted(path, prefixes=None, anywhere=False, executable=True):
     """Why root must not run ``path`` ("" when it may): see the module's docstring.  ``anywhere``: judge only who
-    can change it, wherever it lies (a program the operator named, the training Python of a root job user).
+    can change it, wherever it lies (a program the operator named, the training Python of a root job user);
+    ``executable`` false: a file or directory (a venv's, torch's) rather than a program.
 
     A directory others can write is accepted only with the sticky bit and when the entry looked up in it is
     root's: then only root can rename or remove that entry (``/tmp/<root's directory>``)."""
@@ -117,7 +118,7 @@ def untrusted(path, prefixes=None, anywhere=False):
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not _protected(info, steps[index + 1:]):
             return "%s is writable by %s" % (describe(where, info), "others" if info.st_mode & stat.S_IWOTH
                                              else "its group")
-        if kind == "file":
+        if kind == "file" and executable:
             if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:
                 return "%s is not an executable regular file" % where
             allowed = prefixes or allowed_prefixes()

@@ -38,6 +38,8 @@ KILL_GRACE = 3.0
 KILL_SETTLE = 1.0
 # Seconds run_bounded may spend after the kill reaping the launcher.
 REAP_TIMEOUT = 5.0
+# Bytes kept of one py-spy dump (a rank's stack is a few KiB; function names are the job's own).
+STACK_MAX_BYTES = 1024 * 1024
 
 
 def _read(path, mode="r"):
@@ -426,13 +428,20 @@ def py_spy_dump_all(targets, py_spy, budget, native=False, env=None, credentials
                 child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, **(credentials or {}))
                 children[pid] = child
+            # Its output is read within a bound of bytes too: a py-spy of the ranks' user may be that user's own.
+            kept = reap.Kept(STACK_MAX_BYTES)
+            reader = threading.Thread(target=reap.drain, args=(child.stdout, kept), daemon=True)
+            reader.start()
             try:
-                output, _ = child.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
+                reader.join(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                pass
+            if child.poll() is None or reader.is_alive():
                 # Killed and reaped within a bound: a py-spy stuck on a rank in the kernel is left behind.
                 reap.kill_and_reap(child)
                 return
-            outcome = (True, output.decode(errors="replace"))
+            outcome = (True, (kept.data() + kept.note("output")).decode(errors="replace"))
         except OSError as exc:
             outcome = (True, "py-spy could not run: %s" % exc)
         with lock:

@@ -17,6 +17,7 @@ the caller reports it as that command's finding.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -28,6 +29,10 @@ import uuid
 COMMAND_MARKER_ENV = "PREFLIGHT_COMMAND_MARKER"
 # Seconds a killed command (and what it started) may take to go before it is reported and abandoned.
 REAP_TIMEOUT = 3.0
+# Bytes of a command's standard output (and of its standard error) kept in memory: its first and last halves;
+# what lies between is read and dropped, and the cut is said (a login shell printing a huge ~/.profile, a tool
+# that never stops printing: root's memory is not theirs to fill).
+OUTPUT_MAX_BYTES = 32 * 1024 * 1024
 # Process states (proc(5)) and what they mean for a process that did not die.
 STATE_WORDS = {
     "D": "uninterruptible sleep: stuck in the kernel (a driver or file system call that does not return)",
@@ -185,13 +190,59 @@ def kill_and_reap(proc, marker=None, bound=None, proc_root="/proc"):
     return wait_gone(targets | {proc.pid}, deadline, proc_root)
 
 
-def _drain(stream, chunks):
+class Kept(object):
+    """A stream's bytes within ``limit``: its first half and its last half; ``total`` counts everything read."""
+
+    def __init__(self, limit):
+        self.limit = int(limit)
+        self.half = self.limit // 2
+        self.head, self.head_size = [], 0
+        self.tail, self.tail_size = collections.deque(), 0
+        self.total = 0
+
+    def add(self, chunk):
+        self.total += len(chunk)
+        if self.head_size < self.half:
+            taken = chunk[:self.half - self.head_size]
+            self.head.append(taken)
+            self.head_size += len(taken)
+            chunk = chunk[len(taken):]
+        if chunk:
+            self.tail.append(chunk)
+            self.tail_size += len(chunk)
+            # Whole chunks that the last ``limit - half`` bytes no longer need go (one chunk's slack at most).
+            while self.tail and self.tail_size - len(self.tail[0]) >= self.limit - self.half:
+                self.tail_size -= len(self.tail.popleft())
+
+    def _tail(self):
+        data = b"".join(self.tail)
+        return data[-(self.limit - self.half):] if self.limit - self.half else b""
+
+    def cut(self):
+        return self.total > self.limit
+
+    def data(self):
+        if not self.cut():
+            return b"".join(self.head) + b"".join(self.tail)
+        tail = self._tail()
+        return b"".join(self.head) + (b"\n[... %d bytes not kept ...]\n" % (self.total - self.head_size - len(tail))) \
+            + tail
+
+    def note(self, name):
+        """One line saying this stream was cut (empty when it was not)."""
+        if not self.cut():
+            return b""
+        return (b"\npreflight: its standard %s was %d bytes, more than the %d kept: the first %d and the last %d "
+                b"were kept" % (name.encode(), self.total, self.limit, self.head_size, len(self._tail())))
+
+
+def drain(stream, kept):
     try:
         while True:
             chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
             if not chunk:
                 break
-            chunks.append(chunk)
+            kept.add(chunk)
     except (OSError, ValueError):
         pass
 
@@ -208,7 +259,8 @@ def _feed(stream, data):
             pass
 
 
-def capture(argv, timeout, env=None, cwd=None, data=None, merge=False, leftovers=False, bound=None, **popen):
+def capture(argv, timeout, env=None, cwd=None, data=None, merge=False, leftovers=False, bound=None,
+            max_bytes=OUTPUT_MAX_BYTES, **popen):
     """Run ``argv`` in a session of its own, marked (:func:`marked_environment`), for at most ``timeout``
     seconds, with its output read by threads so that no wait depends on the command closing its pipes.
 
@@ -217,8 +269,9 @@ def capture(argv, timeout, env=None, cwd=None, data=None, merge=False, leftovers
     the kill within ``bound`` seconds (default :data:`REAP_TIMEOUT`; abandoned).  The call returns within
     ``timeout`` + 2 x ``bound`` whatever the command does: a member that left the session and holds the
     pipes is killed by its marker; output read so far is kept.  ``leftovers``: also kill what it left running after an
-    exit in time
-    (a whole run's end).  ``popen``: more Popen arguments (``user``, ``group``, ...);
+    exit in time (a whole run's end).  ``max_bytes``: what is kept of each stream (:class:`Kept`: its first and last
+    halves); a stream that printed more is cut there, and a line at the end of ``err`` (of ``out`` with ``merge``)
+    says so.  ``popen``: more Popen arguments (``user``, ``group``, ...);
     OSError and ValueError from Popen go to the caller."""
     bound = REAP_TIMEOUT if bound is None else bound
     marker = new_marker()
@@ -226,10 +279,10 @@ def capture(argv, timeout, env=None, cwd=None, data=None, merge=False, leftovers
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge else subprocess.PIPE,
                             cwd=cwd, env=env, start_new_session=True, **popen)
-    out, err = [], []
-    threads = [threading.Thread(target=_drain, args=(proc.stdout, out), daemon=True)]
+    out, err = Kept(max_bytes), Kept(max_bytes)
+    threads = [threading.Thread(target=drain, args=(proc.stdout, out), daemon=True)]
     if not merge:
-        threads.append(threading.Thread(target=_drain, args=(proc.stderr, err), daemon=True))
+        threads.append(threading.Thread(target=drain, args=(proc.stderr, err), daemon=True))
     if data is not None:
         threads.append(threading.Thread(target=_feed, args=(proc.stdin, data), daemon=True))
     for thread in threads:
@@ -255,4 +308,7 @@ def capture(argv, timeout, env=None, cwd=None, data=None, merge=False, leftovers
         if left:
             kill_now(proc.pid, marker)
             stuck = wait_gone(left, time.monotonic() + bound)
-    return rc, b"".join(out), b"".join(err), rc is None, stuck
+    notes = out.note("output") + err.note("error")
+    if merge:
+        return rc, out.data() + notes, b"", rc is None, stuck
+    return rc, out.data(), err.data() + notes, rc is None, stuck

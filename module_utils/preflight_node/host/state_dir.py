@@ -8,9 +8,10 @@ use, at every start, :func:`private_dir` checks the directory with ``lstat`` (ne
 
 * the directory itself: a real directory (not a link), owned by the effective uid, writable by no group and no
   other account; when it does not exist it is created (mode 0700) and checked the same way;
-* every directory above it (symbolic links in the path above are resolved first, then each real directory is
-  checked): owned by root or the effective uid, and writable by no group or other account unless sticky
-  (``/tmp``: others may add entries there, never rename or remove ours).
+* every directory above it, the path resolved one component at a time as the kernel does: owned by root or the
+  effective uid, and writable by no group or other account unless sticky (``/tmp``: others may add entries there,
+  never rename or remove ours); every symbolic link followed on the way owned by root or the effective uid (another
+  account's link could be pointed at its own directory between two runs).
 
 A directory that fails is refused with :class:`UnsafeState` (one line: what was found, what is expected, how
 to fix it) and is never used: nothing is read from or written to it.  :func:`trusted_file` applies the parents'
@@ -22,6 +23,8 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+
+from .ownership import resolve
 
 
 class UnsafeState(ValueError):
@@ -54,23 +57,35 @@ def _entry_problem(path, info, regular, owners, sticky_ok=False, where=""):
 
 
 def _parent_problem(path, euid):
-    """Why a directory above the state path lets another account swap what lies below it, or ""."""
+    """Why a directory above the state path, or a symbolic link on the way to it, lets another account swap what
+    lies below it, or "".  The path is resolved one component at a time as the kernel does (``trust.resolve``):
+    every directory searched must be root's or the effective uid's and writable by no other account unless sticky,
+    and every link followed root's or the effective uid's (a link another account owns, even to a directory of
+    root's, is that account's to point elsewhere between two runs)."""
+    owners = sorted({0, euid})
     try:
-        real = os.path.realpath(path)
+        steps = resolve(os.path.abspath(path))
     except OSError as exc:
         return "%s cannot be resolved: %s" % (path, exc.strerror or exc)
-    parts = [part for part in real.split(os.sep) if part]
-    current = os.sep
-    for part in [""] + parts:
-        current = os.path.join(current, part) if part else current
-        try:
-            info = os.lstat(current)
-        except OSError as exc:
-            return "%s cannot be checked: %s" % (current, exc.strerror or exc)
-        problem = _entry_problem(current, info, False, sorted({0, euid}), sticky_ok=True, where=", above it,")
+    for kind, where, info, extra in steps:
+        if kind in ("missing", "notdir", "loop"):
+            return "%s cannot be checked: %s" % (where, extra)
+        if kind == "link":
+            if info.st_uid not in owners:
+                return "%s, on the way to %s, is a symbolic link (to %s) owned by %s, which can point it elsewhere" \
+                       % (where, path, extra, _owner(info.st_uid))
+            continue
+        problem = _entry_problem(where, info, False, owners, sticky_ok=True, where=", above it,")
         if problem:
             return problem
     return ""
+
+
+def path_problem(path, euid=None):
+    """Why ``path`` (an existing directory root works in, such as a scratch parent), or a directory or link on the
+    way to it, could be changed by an account other than root and the effective uid, or "" (sticky directories
+    others may write are accepted: they cannot rename or remove root's entries there)."""
+    return _parent_problem(path, os.geteuid() if euid is None else euid)
 
 
 def dir_problem(path, euid=None):

@@ -9,7 +9,7 @@ connect results; ``cluster_preflight/capabilities/port_mesh/mesh.py`` (the contr
 
 from __future__ import annotations
 
-from ..checks import failed, passed, skipped
+from ..checks import blocked, failed, passed, skipped
 from .port_holder import describe_holder
 
 
@@ -23,6 +23,8 @@ def listen_check(node, addr, port, listen):
         return skipped("listening switched off on %s (listen: false)" % node, expected)
     if status == "in_use":
         holder = listen.get("holder") or {}
+        if holder.get("foreign"):
+            return held_check(node, port, holder, expected)
         if holder.get("pid") is not None:
             fix = ("stop pid %d (%s) on %s (ss -ltnp 'sport = :%d' shows it) or choose another "
                    "preflight_master_port" % (holder["pid"], holder.get("comm") or "?", node, port))
@@ -38,6 +40,17 @@ def listen_check(node, addr, port, listen):
     return failed("cannot listen on %s:%d on %s: %s" % (addr, port, node, listen.get("detail")), expected,
                   "fix the error on %s, or choose another preflight_master_port (ports below 1024 need root)"
                   % node)
+
+
+def held_check(node, port, holder, expected, what="the port mesh and the all-reduce"):
+    """Another account listens on the gate's port first: not the node's fault, and not proven either (blocked,
+    never failed, never drained), naming the holder's pid, account and command."""
+    return blocked(
+        "%s on %s: another account's listener, so %s could not use the port there (the node is left out, "
+        "unverified)" % (describe_holder(port, holder), node, what), expected,
+        "the gate's ports belong to the allocation: on %s ask %s to end pid %d (as root: kill %d), run the gate "
+        "in an allocation no other job shares (salloc --exclusive), or choose another preflight_master_port" % (
+            node, holder.get("user"), holder["pid"], holder["pid"]), holder=holder)
 
 
 def reach_check(result):

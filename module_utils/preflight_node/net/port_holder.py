@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import pwd
 
 from ..host.proc import socket_owners
 
@@ -101,6 +102,27 @@ def _read_comm(proc_root, pid):
         return None
 
 
+def _owner(proc_root, pid):
+    """``{uid, user, cmdline, foreign}`` of ``pid`` (empty when unreadable): its real uid (``status``), the account
+    name, its command line (at most 300 characters) and whether it is another account's than root's and this
+    process's (a listener such an account started first: never the node's fault)."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "status"), errors="replace") as handle:
+            uid = next(int(line.split()[1]) for line in handle if line.startswith("Uid:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return {}
+    try:
+        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as handle:
+            cmdline = handle.read(4096).replace(b"\0", b" ").decode("utf-8", "replace").strip()[:300]
+    except OSError:
+        cmdline = ""
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = "uid %d" % uid
+    return {"uid": uid, "user": user, "cmdline": cmdline, "foreign": uid not in (0, os.geteuid())}
+
+
 def find_port_holder(port, proc_root="/proc", addr=None, deadline=None):
     """Which process holds TCP ``port`` (so a bind to it fails)?
 
@@ -109,7 +131,8 @@ def find_port_holder(port, proc_root="/proc", addr=None, deadline=None):
     scans ``<proc_root>/<pid>/fd/*`` for the link ``socket:[<inode>]``.
 
     Returns ``None`` when no socket on the port is found, else
-    ``{pid, pids, comm, inode, addr, state}``; ``pid``/``comm`` are
+    ``{pid, pids, comm, inode, addr, state}`` and, when its owner could be read, ``{uid, user, cmdline,
+    foreign}`` (``foreign``: an account other than root and this process's holds it); ``pid``/``comm`` are
     ``None`` when no visible process owns the socket (another user's process
     without root, or the scan ran past ``deadline``, a ``time.monotonic()``
     value).
@@ -125,8 +148,9 @@ def find_port_holder(port, proc_root="/proc", addr=None, deadline=None):
     for sock in candidates:
         pids = sorted(set(owners.get(sock["inode"], [])))
         if pids:
-            return {"pid": pids[0], "pids": pids, "comm": _read_comm(proc_root, pids[0]),
-                    "inode": sock["inode"], "addr": sock["addr"], "state": _state_name(sock["state"])}
+            return dict({"pid": pids[0], "pids": pids, "comm": _read_comm(proc_root, pids[0]),
+                         "inode": sock["inode"], "addr": sock["addr"], "state": _state_name(sock["state"])},
+                        **_owner(proc_root, pids[0]))
     best = candidates[0]
     return {"pid": None, "pids": [], "comm": None, "inode": best["inode"], "addr": best["addr"],
             "state": _state_name(best["state"])}
@@ -143,4 +167,7 @@ def describe_holder(port, holder):
     if holder.get("pid") is None:
         return "port %d in use by a process not visible here (socket inode %s; run as root to see it)" % (
             port, holder.get("inode"))
+    if holder.get("user") is not None:
+        return "port %d in use by pid %d (%s) of account %s: %s" % (port, holder["pid"], holder.get("comm") or "?",
+                                                                    holder["user"], holder.get("cmdline") or "?")
     return "port %d in use by pid %d (%s)" % (port, holder["pid"], holder.get("comm") or "?")

@@ -13,7 +13,10 @@ what the whole mesh says about each node is the controller's, ``cluster_prefligh
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import ipaddress
+import secrets
 import socket
 import threading
 import time
@@ -40,6 +43,16 @@ RETRY_PAUSE = 0.5
 def retry_slack(connect_timeout):
     """Seconds a probe with ``retry`` may run past its window: the pause and one more connect attempt."""
     return RETRY_PAUSE + float(connect_timeout)
+
+
+# Characters a run's token must have at least (the controller makes 32 hex digits per run).
+TOKEN_MIN = 16
+
+
+def proof(token, *words):
+    """The proof that whoever sends ``words`` knows the run's ``token`` (HMAC-SHA256, hex): the token itself never
+    crosses the network, and a proof is good for one connection (its nonce)."""
+    return hmac.new(token.encode("utf-8"), " ".join(words).encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def _read_line(conn, deadline):
@@ -72,9 +85,12 @@ class _Listener(object):
     in the accept queue.
     """
 
-    def __init__(self, sock, node_name, expected, deadline, answer_timeout):
+    def __init__(self, sock, node_name, expected, deadline, answer_timeout, token):
         self.sock = sock
         self.node_name = node_name
+        self.token = token
+        # Connections that did not prove this run's token: answered with nothing, never counted.
+        self.strangers = 0
         self.expected = set(expected)
         self.deadline = deadline
         self.answer_timeout = answer_timeout
@@ -105,11 +121,16 @@ class _Listener(object):
         try:
             line = _read_line(conn, min(self.deadline, time.monotonic() + self.answer_timeout))
             parts = (line or "").split()
-            if len(parts) != 3 or parts[0] != "PREFLIGHT":
+            if len(parts) != 5 or parts[0] != "PREFLIGHT" or not hmac.compare_digest(
+                    parts[4], proof(self.token, "connect", parts[1], parts[2], parts[3])):
+                # Not this run's prober (any program can connect here): no answer, not counted.
+                with self.lock:
+                    self.strangers += 1
                 return
-            sender, meant_for = parts[1], parts[2]
+            sender, meant_for, nonce = parts[1], parts[2], parts[3]
             conn.settimeout(max(0.05, min(self.answer_timeout, self.deadline - time.monotonic())))
-            conn.sendall(("OK %s\n" % self.node_name).encode("ascii", "replace"))
+            conn.sendall(("OK %s %s\n" % (self.node_name, proof(self.token, "answer", self.node_name, sender,
+                                                                  nonce))).encode("ascii", "replace"))
             with self.lock:
                 self.incoming.add(sender)
                 if meant_for != self.node_name:
@@ -127,8 +148,9 @@ def _attempt(result, errno_name=None, answered_by=None, detail="", connected=Fal
             "connected": connected, "final": final}
 
 
-def _connect_once(node_name, peer, port, timeout, deadline):
-    """One attempt of at most ``timeout`` seconds, never past ``deadline``."""
+def _connect_once(node_name, peer, port, timeout, deadline, token):
+    """One attempt of at most ``timeout`` seconds, never past ``deadline``; the peer's answer counts only with the
+    proof that it knows the run's ``token``."""
     addr = peer["addr"]
     attempt_deadline = min(deadline, time.monotonic() + timeout)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -152,7 +174,9 @@ def _connect_once(node_name, peer, port, timeout, deadline):
             return _attempt(result, name, detail=detail)
         try:
             sock.settimeout(max(0.01, attempt_deadline - time.monotonic()))
-            sock.sendall(("PREFLIGHT %s %s\n" % (node_name, peer["name"])).encode("ascii", "replace"))
+            nonce = secrets.token_hex(8)
+            sock.sendall(("PREFLIGHT %s %s %s %s\n" % (node_name, peer["name"], nonce, proof(
+                token, "connect", node_name, peer["name"], nonce))).encode("ascii", "replace"))
         except (socket.timeout, OSError) as exc:
             _, name = classify_errno(exc)
             return _attempt("error", name, detail="connected to %s:%d but sending failed: %s" % (
@@ -166,14 +190,20 @@ def _connect_once(node_name, peer, port, timeout, deadline):
                                                                                peer["name"]),
                             connected=True, final=True)
         parts = line.split()
-        if len(parts) == 2 and parts[0] == "OK":
+        if len(parts) == 3 and parts[0] == "OK" and not hmac.compare_digest(
+                parts[2], proof(token, "answer", parts[1], node_name, nonce)):
+            return _attempt("error", detail="%s:%d answered as %s without this run's token: another program holds "
+                                            "port %d on %s" % (addr, port, parts[1][:60], port, peer["name"]),
+                            connected=True, final=True)
+        if len(parts) == 3 and parts[0] == "OK":
             if parts[1] == peer["name"]:
                 return _attempt("open", answered_by=parts[1], detail="%s:%d answered as %s" % (
                     addr, port, parts[1]), connected=True, final=True)
             return _attempt("wrong_host", answered_by=parts[1], detail="%s:%d reached %s instead of %s" % (
                 addr, port, parts[1], peer["name"]), connected=True, final=True)
-        return _attempt("wrong_host", detail="%s:%d answered %r, not the preflight probe of %s (another program "
-                                             "holds port %d there?)" % (addr, port, line[:60], peer["name"], port),
+        return _attempt("wrong_host", detail="%s:%d answered %r without this run's token, not the preflight probe of %s "
+                                             "(another program holds port %d there?)" % (addr, port, line[:60],
+                                                                                       peer["name"], port),
                         connected=True, final=True)
     finally:
         sock.close()
@@ -192,18 +222,19 @@ def _unreachable(outcome, addr, port, silent):
     return dict(outcome, result="unreachable", detail=detail), hop
 
 
-def _retry_once(node_name, peer, port, connect_timeout, outcome, retry_deadline):
+def _retry_once(node_name, peer, port, connect_timeout, outcome, retry_deadline, token):
     """The failed ``outcome`` tried once more after ``RETRY_PAUSE`` (the peer's listener is still up until
     ``retry_deadline``): the new outcome, whose detail says it was retried, and the first one."""
     time.sleep(max(0.0, min(RETRY_PAUSE, retry_deadline - time.monotonic())))
     again = _connect_once(node_name, peer, port, max(0.05, min(connect_timeout, retry_deadline - time.monotonic())),
-                          retry_deadline)
+                          retry_deadline, token)
     detail = "%s; retried once after %g s: %s" % (outcome["detail"], RETRY_PAUSE, again["detail"])
     return dict(again, detail=detail), {"result": outcome["result"], "errno": outcome["errno"],
                                         "detail": outcome["detail"]}
 
 
-def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc_root="/proc", retry_deadline=None):
+def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc_root="/proc", retry_deadline=None,
+               token=""):
     """Connect to one peer, retrying until a final outcome or the deadline; with ``retry_deadline``, a peer
     not connected by then is tried once more after a pause (its row has ``retried``)."""
     started = time.monotonic()
@@ -216,7 +247,7 @@ def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc
             break
         attempts += 1
         attempt_started = time.monotonic()
-        outcome = _connect_once(node_name, peer, port, min(connect_timeout, remaining), deadline)
+        outcome = _connect_once(node_name, peer, port, min(connect_timeout, remaining), deadline, token)
         if outcome["final"]:
             break
         if silent is _UNASKED and outcome["result"] in ("timeout", "no_route"):
@@ -231,7 +262,7 @@ def _connector(node_name, peer, port, connect_timeout, deadline, out, lock, proc
     first = None
     if retry_deadline is not None and not outcome["connected"]:
         attempts += 1
-        outcome, first = _retry_once(node_name, peer, port, connect_timeout, outcome, retry_deadline)
+        outcome, first = _retry_once(node_name, peer, port, connect_timeout, outcome, retry_deadline, token)
     outcome, hop = _unreachable(outcome, peer["addr"], port, None if silent is _UNASKED else silent)
     row = {
         "source": node_name,
@@ -275,20 +306,20 @@ def _bind(listen_addr, port, backlog):
 
 
 def _start(sock, node_name, peers, port, connect_timeout, deadline, results, lock, proc_root, inbound,
-           retry_deadline=None):
+           retry_deadline=None, token=""):
     """Start the listener (when ``sock``) and one connector thread per peer; returns (listener,
     listener_thread, connector threads)."""
     listener = listener_thread = None
     threads = []
     if sock is not None:
         expected = [p["name"] for p in peers] if inbound is None else [n for n in inbound if n != node_name]
-        listener = _Listener(sock, node_name, expected, retry_deadline or deadline, max(connect_timeout, 0.5))
+        listener = _Listener(sock, node_name, expected, retry_deadline or deadline, max(connect_timeout, 0.5), token)
         listener_thread = threading.Thread(target=listener.run, daemon=True)
         listener_thread.start()
     for peer in peers:
         threads.append(threading.Thread(
             target=_connector, args=(node_name, peer, port, connect_timeout, deadline, results, lock, proc_root,
-                                     retry_deadline), daemon=True))
+                                     retry_deadline, token), daemon=True))
     for thread in threads:
         thread.start()
     return listener, listener_thread, threads
@@ -296,7 +327,7 @@ def _start(sock, node_name, peers, port, connect_timeout, deadline, results, loc
 
 def _finish(listener, listener_thread, threads, deadline):
     """Join the connectors, then stop the listener once its peers came; returns (incoming, misdirected)."""
-    incoming, misdirected = [], []
+    incoming, misdirected, strangers = [], [], 0
     for thread in threads:
         thread.join(max(0.0, deadline + _GRACE - time.monotonic()))
     if listener is not None:
@@ -308,7 +339,8 @@ def _finish(listener, listener_thread, threads, deadline):
         with listener.lock:
             incoming = sorted(listener.incoming)
             misdirected = list(listener.misdirected)
-    return incoming, misdirected
+            strangers = listener.strangers
+    return incoming, misdirected, strangers
 
 
 def _rows(results, lock, peers, node_name, port, window, started):
@@ -331,7 +363,7 @@ def _rows(results, lock, peers, node_name, port, window, started):
 
 
 def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.0, listen=True,
-          check_in_use_only=False, proc_root="/proc", inbound=None, retry=False):
+          check_in_use_only=False, proc_root="/proc", inbound=None, retry=False, token=""):
     """Run the probe on this node; returns the module's result (without ``changed``).
 
     ``inbound``: the names of the nodes that connect here (the listener is done once each has);
@@ -358,13 +390,14 @@ def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.
             sock.close()
             sock = None
         listener, listener_thread, threads = _start(sock, node_name, peers, port, connect_timeout, deadline,
-                                                    results, lock, proc_root, inbound, end if retry else None)
+                                                    results, lock, proc_root, inbound, end if retry else None,
+                                                    token)
         if listen_info["status"] == "in_use":
             # Runs while the connectors work; bounded by the same window.
             holder = find_port_holder(port, proc_root, addr=listen_addr, deadline=deadline)
             listen_info["holder"] = holder
             listen_info["detail"] = describe_holder(port, holder)
-        incoming, misdirected = _finish(listener, listener_thread, threads, end)
+        incoming, misdirected, strangers = _finish(listener, listener_thread, threads, end)
     finally:
         if sock is not None:
             sock.close()
@@ -377,6 +410,8 @@ def probe(listen_addr, port, node_name, peers=(), window=8.0, connect_timeout=2.
         "results": rows,
         "incoming": incoming,
         "misdirected": misdirected,
+        # Connections that did not prove this run's token (another program's): not counted, not answered.
+        "strangers": strangers,
         "listen": listen_info,
         "checks": checks,
         "elapsed": round(time.monotonic() - started, 3),
@@ -400,6 +435,8 @@ ARGUMENT_SPEC = dict(
     inbound=dict(type="list", elements="str"),
     retry=dict(type="bool", default=False),
     lock=dict(type="dict", default={}),
+    # The run's secret (the plan makes one per run): the listener answers only probers that prove it.
+    token=dict(type="str", default="", no_log=True),
 )
 
 
@@ -416,6 +453,9 @@ def params_problem(params):
         return "window %s is out of range, expected more than 0 and at most 600 seconds" % params["window"]
     if params["connect_timeout"] <= 0:
         return "connect_timeout %s must be more than 0 seconds" % params["connect_timeout"]
+    if len(params.get("token") or "") < TOKEN_MIN or any(ch.isspace() for ch in params["token"]):
+        return ("token: the run's secret is missing or shorter than %d characters (the plan makes one per run); a "
+                "defect of the preflight" % TOKEN_MIN)
     if not params["node_name"] or any(ch.isspace() for ch in params["node_name"]):
         return "node_name %r must be a non-empty name without spaces" % params["node_name"]
     seen = set()
@@ -444,5 +484,5 @@ def module_main(module):
     result = probe(params["listen_addr"], params["port"], params["node_name"], params["peers"],
                    window=params["window"], connect_timeout=params["connect_timeout"], listen=params["listen"],
                    check_in_use_only=params["check_in_use_only"], proc_root=params["proc_root"],
-                   inbound=params["inbound"], retry=params["retry"])
+                   inbound=params["inbound"], retry=params["retry"], token=params["token"])
     module.exit_json(changed=False, **result)

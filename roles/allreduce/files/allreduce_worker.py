@@ -288,6 +288,29 @@ def bandwidth_stage(rec, args, torch, dist, device, world_size, sync):
             rec.data["status"] = "ok" if rec.data["correct"] else "wrong"
 
 
+def make_store(dist, rank, world_size, timeout):
+    """The rendezvous store, its keys under this run's secret (``PREFLIGHT_STORE_TOKEN``: a program of another
+    account that connects to the port does not know their names).  Under torchrun its agent holds the store (it
+    listens on every address); started by Slurm (the srun engine), rank 0 holds it, listening on the master's
+    inter-node address only (``MASTER_ADDR``), never on every address of the node."""
+    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or rank != 0:
+        store = dist.TCPStore(addr, port, world_size, False, timeout)
+    else:
+        family, kind, proto, _name, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(where)
+            listener.listen(max(128, world_size))
+        except OSError as exc:
+            listener.close()
+            raise RuntimeError("the rendezvous store could not listen on %s:%d: %s" % (addr, port, exc)) from exc
+        store = dist.TCPStore(addr, port, world_size, True, timeout, master_listen_fd=listener.detach())
+    token = os.environ.get("PREFLIGHT_STORE_TOKEN") or ""
+    return dist.PrefixStore("preflight-%s/" % token, store) if token else store
+
+
 def print_summary(rec, world_size, backend):
     """Rank 0's lines on stdout: the run, then one line per size."""
     info = rec.data["versions"]
@@ -329,7 +352,8 @@ def main(argv=None):
 
     try:
         rec.stage("init")
-        dist.init_process_group(backend=backend, timeout=timeout)
+        dist.init_process_group(backend=backend, store=make_store(dist, rank, world_size, timeout), rank=rank,
+                                world_size=world_size, timeout=timeout)
         barrier_group = None
         if backend != "gloo":
             # monitored_barrier exists only on gloo; a side group names missing ranks.
