@@ -3,10 +3,8 @@ tests/unit/test_localize_action.py): a fake cluster that answers every planned l
 cluster_preflight/capabilities/allreduce/localize.py from a fault model, and the rounds driven to their end.
 Test-side, not shipped."""
 
-import importlib.util
-import os
-
 from cluster_preflight.capabilities.allreduce import localize as loc
+from cluster_preflight.stages import localization
 from preflight_node.checks import node_status
 
 GOOD_BW, SLOW_BW, LOOP_BW = 0.1, 0.002, 0.5
@@ -86,12 +84,9 @@ def status(checks, host):
 
 
 def action_module():
-    """action_plugins/preflight_localize.py, loaded as Ansible loads it."""
-    path = os.path.join(os.path.dirname(__file__), "..", "action_plugins", "preflight_localize.py")
-    spec = importlib.util.spec_from_file_location("preflight_localize_action", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The localisation's state machine (cluster_preflight/stages/localization.py), which the action
+    preflight_localize steps."""
+    return localization
 
 
 def task_vars(names, jobs):

@@ -2,7 +2,7 @@
 
 A fake cluster answers every planned launch from a fault model (a node fault fails every run of the node,
 a network fault fails its pairs but not its run alone over lo, a slow link completes at a low busbw, a lost
-node gives no result); the rounds are driven the way action_plugins/preflight_localize.py drives them.
+node gives no result); the rounds are driven the way cluster_preflight/stages/localization.py drives them.
 The action's glue, its GPU rounds and the confirmation run are in test_localize_action.py."""
 
 import pytest

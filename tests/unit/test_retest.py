@@ -1,5 +1,5 @@
 """Retest before blame (cluster_preflight/capabilities/allreduce/retest.py and its glue in
-action_plugins/preflight_localize.py): a node
+cluster_preflight/stages/localization.py): a node
 the localisation rounds name for a slow or failed run is retested once (a pair with a node proven good, then
 alone over lo) before it is named; a pass makes it a warn with both measurements, a second failure keeps it
 failed with the retest in its details; wrong data and lost nodes are never retested; the bound counts it."""
@@ -10,6 +10,7 @@ import os
 import pytest
 
 from cluster_preflight.capabilities.allreduce import localize as loc
+from cluster_preflight.stages import localization
 from cluster_preflight.capabilities.allreduce import retest
 from cluster_preflight.stages.view import ClusterView
 from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, base_args, hosts, ranks
@@ -25,7 +26,7 @@ def _load(name, relative):
     return module
 
 
-ACTION = _load("preflight_localize_retest", "action_plugins/preflight_localize.py")
+ACTION = localization
 
 
 def _task_vars(names, jobs, retest_on=True):
