@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Localisation of a failed or slow all-reduce: which node is bad, and why.
 
-Controller-side and pure (used by ``action_plugins/preflight_localize.py``).
+Controller-side and pure (used by ``cluster_preflight/stages/localization.py``).
 When the all-node all-reduce fails, or its bus bandwidth is below the
 backend's floor, the gate runs up to three rounds of small all-reduces, each
 launch the ``allreduce`` module with its own hard timeout:
