@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 """The checks of a node's settings that hold for every capability alike (controller layer), run once by
-``action_plugins/preflight_settings.py`` before anything runs on a node:
+the settings pipeline (``pipeline.py``) before anything runs on a node:
 
 * **unknown variables**: a variable whose name starts with a role's prefix (``allreduce_``, ``preflight_``, ...)
   that no file of the project reads is a typo until shown otherwise (``-e allreduce_floor_busbw_gbps_ncll=300``

@@ -1,18 +1,17 @@
-"""Every input checked once, up front (action_plugins/preflight_settings.py, cluster_preflight/settings/checks.py):
+"""Every input checked once, up front (cluster_preflight/settings/pipeline.py, cluster_preflight/settings/checks.py):
 a variable with a role's prefix that nothing reads, a number that is not finite or out of its range, an inventory
 name that is no file name -- each stops the run with found / expected / fix before any node is touched."""
 
 import glob
-import importlib.util
 import os
 import sys
-from unittest import mock
 
 import pytest
 import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
+from cluster_preflight.settings import pipeline
 from verdict_build_helpers import build, records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,17 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _settings(_args=None, **task_vars):
     """preflight_settings run for one node with ``task_vars`` (as -e or the inventory gives them) and the task's
     arguments ``_args``."""
-    spec = importlib.util.spec_from_file_location("preflight_settings_action",
-                                                  os.path.join(ROOT, "action_plugins", "preflight_settings.py"))
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
     loader = DataLoader()
-    task = mock.MagicMock(args=dict(_args or {}), async_val=0, check_mode=False, diff=False)
-    action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), loader, Templar(loader), mock.MagicMock())
     host = task_vars.pop("inventory_hostname", "node01")
     base = {"inventory_hostname": host, "groups": {"all": [host], "cluster": [host]},
             "preflight_training_python": sys.executable}
-    return action.run(task_vars=dict(base, **task_vars))
+    return pipeline.load(loader, Templar(loader), dict(base, **task_vars), dict(_args or {}))
 
 
 def _errors(result):
