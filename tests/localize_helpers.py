@@ -9,6 +9,8 @@ from preflight_node.checks import node_status
 
 GOOD_BW, SLOW_BW, LOOP_BW = 0.1, 0.002, 0.5
 PORT = 6000
+# The floor the launch plan carries for the all-node run (capabilities/allreduce floor()) with those settings.
+RUN_FLOOR = {"absolute": 0.01, "relative": 0.7, "grace": 10.0}
 
 
 def hosts(count):
@@ -93,7 +95,8 @@ def task_vars(names, jobs):
     """What the nodes registered up to the all-node run's collection (``jobs``: each node's result)."""
     settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
                 "allreduce_master_port": PORT, "allreduce_localize": True}
-    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
+    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names),
+            "floor": RUN_FLOOR}
     hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings},
                                               "node": {"name": host, "node_addr": "198.18.200.%d" % index}},
                        "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},

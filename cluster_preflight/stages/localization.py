@@ -59,7 +59,8 @@ def start(view):
     results = {host: _node_result(view, host, stage_results.PROBES, pick="job") for host in gate_hosts}
     settings = view.settings.get(gate_hosts[0], {}).get("allreduce") or {}
     run = view.settings.get(gate_hosts[0], {}).get(capabilities.RUN_ROLE) or {}
-    floor = localize.floors(settings, gate.get("backend"))
+    # The floor the launch plan built for the all-node run (capabilities/allreduce floor()).
+    floor = gate["floor"]
     outcome = localize.run_outcome(gate_hosts, results)
     needed, why = localize.all_node_trigger(outcome, floor)
     if not needed or len(gate_hosts) < 2 or not settings.get("allreduce_localize", True):

@@ -20,7 +20,8 @@ def _task_vars(names, jobs, retest_on=True):
     settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
                 "allreduce_master_port": PORT, "allreduce_localize": True}
     run = {"preflight_retest_allreduce": retest_on}
-    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
+    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names),
+            "floor": FLOOR}
     hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings, "preflight": run},
                                               "node": {"name": host, "node_addr": "198.18.200.%d" % index}},
                        "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},

@@ -54,14 +54,6 @@ EXPECTED = ("every node completes an all-reduce with a node proven good, and alo
 # Floors and run outcomes
 
 
-def floors(settings, backend):
-    """``{absolute, relative, grace}`` for ``backend`` from the allreduce settings (0 disables either floor;
-    ``grace``: the seconds of start-up a launch's bandwidth deadline adds to its time at the absolute floor)."""
-    absolute = settings.get("allreduce_floor_busbw_gbps_%s" % (backend or "gloo"), 0) or 0
-    return {"absolute": float(absolute), "relative": float(settings.get("allreduce_floor_relative", 0) or 0),
-            "grace": float(settings.get("allreduce_slow_grace", 10) or 0)}
-
-
 def bandwidth_deadline(sizes, iters, warmup, world_size, floor_gbps, grace):
     """Seconds the bandwidth stage may take: every collective of the sweep (warm-up and timed, each size) at the
     floor busbw, plus ``grace`` seconds of start-up; 0 (no deadline) when the floor is 0.  busbw is nccl-tests'
