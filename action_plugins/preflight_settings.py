@@ -15,10 +15,11 @@ from cluster_preflight.settings.pipeline import load
 
 
 class ActionModule(ControllerAction):
-    _VALID_ARGS = frozenset(("capabilities", "kind", "all_nodes"))
+    _VALID_ARGS = frozenset(("capabilities", "kind", "all_nodes", "engine", "engine_only"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         result.update(load(self._loader, self._templar, task_vars or {}, self._task.args,
-                           all_nodes=boolean(self._task.args.get("all_nodes", False))))
+                           all_nodes=boolean(self._task.args.get("all_nodes", False)),
+                           engine_only=boolean(self._task.args.get("engine_only", False))))
         return result

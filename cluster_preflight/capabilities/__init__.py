@@ -108,23 +108,23 @@ def validate_run(settings):
     """Problems in the run-wide settings (role ``preflight``)."""
     problems = port_problems("preflight_master_port", settings.get("preflight_master_port"),
                              "set preflight_master_port to a free port (the seeds use 6000)")
-    if settings.get("preflight_nproc_per_node", 0) < 0:
+    if settings["preflight_nproc_per_node"] < 0:
         problems.append({"name": "preflight_nproc_per_node", "found": settings.get("preflight_nproc_per_node"),
                          "expected": "0 (one rank per accelerator, 2 on CPU) or more",
                          "fix": "set preflight_nproc_per_node to 0 or a number of ranks"})
-    if settings.get("preflight_mesh_degree", 2) < 2 or settings.get("preflight_mesh_full_max", 2) < 2:
+    if settings["preflight_mesh_degree"] < 2 or settings["preflight_mesh_full_max"] < 2:
         problems.append({"name": "preflight_mesh_degree", "found": "preflight_mesh_degree=%s, preflight_mesh_full_max=%s"
                          % (settings.get("preflight_mesh_degree"), settings.get("preflight_mesh_full_max")),
                          "expected": "2 or more for both (a ring successor and at least one chord)",
                          "fix": "leave them at 4 and 32, or raise them"})
-    if not 5 <= settings.get("preflight_healthcheck_budget", 30) <= 3600:
+    if not 5 <= settings["preflight_healthcheck_budget"] <= 3600:
         problems.append({"name": "preflight_healthcheck_budget", "found": settings.get("preflight_healthcheck_budget"),
                          "expected": "5 to 3600 seconds", "fix": "leave it at 30 (NHC's budget; Slurm kills at 60)"})
     for name in ("preflight_facts_timeout", "preflight_probes_timeout"):
         if settings.get(name, 1) < 1:
             problems.append({"name": name, "found": settings.get(name), "expected": "1 second or more",
                              "fix": "leave %s at its default or raise it" % name})
-    if not 0 <= settings.get("preflight_lock_grace", 120) <= 3600:
+    if not 0 <= settings["preflight_lock_grace"] <= 3600:
         problems.append({"name": "preflight_lock_grace", "found": settings.get("preflight_lock_grace"),
                          "expected": "0 to 3600 seconds", "fix": "leave preflight_lock_grace at 120"})
     if not str(settings.get("preflight_lock_dir") or "/").startswith("/"):

@@ -150,17 +150,33 @@ class SettingsPipeline(object):
         errors.extend(found)
         return []
 
-    def _first_engine(self, task_vars, defaults, own):
-        """The engine the run's first node names (one engine for the whole run, cluster_preflight/engine)."""
+    def _first_engine(self, task_vars, defaults, own, first_of_run=False):
+        """The engine the run's first node names (one engine for the whole run, cluster_preflight/engine): ``own``
+        (this node's run-wide settings) when this node is the first, else the first node's variable or the role's
+        default (``first_of_run``: read from the variables even on the first node)."""
         hosts = task_vars.get("ansible_play_hosts_all") or []
-        if not hosts or hosts[0] == task_vars.get("inventory_hostname"):
+        if not first_of_run and (not hosts or hosts[0] == task_vars.get("inventory_hostname")):
             return engine.engine_of(own)
+        if not hosts or hosts[0] == task_vars.get("inventory_hostname"):
+            value = task_vars[engine.SETTING] if engine.SETTING in task_vars else defaults.get(engine.SETTING)
+            return engine.engine_of({engine.SETTING: value})
         try:
             first = task_vars["hostvars"][hosts[0]]
             value = first[engine.SETTING] if engine.SETTING in first else defaults.get(engine.SETTING)
         except (KeyError, AnsibleError):
             value = defaults.get(engine.SETTING)
         return engine.engine_of({engine.SETTING: value})
+
+    def run_engine(self, task_vars):
+        """The engine of the run's node stages (``preflight_engine``), read once, before any node's settings, so the
+        playbook can choose its stages' shape (one task per node, or one for every node) from a validated value:
+        the run's first node's (one engine for the whole run), else the role's default.  A value the role's
+        argument specs refuse stops the run at its inputs (every node's settings say why); its node stages are then
+        those of the first engine of :data:`cluster_preflight.engine.ENGINES`, every node call skipped."""
+        defaults, options = self._role_files(capabilities.RUN_ROLE)
+        chosen = self._first_engine(task_vars, defaults, None, first_of_run=True)
+        valid = chosen in (options.get(engine.SETTING) or {}).get("choices", engine.ENGINES)
+        return {"engine": chosen if valid else engine.ENGINES[0], "valid": valid, "changed": False}
 
     def every_node(self, task_vars, kind):
         """Every targeted node's result, registered at once (:func:`cluster_preflight.engine.by_node`)."""
@@ -235,7 +251,9 @@ class SettingsPipeline(object):
             errors.extend(_problem(capabilities.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
                           for item in capabilities.validate_run(run) + engine.problems(
                               run, task_vars.get("inventory_hostname"),
-                              first_engine or self._first_engine(task_vars, all_defaults, run), os.environ))
+                              first_engine or self._args.get("engine") or self._first_engine(task_vars, all_defaults,
+                                                                                              run),
+                              os.environ))
             for name in wanted:
                 for item in capabilities.get(name).validate(settings[name]):
                     errors.append(_problem(name, item["name"], item["found"], item["expected"], item["fix"]))
@@ -274,13 +292,16 @@ class SettingsPipeline(object):
         return result
 
 
-def load(loader, templar, task_vars: dict, args: dict, all_nodes: bool = False) -> dict:
+def load(loader, templar, task_vars: dict, args: dict, all_nodes: bool = False, engine_only: bool = False) -> dict:
     """The settings task's result: this node's settings (``task_vars``: its variables), or every targeted node's at
-    once (``all_nodes``, the srun engine's single task), for a run of ``args["kind"]``."""
+    once (``all_nodes``, the srun engine's single task), for a run of ``args["kind"]``; ``engine_only``: only the
+    engine of the run's node stages (:meth:`SettingsPipeline.run_engine`), which the playbook reads first."""
     kind = args.get("kind") or "preflight"
     if kind not in capabilities.KINDS:
         raise AnsibleError("preflight_settings: kind %r is not one of %s" % (kind, ", ".join(capabilities.KINDS)))
     pipeline = SettingsPipeline(loader, templar, args)
+    if engine_only:
+        return pipeline.run_engine(task_vars)
     return pipeline.every_node(task_vars, kind) if all_nodes else pipeline.one(task_vars, kind)
 
 

@@ -384,3 +384,21 @@ def test_a_template_is_rendered_once_where_nodes_share_what_it_reads_and_again_w
     assert rendered == {"gpu01": [2, 6001, "gpu01", ["gpu01"]], "gpu02": [2, 6001, "gpu02", ["gpu02"]]}
     # The first two once for both nodes; the host's name once per node; a list that holds a template never kept.
     assert len(action._rendered_memo) == 4
+
+
+@pytest.mark.parametrize("first, own, chosen, valid", [
+    ({}, {}, "ssh", True),                                   # the role's default
+    ({"preflight_engine": "srun"}, {}, "srun", True),       # the run's first node's, whichever node runs the task
+    ({"preflight_engine": "slurm"}, {}, "ssh", False),      # refused: the run stops at its inputs
+])
+def test_the_engine_is_read_once_from_the_first_node_or_the_role_s_default(first, own, chosen, valid):
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from cluster_preflight.settings import pipeline
+    loader = DataLoader()
+    hosts = {"gpu01": dict(first, inventory_hostname="gpu01"), "gpu02": dict(own, inventory_hostname="gpu02")}
+    for host in hosts:
+        task_vars = dict(hosts[host], ansible_play_hosts_all=list(hosts), hostvars=HostVars(hosts))
+        result = pipeline.load(loader, Templar(loader), task_vars, {}, engine_only=True)
+        assert (result["engine"], result["valid"]) == (chosen, valid)
+    assert engine.engine_of({"preflight_engine": "srun"}) == "srun"

@@ -54,18 +54,18 @@ def validate(settings):
     if not isinstance(port, int) or not 1 <= port <= 65535:
         bad("allreduce_master_port", port, "a TCP port 1-65535",
             "set preflight_master_port (or allreduce_master_port) to a free port, the seeds use 6000")
-    if settings.get("allreduce_nproc_per_node", 0) < 0:
+    if settings["allreduce_nproc_per_node"] < 0:
         bad("allreduce_nproc_per_node", settings.get("allreduce_nproc_per_node"),
             "0 (one rank per accelerator, or allreduce_cpu_nproc on CPU) or more",
             "set preflight_nproc_per_node to 0 or a positive number of ranks")
-    if settings.get("allreduce_cpu_nproc", 1) < 1:
+    if settings["allreduce_cpu_nproc"] < 1:
         bad("allreduce_cpu_nproc", settings.get("allreduce_cpu_nproc"), "1 or more", "set allreduce_cpu_nproc: 2")
-    timeout, hard = settings.get("allreduce_timeout", 30), settings.get("allreduce_hard_timeout", 120)
+    timeout, hard = settings["allreduce_timeout"], settings["allreduce_hard_timeout"]
     if not 0 < timeout < hard:
         bad("allreduce_timeout", "allreduce_timeout=%s, allreduce_hard_timeout=%s" % (timeout, hard),
             "0 < allreduce_timeout < allreduce_hard_timeout",
             "the hard timeout bounds the whole launch: make it larger than the per-collective timeout")
-    if settings.get("allreduce_stack_budget", 20) <= 0:
+    if settings["allreduce_stack_budget"] <= 0:
         bad("allreduce_stack_budget", settings.get("allreduce_stack_budget"), "more than 0 seconds",
             "set allreduce_stack_budget: 20")
     for name, example in (("allreduce_sizes", "[1048576, 4194304, 16777216]"),
@@ -73,14 +73,14 @@ def validate(settings):
         sizes = settings.get(name) or []
         if not sizes or any(size < 1 for size in sizes):
             bad(name, sizes, "at least one size, each 1 byte or more", "set %s, e.g. %s" % (name, example))
-    if settings.get("allreduce_iters", 1) < 1:
+    if settings["allreduce_iters"] < 1:
         bad("allreduce_iters", settings.get("allreduce_iters"), "1 or more", "set allreduce_iters: 5")
-    if settings.get("allreduce_warmup", 0) < 0:
+    if settings["allreduce_warmup"] < 0:
         bad("allreduce_warmup", settings.get("allreduce_warmup"), "0 or more", "set allreduce_warmup: 2")
-    if settings.get("allreduce_min_busbw_gbps", 0) < 0:
+    if settings["allreduce_min_busbw_gbps"] < 0:
         bad("allreduce_min_busbw_gbps", settings.get("allreduce_min_busbw_gbps"), "0 (report only) or more",
             "set allreduce_min_busbw_gbps to a floor in GB/s, or 0")
-    if settings.get("allreduce_poll_interval", 0.1) <= 0:
+    if settings["allreduce_poll_interval"] <= 0:
         bad("allreduce_poll_interval", settings.get("allreduce_poll_interval"), "more than 0 seconds",
             "set allreduce_poll_interval: 0.1")
     if not str(settings.get("allreduce_python") or "").strip():

@@ -57,7 +57,7 @@ def check_name(program):
 
 
 def pyspy_on(settings):
-    return switched_on(settings.get("debug_tools_pyspy", True))
+    return switched_on(settings["debug_tools_pyspy"])
 
 
 def pyspy_venv_program(settings):
@@ -192,7 +192,7 @@ def wanted_programs(settings):
 
 def read_args(settings, node):
     """What :func:`read` needs on ``node``; None when ``debug_tools_enabled`` is off."""
-    if not switched_on(settings.get("debug_tools_enabled", True)):
+    if not switched_on(settings["debug_tools_enabled"]):
         return None
     extra = {}
     venv_program = None
@@ -309,7 +309,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
     ``{enabled}`` (skipped) when switched off, ``{tools}`` (not_applicable) when nothing is asked for,
     ``{no_facts}`` (fail) when the node was not read.
     """
-    first = off_or_unread("debug_tools", host, settings.get("debug_tools_enabled", True), facts,
+    first = off_or_unread("debug_tools", host, settings["debug_tools_enabled"], facts,
                           "the debug tools", "the OS family and the programs read on the node")
     if first is not None:
         return first

@@ -100,7 +100,7 @@ def _counter_args(settings):
 
 def read_args(settings, node):
     """What ``read`` needs on ``node``: sysfs and the configured counters; None when ``fabric_enabled`` is off."""
-    if not switched_on(settings.get("fabric_enabled", True)):
+    if not switched_on(settings["fabric_enabled"]):
         return None
     return _counter_args(settings)
 
@@ -120,7 +120,7 @@ def _label(name, device, port):
 def checked_ports(facts, settings):
     """``[(label, device name, device, port)]`` of the ports the checks cover, in device order."""
     ignore = set(settings.get("fabric_ignore_devices") or [])
-    ethernet = switched_on(settings.get("fabric_check_ethernet", True))
+    ethernet = switched_on(settings["fabric_check_ethernet"])
     chosen = []
     for name in sorted((facts or {}).get("devices") or {}):
         if name in ignore:
@@ -142,7 +142,7 @@ def _nothing_to_check(host, facts, settings):
     root = facts.get("root") or os.path.join(settings["fabric_sysfs_root"], "class", "infiniband")
     if not facts.get("devices"):
         reason = "no RDMA device in %s on %s" % (root, host)
-    elif switched_on(settings.get("fabric_check_ethernet", True)):
+    elif switched_on(settings["fabric_check_ethernet"]):
         reason = "every RDMA device of %s is in fabric_ignore_devices (%s)" % (
             host, ", ".join(sorted(facts["devices"])))
     else:
@@ -232,7 +232,7 @@ def cluster_rates(host, facts, settings, cluster):
     all_settings = (cluster or {}).get("settings") or {}
     key = (id((cluster or {}).get("facts")), id(all_settings), len(every),
            tuple(sorted(settings.get("fabric_ignore_devices") or [])),
-           switched_on(settings.get("fabric_check_ethernet", True)))
+           switched_on(settings["fabric_check_ethernet"]))
     hit = _MEMO.get("rates")
     # The memo holds the mapping itself, so its id cannot be reused by another view while it is kept.
     memo = bool(cluster) and host in (cluster.get("facts") or {})
@@ -298,7 +298,7 @@ def rate_check(host, ports, settings, facts, cluster):
 
 def decide(host, facts, settings, probe=None, cluster=None):
     """``{ports, rate, counters}`` checks for ``host``; ``{enabled}`` skipped when switched off."""
-    first = off_or_unread(CAPABILITY, host, settings.get("fabric_enabled", True), facts,
+    first = off_or_unread(CAPABILITY, host, settings["fabric_enabled"], facts,
                           "the RDMA ports and their counters", "the ports of /sys/class/infiniband read on the node")
     if first is not None:
         return first

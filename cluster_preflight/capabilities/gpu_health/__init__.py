@@ -58,7 +58,7 @@ def validate(settings):
         if not isinstance(settings.get(name, False), (bool, str)):
             problems.append(_problem(name, settings.get(name), "true or false",
                                      "set %s to true (a GPU without it warns) or false" % name))
-    if not _whole(settings.get("gpu_health_pcie_replay_max", 0), 0):
+    if not _whole(settings["gpu_health_pcie_replay_max"], 0):
         problems.append(_problem("gpu_health_pcie_replay_max", settings.get("gpu_health_pcie_replay_max"),
                                  "a whole number, 0 or more",
                                  "set gpu_health_pcie_replay_max to the PCIe replays since boot a GPU may have (0)"))
@@ -94,7 +94,7 @@ def validate(settings):
 
 def read_args(settings, node):
     """What :func:`read` needs on ``node``; None when ``gpu_health_enabled`` is off."""
-    if not switched_on(settings.get("gpu_health_enabled", True)):
+    if not switched_on(settings["gpu_health_enabled"]):
         return None
     return {
         "nvidia_smi": settings["gpu_health_nvidia_smi"],
@@ -200,7 +200,7 @@ def _no_gpu(facts):
 
 def decide(host, facts, settings, probe=None, cluster=None):
     """``{count, ecc, memory, throttle, pcie, nvlink, persistence, xid, dcgm}`` for ``host``."""
-    first = off_or_unread(CAPABILITY, host, settings.get("gpu_health_enabled", True), facts,
+    first = off_or_unread(CAPABILITY, host, settings["gpu_health_enabled"], facts,
                           "the GPUs' health", "nvidia-smi / amd-smi, the kernel log, dcgmi and the PCI bus of the node")
     if first is not None:
         return first

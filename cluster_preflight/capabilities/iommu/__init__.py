@@ -104,7 +104,7 @@ def validate(settings):
             problems.append(_problem(name, repr(value), "an absolute path",
                                      "set %s to an absolute path (%s on a real node)"
                                      % (name, "/" if name == "iommu_root" else "/sys")))
-    if switched_on(settings.get("iommu_reboot", False)) and settings.get("iommu_root") not in ("/", "", None):
+    if switched_on(settings["iommu_reboot"]) and settings.get("iommu_root") not in ("/", "", None):
         problems.append(_problem(
             "iommu_reboot", "iommu_reboot is true while iommu_root is %s" % settings.get("iommu_root"),
             "a reboot only for the node's real grub defaults (iommu_root /)",
@@ -114,7 +114,7 @@ def validate(settings):
 
 def read_args(settings, node):
     """What :func:`read` needs on ``node``; None when ``iommu_enabled`` is off."""
-    if not switched_on(settings.get("iommu_enabled", True)):
+    if not switched_on(settings["iommu_enabled"]):
         return None
     return {
         "sysfs_root": settings["iommu_sysfs_root"],
@@ -131,7 +131,7 @@ def read_args(settings, node):
 
 def decide(host, facts, settings, probe=None, cluster=None):
     """``{grub, cmdline}`` checks for ``host``; ``{enabled}`` skipped when switched off."""
-    first = off_or_unread("iommu", host, settings.get("iommu_enabled", True), facts,
+    first = off_or_unread("iommu", host, settings["iommu_enabled"], facts,
                           "the IOMMU kernel arguments", "the PCI GPUs, grub defaults and /proc/cmdline read on the node")
     if first is not None:
         return first

@@ -35,7 +35,7 @@ MAX_WINDOW = 600.0
 def validate(settings):
     problems = port_problems("port_mesh_port", settings.get("port_mesh_port"),
                              "set preflight_master_port (or port_mesh_port) to the rendezvous port, e.g. 6000")
-    window, connect = settings.get("port_mesh_window", 8), settings.get("port_mesh_connect_timeout", 2)
+    window, connect = settings["port_mesh_window"], settings["port_mesh_connect_timeout"]
     if not 0 < connect < window <= MAX_WINDOW:
         problems.append({"name": "port_mesh_window",
                          "found": "port_mesh_window=%s, port_mesh_connect_timeout=%s" % (window, connect),
