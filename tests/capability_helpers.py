@@ -9,6 +9,7 @@ import yaml
 from preflight_node import checks as preflight_checks
 from preflight_node import readers as node_halves
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from cluster_preflight.settings import role_files
 from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,19 +20,29 @@ def role_yaml(role, *parts):
         return yaml.safe_load(handle)
 
 
+def role_inputs(role):
+    """``(defaults, options)`` of ``role`` as the settings pipeline reads them (cluster_preflight/settings/role_files.py:
+    ``defaults/main.yml``, or the defaults its argument specs hold)."""
+    def load(path, _templated):
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    defaults, options, _main = role_files.role_inputs(role_path(role), load)
+    return dict(defaults), options
+
+
 def role_settings(role, **overrides):
     """The role's defaults with ``overrides``: what preflight_settings hands a capability."""
-    values = role_yaml(role, "defaults", "main.yml")
+    values = role_inputs(role)[0]
     values.update(overrides)
     return values
 
 
 def typed_settings(role, **overrides):
     """The defaults with ``overrides`` as ``-e`` passes them (text), typed by the role's argument specs."""
-    options = role_yaml(role, "meta", "argument_specs.yml")["argument_specs"]["main"]["options"]
+    defaults, options = role_inputs(role)
     spec = {name: {key: value for key, value in option.items() if key != "description"}
             for name, option in options.items()}
-    checked = ArgumentSpecValidator(spec).validate(dict(role_yaml(role, "defaults", "main.yml"), **overrides))
+    checked = ArgumentSpecValidator(spec).validate(dict(defaults, **overrides))
     assert not checked.error_messages, checked.error_messages
     return checked.validated_parameters
 

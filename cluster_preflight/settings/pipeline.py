@@ -26,7 +26,8 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from cluster_preflight import capabilities
 from cluster_preflight import engine
 from cluster_preflight.stages.view import run_started
-from cluster_preflight.settings.checks import SWITCH, host_problems, number_problems, unknown_variables
+from cluster_preflight.settings.checks import SWITCH, host_problems, number_problems, ranges_of, unknown_variables
+from cluster_preflight.settings.role_files import role_inputs
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,11 +58,8 @@ class SettingsPipeline(object):
         return cache[role]
 
     def _read_role_files(self, role):
-        base = os.path.join(ROLES, role)
-        defaults = self._loader.load_from_file(os.path.join(base, "defaults", "main.yml"),
-                                               trusted_as_template=True) or {}
-        specs = self._loader.load_from_file(os.path.join(base, "meta", "argument_specs.yml")) or {}
-        options = ((specs.get("argument_specs") or {}).get("main") or {}).get("options") or {}
+        defaults, options, _main = role_inputs(os.path.join(ROLES, role), lambda path, templated: (
+            self._loader.load_from_file(path, trusted_as_template=templated)))
         return defaults, options
 
     def _validated(self, role, spec, values):
@@ -242,7 +240,7 @@ class SettingsPipeline(object):
                                        "correct the value in the inventory or the -e option"))
             settings[role] = dict(checked.validated_parameters)
             errors.extend(_problem(role, item["name"], item["found"], item["expected"], item["fix"])
-                          for item in number_problems(options, settings[role]))
+                          for item in number_problems(options, settings[role], ranges_of(role)))
         errors.extend(_problem(capabilities.RUN_ROLE, item["name"], item["found"], item["expected"], item["fix"])
                       for item in host_problems(task_vars.get("inventory_hostname")))
         warnings = self._unknown(task_vars, settings, errors)
