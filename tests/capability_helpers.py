@@ -74,13 +74,27 @@ def assert_contract(capability, checks, host):
 def read_as_the_node_does(capability, settings, node):
     """``capability``'s reader on ``settings`` the way the node call runs it: arguments and facts
     through JSON, file reads only (no command).  None when the capability is switched off."""
+    facts, calls = read_with_commands(capability, settings, node)
+    assert calls == [], "the reader ran commands: use read_with_commands and answer them"
+    return facts
+
+
+def read_with_commands(capability, settings, node, programs=None, commands=None):
+    """``capability``'s reader on ``settings`` the way the node call runs it (arguments and facts through JSON),
+    every command it runs answered by a fake of the node's ``ops`` (preflight_node.host.ops.Ops): ``programs`` maps
+    a program's name to its path (``ops.which``), ``commands`` an argv prefix (a tuple) to ``(rc, stdout, stderr)``
+    or to a function of the argv (the longest prefix wins; anything else is rc 127, a missing program).  Returns
+    ``(facts, calls)``: the facts (None when the capability is switched off) and each argv it ran, in order.
+
+        facts, calls = read_with_commands(clock, role_settings("clock"), NODE, programs={"chronyc": "/usr/bin/chronyc"},
+                                          commands={("/usr/bin/chronyc", "-c", "tracking"): (0, TRACKING, "")})
+    """
     args = capability.read_args(settings, node)
     if args is None:  # switched off: the node is not read at all
-        return None
-    ops = FakeOps()
+        return None, []
+    ops = FakeOps(programs=programs, commands=commands)
     facts = node_halves.get(capability.CAPABILITY).read(json.loads(json.dumps(args)), ops)
-    assert ops.calls == []
-    return json.loads(json.dumps(facts))
+    return json.loads(json.dumps(facts)), ops.calls
 
 
 def role_path(role):

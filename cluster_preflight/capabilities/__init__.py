@@ -49,10 +49,29 @@ also expose ``plan``/``report`` functions used by ``action_plugins/preflight_dec
 from __future__ import annotations
 
 import importlib
+from typing import Optional, Protocol
 
 from preflight_node import registry as declared
 
-from .common import port_problems
+from .common import Args, Checks, Facts, Node, Problems, Settings, port_problems
+
+
+class ControllerHalf(Protocol):
+    """The interface of a capability's controller half, as this module loads it (typed; ``probe_args``,
+    ``profile_fields`` and the cluster-wide ``plan``/``report`` are optional: defining one declares it)."""
+
+    CAPABILITY: str
+
+    def validate(self, settings: Settings) -> Problems:
+        ...
+
+    def read_args(self, settings: Settings, node: Node) -> Args:
+        ...
+
+    def decide(self, host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+               cluster: Optional[dict] = None) -> Checks:
+        ...
+
 
 # The order of the verdict and of the audit (the gate's inputs first): the registry's, one controller half each.
 ORDER = tuple(importlib.import_module("%s.%s" % (__name__, name)) for name in declared.NAMES)
@@ -71,7 +90,7 @@ probes_for = declared.probes_for
 bringup_steps = declared.bringup_steps
 
 
-def get(name):
+def get(name: str) -> ControllerHalf:
     """The capability module called ``name``; KeyError names the known ones."""
     try:
         return BY_NAME[name]
@@ -79,7 +98,7 @@ def get(name):
         raise KeyError("unknown capability %r; known: %s" % (name, ", ".join(NAMES)))
 
 
-def node_info(inventory_hostname, host_vars):
+def node_info(inventory_hostname: str, host_vars: dict) -> Node:
     """What the controller knows of a node from the inventory alone."""
     address = host_vars.get("ansible_host") or inventory_hostname
     return {
@@ -91,7 +110,7 @@ def node_info(inventory_hostname, host_vars):
     }
 
 
-def job_user_wanted(run_settings, node, python=""):
+def job_user_wanted(run_settings: Settings, node: Node, python: str = "") -> dict:
     """The ``job`` argument of the node calls: the job user wanted on ``node`` (preflight_job_user, else
     the connecting user unless root, else "" for the node to choose), whether it was named, and the
     training Python the node checks an automatic choice against."""
@@ -104,7 +123,7 @@ def job_user_wanted(run_settings, node, python=""):
 RUN_ROLE = "preflight"
 
 
-def validate_run(settings):
+def validate_run(settings: Settings) -> Problems:
     """Problems in the run-wide settings (role ``preflight``)."""
     problems = port_problems("preflight_master_port", settings.get("preflight_master_port"),
                              "set preflight_master_port to a free port (the seeds use 6000)")

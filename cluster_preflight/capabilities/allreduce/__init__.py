@@ -25,13 +25,14 @@ from preflight_node.privilege import needs_root
 
 from cluster_preflight.capabilities.allreduce.versions import torch_lt_2_1
 from cluster_preflight.capabilities.allreduce.localize import bandwidth_deadline
+from ..common import Args, Node, Problems, Settings
 
 
 # --------------------------------------------------------------------------
 # Settings
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     problems = []
 
     def bad(name, found, expected, fix):
@@ -96,7 +97,7 @@ def validate(settings):
 # Reader (node)
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     return {
         "python": settings["allreduce_python"],
         "backend": settings["allreduce_backend"],

@@ -24,6 +24,8 @@ counters (``N/A (no PMA)``), which is said, not judged; and a counter at the max
 
 from __future__ import annotations
 
+from typing import Any, Dict, Optional
+
 import collections
 import os
 import re
@@ -31,7 +33,7 @@ import re
 from preflight_node.capabilities import fabric as node_half
 from preflight_node.checks import failed, not_applicable, passed, skipped, warned
 
-from ..common import off_or_unread, switched_on
+from ..common import Args, Checks, Facts, Node, Problems, Settings, off_or_unread, switched_on
 from .counters import counters_check
 
 CAPABILITY = node_half.CAPABILITY
@@ -63,7 +65,7 @@ def _names_problems(name, value):
             if not isinstance(entry, str) or not entry or "/" in entry or entry.strip() != entry or " " in entry]
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Input problems beyond the types of meta/argument_specs.yml: ranges, names, overlaps."""
     problems = []
     for name in WHOLE_NUMBERS:
@@ -98,14 +100,14 @@ def _counter_args(settings):
             "hw_counters": [name for name in names if name not in node_half.PORT_COUNTERS]}
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What ``read`` needs on ``node``: sysfs and the configured counters; None when ``fabric_enabled`` is off."""
     if not switched_on(settings["fabric_enabled"]):
         return None
     return _counter_args(settings)
 
 
-def probe_args(settings, node, plan=None):
+def probe_args(settings: Settings, node: Node, plan: Optional[dict] = None) -> Args:
     """The same counters again, for the read after the all-reduce; None when ``fabric_enabled`` is off."""
     return read_args(settings, node)
 
@@ -296,7 +298,8 @@ def rate_check(host, ports, settings, facts, cluster):
     return passed(found, expected, **details)
 
 
-def decide(host, facts, settings, probe=None, cluster=None):
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:
     """``{ports, rate, counters}`` checks for ``host``; ``{enabled}`` skipped when switched off."""
     first = off_or_unread(CAPABILITY, host, settings["fabric_enabled"], facts,
                           "the RDMA ports and their counters", "the ports of /sys/class/infiniband read on the node")
@@ -315,7 +318,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
             "counters": counters_check(host, ports, settings, facts, probe)}
 
 
-def profile_fields(facts):
+def profile_fields(facts: Facts) -> Dict[str, Any]:
     """The node's fabric in the known-good profile: ``rdma.active_ports``, ``rdma.rate_gbps`` (lowest active rate),
     ``rdma.link_layer`` (sorted, comma-joined), ``rdma.devices``; every value None when nothing was read."""
     if not facts or not isinstance(facts.get("devices"), dict):

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Dict, Optional
+
 import os
 
 from preflight_node.capabilities import gpu_health as node_half
@@ -23,7 +25,7 @@ from cluster_preflight.capabilities.gpu_health import xid as xid_table
 
 from . import checks as per_check
 from . import links
-from ..common import off_or_unread, switched_on
+from ..common import Args, Checks, Facts, Node, Problems, Settings, off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
 CHECKS = ("count", "ecc", "memory", "throttle", "pcie", "nvlink", "persistence", "xid", "dcgm")
@@ -43,7 +45,7 @@ def _whole(value, low, high=None):
             and (high is None or value <= high))
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Input problems beyond the types and choices of meta/argument_specs.yml."""
     problems = []
     for name in PROGRAMS:
@@ -92,7 +94,7 @@ def validate(settings):
     return problems
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What :func:`read` needs on ``node``; None when ``gpu_health_enabled`` is off."""
     if not switched_on(settings["gpu_health_enabled"]):
         return None
@@ -198,7 +200,8 @@ def _no_gpu(facts):
                                             "%s sees none" % " and ".join(tools))
 
 
-def decide(host, facts, settings, probe=None, cluster=None):
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:
     """``{count, ecc, memory, throttle, pcie, nvlink, persistence, xid, dcgm}`` for ``host``."""
     first = off_or_unread(CAPABILITY, host, settings["gpu_health_enabled"], facts,
                           "the GPUs' health", "nvidia-smi / amd-smi, the kernel log, dcgmi and the PCI bus of the node")
@@ -236,7 +239,7 @@ def _same(values):
     return ",".join(str(value) for value in found) if len(found) > 1 else (found[0] if found else None)
 
 
-def profile_fields(facts):
+def profile_fields(facts: Facts) -> Dict[str, Any]:
     """The flat fields a known-good profile compares (None for what was not read)."""
     facts = facts or {}
     vendor = next((name for name in per_check.TOOLS if (facts.get(name) or {}).get("gpus")), None)

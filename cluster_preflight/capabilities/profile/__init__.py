@@ -19,7 +19,7 @@ import os
 from preflight_node.checks import blocked, check, failed, passed, skipped
 
 from cluster_preflight.capabilities.profile import known_good as profiles
-from ..common import switched_on
+from ..common import Args, Node, Problems, Settings, switched_on
 
 CAPABILITY = "profile"
 # Fields whose busbw may be below the profile's by the tolerance; every other ``floor`` field is a count or rate.
@@ -32,7 +32,7 @@ def _problem(name, found, expected, fix):
     return {"name": name, "found": found, "expected": expected, "fix": fix}
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     problems = []
     path = settings.get("profile_file") or ""
     if path and not os.path.isabs(path):
@@ -55,7 +55,7 @@ def validate(settings):
     return problems
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """Nothing is read on the node for the profile: its fields come from the other capabilities."""
     return None
 
