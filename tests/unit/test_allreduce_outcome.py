@@ -197,6 +197,38 @@ def test_a_healthy_peers_failed_signature_is_collateral_and_a_quiet_log_is_said_
     assert "no known failure signature" in checks["n2"]["signatures"]["found"]
 
 
+def test_the_cause_leads_the_check_and_every_finding_names_its_node_rank_and_the_check_that_catches_it():
+    shm = ("n2:77:90 [1] misc/shmutils.cc:132 NCCL WARN Error while creating shared memory segment /dev/shm/nccl-k2 "
+           "(size 4194304), error: No space left on device (28)")
+    system = "torch.distributed.DistBackendError: NCCL error in: x.cpp:268, unhandled system error"
+    n2 = [rank("n2", 2, "died", "init", exitcode=1), rank("n2", 3, "died", "init", exitcode=1)]
+    _summary, checks = outcome.summarize(nccl_plan(), {
+        "n1": logged([rank("n1", 0, "error", "init", error="x"), rank("n1", 1, "error", "init", error="y")],
+                     ok=False),
+        "n2": logged(n2, ok=False, log="[n2:1]:" + shm, rank_logs=[(2, system)])})
+    mine = checks["n2"]["signatures"]
+    assert mine["status"] == "fail" and mine["details"]["cause"] == "shm_too_small"
+    assert mine["details"]["category"] == "shm" and mine["details"]["checks"] == ["job_env.dev_shm"]
+    assert mine["found"].startswith("n2 (fabric not read): cause shm_too_small: n2 rank 3:"), "local rank 1 is rank 3"
+    assert mine["fix"].startswith("for n2 rank 3:") and "job_env.dev_shm checks" in mine["fix"]
+    assert "/dev/shm" in mine["expected"]
+    by_id = {finding["id"]: finding for finding in mine["details"]["findings"]}
+    assert by_id["nccl_system_error"]["where"] == "n2 rank 2" and by_id["nccl_system_error"]["node"] == "n2"
+    for finding in by_id.values():
+        assert finding["found"] and finding["expected"] and finding["fix"].startswith("for n2 rank")
+
+
+@pytest.mark.parametrize("hosts, cause", [(["n1", "n2"], "hostname_loopback"), (["n1"], "connection_refused")])
+def test_a_loopback_peer_is_name_resolution_on_a_run_across_nodes_only(hosts, cause):
+    line = "RuntimeError: [gloo/transport/tcp/pair.cc:799] connect [127.0.1.1]:51012: Connection refused"
+    plan = plan_for(hosts)
+    results = {host: logged([rank(host, 2 * i, "error", "init", error=line), rank(host, 2 * i + 1, "error", "init",
+                                                                                  error=line)], ok=False,
+                            log="[%s:0]:%s" % (host, line)) for i, host in enumerate(hosts)}
+    _summary, checks = outcome.summarize(plan, results)
+    assert checks["n1"]["signatures"]["details"]["cause"] == cause
+
+
 def test_a_lost_node_gets_no_signature_check():
     _summary, checks = outcome.summarize(two_node_plan(), {"n1": logged([rank("n1", 0, "error", "init", error=REFUSED),
                                                                     rank("n1", 1, "error", "init", error=REFUSED)],

@@ -56,8 +56,8 @@ STATUS = {"nccl_net_ib": "pass", "nccl_net_socket": "warn", "nccl_ib_no_device":
           "gloo_peer_closed": "warn", "nccl_watchdog_timeout": "warn"}
 
 
-def test_every_signature_has_a_recorded_line_and_a_fix_where_it_can_fail():
-    assert set(RECORDED) | {"nccl_net_ofi"} == set(sig.BY_ID)
+def test_every_signature_has_a_fix_where_it_can_fail():
+    # Every row has a line of its shape: here (recorded) or in test_signature_table.py (SHAPED).
     for row in sig.SIGNATURES:
         assert row.status in ("pass", "warn", "fail") and row.cause
         assert row.fix or row.status == "pass", row.id
@@ -65,7 +65,8 @@ def test_every_signature_has_a_recorded_line_and_a_fix_where_it_can_fail():
 
 @pytest.mark.parametrize("sig_id", sorted(RECORDED))
 def test_a_recorded_line_gives_exactly_its_signature_with_cause_and_fix(sig_id):
-    findings = sig.match(RECORDED[sig_id], fabric=True)
+    # Recorded on one machine: a loopback address there is no name-resolution fault (nodes=1).
+    findings = sig.match(RECORDED[sig_id], fabric=True, nodes=1)
     assert [f["id"] for f in findings] == [sig_id]
     finding = findings[0]
     assert finding["status"] == STATUS.get(sig_id, "fail")
@@ -82,7 +83,8 @@ def test_a_recorded_line_gives_exactly_its_signature_with_cause_and_fix(sig_id):
     ("store_connect_timeout", "cannot tell"),
 ])
 def test_network_signatures_tell_firewall_unreachable_and_wrong_interface_apart(sig_id, words):
-    text = sig.BY_ID[sig_id].cause + " " + sig.BY_ID[sig_id].fix
+    finding = sig.match(RECORDED[sig_id], nodes=1)[0]
+    text = finding["cause"] + " " + finding["fix"]
     if sig_id == "store_connect_timeout":
         assert "refused connection is retried" in text and "DROPs" in text
     else:

@@ -21,8 +21,9 @@ import re
 from preflight_node.checks import check, failed, not_applicable, passed, warned, worst
 
 from cluster_preflight.capabilities.nic_discovery.nic_select import usable_fabrics
-from cluster_preflight.capabilities.allreduce.signatures import (match as match_signatures, transport as
-                                                                 signature_transport)
+from cluster_preflight.capabilities.allreduce.signatures import (
+    expected as signature_expected, match as match_signatures, primary as signature_primary,
+    transport as signature_transport)
 
 # Exit codes of ranks that torchrun itself terminated after another rank failed.
 TERMINATED_BY_AGENT = (-15, 143)
@@ -147,22 +148,56 @@ def node_fabrics(nic_facts):
 
 
 def _log_texts(result):
+    """``[(rank or None, text)]``: the torchrun log (its lines carry local ranks) and each rank's own log files."""
     logs = result.get("rank_logs") or []
     if isinstance(logs, dict):
         logs = list(logs.values())
-    return [result.get("log") or ""] + [entry.get("text") or "" for entry in logs if isinstance(entry, dict)]
+    texts = [(None, result.get("log") or "")]
+    for entry in logs:
+        if isinstance(entry, dict):
+            rank = entry.get("rank")
+            texts.append((rank if isinstance(rank, int) and rank >= 0 else None, entry.get("text") or ""))
+    return texts
 
 
-def signature_check(host, result, fabric, backend, full):
+def _where(host, finding, local_ranks):
+    """``n2 rank 3`` / ``n2 ranks 2, 3`` / ``n2``: the node and the ranks whose lines the finding took."""
+    ranks = set(finding.get("ranks") or ())
+    ranks.update(local_ranks.get(local, local) for local in finding.get("local_ranks") or ())
+    if not ranks:
+        return host
+    return "%s rank%s %s" % (host, "s" if len(ranks) > 1 else "", ", ".join(str(rank) for rank in sorted(ranks)))
+
+
+def _described(host, finding, local_ranks):
+    """The finding with its own found / expected / fix naming the node and the rank, and the checks that catch its
+    cause before a job."""
+    where = _where(host, finding, local_ranks)
+    more = " and %d more line(s)" % (finding["count"] - 1) if finding["count"] > 1 else ""
+    out = dict(finding, node=host, where=where)
+    out["found"] = "%s: %s [%s%s]" % (where, finding["cause"], finding["line"], more)
+    out["expected"] = signature_expected(finding)
+    if finding["fix"]:
+        named = any(name in finding["fix"] for name in finding["checks"])
+        before = "; before the next job: %s" % ", ".join(finding["checks"]) if finding["checks"] and not named else ""
+        out["fix"] = "for %s: %s%s" % (where, finding["fix"], before)
+    return out
+
+
+def signature_check(host, result, fabric, backend, full, nodes=None):
     """``signatures``: the known failure signatures in ``host``'s torchrun log and rank logs.
 
     ``full``: the all-reduce failed or a rank of ``host`` did not finish: every
     signature is looked for; otherwise only the NCCL transport (``nccl``).  The
-    status is the worst of the matched signatures.  Nothing matched: None on a
-    healthy gloo run (nothing to report), ``not_applicable`` saying so otherwise.
+    status is the worst of the matched signatures; the cause the logs name
+    (``details.cause``, :func:`cluster_preflight.capabilities.allreduce.signatures.primary`) leads the
+    text and the fix.  ``nodes``: how many nodes the run spans.  Nothing matched:
+    None on a healthy gloo run (nothing to report), ``not_applicable`` saying so
+    otherwise.
     """
     texts = _log_texts(result)
-    findings = match_signatures(texts, fabric=bool(fabric), categories=None if full else ("transport",))
+    findings = match_signatures(texts, fabric=fabric or False, categories=None if full else ("transport",),
+                                nodes=nodes)
     if fabric:
         fabric_text = "fabric %s" % ", ".join(fabric)
     else:
@@ -170,7 +205,7 @@ def signature_check(host, result, fabric, backend, full):
     expected = "no known failure signature in %s's torchrun and rank logs%s" % (
         host, "; NCCL on the fabric where the node has one" if backend == "nccl" else "")
     if not findings:
-        lines = sum(len(text.splitlines()) for text in texts)
+        lines = sum(len(text.splitlines()) for _rank, text in texts)
         if full:
             return not_applicable("no known failure signature in the %d log lines of %s (%s); read %s.log and its "
                                   "rank logs in the run directory" % (lines, host, fabric_text, host), expected)
@@ -178,17 +213,22 @@ def signature_check(host, result, fabric, backend, full):
             return None
         return not_applicable("NCCL printed no transport line in the %d log lines of %s (NCCL_DEBUG is not INFO, "
                               "or the line fell out of the log tail)" % (lines, host), expected)
+    local_ranks = {row.get("local_rank"): row.get("rank") for row in result.get("ranks") or []
+                   if isinstance(row, dict) and row.get("local_rank") is not None}
+    findings = [_described(host, finding, local_ranks) for finding in findings]
     used = signature_transport(findings)
     status = worst(finding["status"] for finding in findings)
+    cause = signature_primary(findings)
+    ordered = ([cause] if cause else []) + [finding for finding in findings if finding is not cause]
     found = "%s (%s)%s: %s" % (host, fabric_text, ", NCCL transport %s" % used if used else "", "; ".join(
-        "%s: %s [%s%s]" % (finding["id"], finding["cause"], finding["line"],
-                           " and %d more line(s)" % (finding["count"] - 1) if finding["count"] > 1 else "")
-        for finding in findings))
+        "%s%s: %s" % ("cause " if finding is cause else "", finding["id"], finding["found"]) for finding in ordered))
     fixes = []
-    for finding in findings:
+    for finding in ordered:
         if finding["status"] in ("warn", "fail") and finding["fix"] not in fixes:
             fixes.append(finding["fix"])
-    return check(status, found, expected, " | ".join(fixes), findings=findings, transport=used, fabric=fabric)
+    details = {"findings": findings, "transport": used, "fabric": fabric, "cause": cause["id"] if cause else None,
+               "category": cause["category"] if cause else None, "checks": cause["checks"] if cause else []}
+    return check(status, found, cause["expected"] if cause else expected, " | ".join(fixes), **details)
 
 
 # Signatures of a node that could not reach the rendezvous store
@@ -341,7 +381,8 @@ def _signature_checks(plan, results_by_host, lost, rows_by_host, fabrics, health
         if host in lost or not isinstance(result, dict):
             continue
         full = not healthy or any(row.get("status") != "ok" for row in rows_by_host.get(host, ()))
-        found = signature_check(host, result, fabrics.get(host), plan.get("backend"), full)
+        found = signature_check(host, result, fabrics.get(host), plan.get("backend"), full,
+                                nodes=len(plan.get("hosts") or ()) or None)
         if found is not None:
             signatures[host] = checks_by_host[host]["signatures"] = found
     return signatures

@@ -1,33 +1,32 @@
 # -*- coding: utf-8 -*-
-"""Known failure signatures of a torch all-reduce, in one table, and the matcher over log lines.
+"""Known failure signatures of a torch / NCCL / gloo job, and the matcher that reads a node's log lines with them.
 
-The gate reads a node's torchrun log and its ranks' own log files (``log`` and
-``rank_logs`` of the ``allreduce`` module) and names what it recognises: the
-cause in words and the fix.  Every signature is one row of :data:`SIGNATURES`;
-nothing else in the preflight matches these lines, so a new signature is one
-new row plus a recorded line in ``tests/unit/test_signatures.py``.
+The gate reads a node's torchrun log and its ranks' own log files (``log`` and ``rank_logs`` of the ``allreduce``
+module) and names what it recognises: the cause in words, the fix, and the check that would have caught it before
+the job.  The rows are one table, kept by category in ``cluster_preflight/capabilities/allreduce/signature_table/`` (the job's environment
+on the node, the RDMA fabric, the GPUs, the sockets of the rendezvous and the collectives); nothing else in the
+preflight matches these lines, so a new signature is one new row plus a line of the same shape in
+``tests/unit/test_signatures.py``.
 
-A row: ``id``, a regular expression searched in each line, the ``cause``, the
-``fix``, the ``status`` it gives a node (the check contract's ``pass``/``warn``/
-``fail``; ``pass`` rows are information such as the transport NCCL chose), the
-``category`` and ``needs_fabric``: the row's status holds only on a node that
-has a fabric (InfiniBand, RoCE, EFA, ...); elsewhere the line is information
-(NCCL on sockets is right on an Ethernet-only cluster).
+The line's own facts come first.  A row's regular expression captures what the line says (an address, a port, an
+errno, the call that failed, the NCCL source file, a size, an interface name) and the row's ``when`` may look at those
+facts before the row takes the line: a refused connection to a loopback address is a name-resolution fault, not a
+firewall; an ``ibv_modify_qp`` that timed out is a RoCE path, not a TCP drop.  Rows are of three levels:
 
-Where the log allows it, the network rows tell the cases apart:
+* ``cause``: the line names the cause.  It takes the line: the generic rows are not tried on it.
+* ``symptom``: a generic reading (a refused connection, an NCCL system error, a watchdog timeout); named only where
+  no cause row explains the log.
+* ``info``: what NCCL chose (its transport), shown but never the cause.
 
-* ``Connection refused`` (ECONNREFUSED, errno 111): the host answered, nothing
-  listens on that port (the peer or master is not up, or died) or a firewall
-  REJECTs with a TCP reset.
-* ``Connection timed out`` (ETIMEDOUT, errno 110): nothing answered at all: a
-  firewall DROPs the packets, or the host is down or unreachable.
-* ``No route to host`` (EHOSTUNREACH, errno 113) and ``Network is unreachable``
-  (ENETUNREACH, errno 101): the address is not reachable from the interface the
-  node used (wrong interface or route), the host is down on the local segment,
-  or a firewall REJECTs with icmp-host-prohibited (firewalld's default).
-* torch's TCPStore retries refused connections until its timeout and then only
-  says ``The client socket has timed out after ...``: that line alone cannot tell
-  a DROP from a master that never listened, and the row says so.
+Facts of the whole log are read too (``NCCL_SOCKET_IFNAME set to …``, the interface NCCL bootstrapped on, the
+``NCCL_IB_GID_INDEX`` in use, the link layer of the RDMA devices, the NCCL version) and given to every row's text.
+:func:`primary` is the one cause the log names: the first ``cause`` row that warns or fails, in table order (the
+table puts the causes that explain others first), else the first ``symptom`` that does.
+
+Where the log allows it, the socket rows tell the errnos apart: ``Connection refused`` (ECONNREFUSED, 111: the host
+answered, nothing listens, or a REJECT), ``Connection timed out`` (ETIMEDOUT, 110: no answer, a DROP or a host
+down), ``No route to host`` (EHOSTUNREACH, 113) and ``Network is unreachable`` (ENETUNREACH, 101); torch's TCPStore
+retries refused connections until its timeout and then only says ``The client socket has timed out after ...``.
 """
 
 from __future__ import annotations
@@ -35,191 +34,303 @@ from __future__ import annotations
 import collections
 import re
 
+from cluster_preflight.capabilities.allreduce.signature_table import CATEGORIES, ROWS, Signature
+
 # One finding per signature; the line is cut to this many characters.
 LINE_MAX = 300
-
-Signature = collections.namedtuple("Signature", "id regex cause fix status category needs_fabric")
-
-
-def _sig(sig_id, pattern, cause, fix, status, category, needs_fabric=False):
-    return Signature(sig_id, re.compile(pattern), cause, fix, status, category, needs_fabric)
-
-
-_FIREWALL = "iptables -S / nft list ruleset on both ends"
-SIGNATURES = (
-    # Which transport NCCL chose (NCCL_DEBUG=INFO, init): "NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:10.0.0.1<0>",
-    # "NET/Socket : Using [0]eth0:10.0.0.1<0>", "Using network IB".
-    _sig("nccl_net_ib", r"NET/IB\s*:\s*Using\s+\[\d+\]|Using network IB\b",
-         "NCCL uses the RDMA fabric (NET/IB: InfiniBand or RoCE verbs)", "", "pass", "transport"),
-    _sig("nccl_net_ofi", r"NET/OFI\b.*\b(Selected|Using)\b|Using network (AWS )?Libfabric\b",
-         "NCCL uses the fabric through the aws-ofi-nccl plugin (NET/OFI: EFA)", "", "pass", "transport"),
-    _sig("nccl_net_socket", r"NET/Socket\s*:\s*Using\s+\[\d+\]|Using network Socket\b",
-         "NCCL moves inter-node data over TCP sockets (NET/Socket) although this node has a fabric: the "
-         "collectives run at Ethernet speed or slower",
-         "find why NCCL did not take the fabric: NCCL_IB_DISABLE=1 or NCCL_NET=Socket in the job's environment, "
-         "no libibverbs/rdma-core (or no /dev/infiniband) in the job's container, RDMA ports not ACTIVE "
-         "(ibstat), or NCCL_IB_HCA naming the wrong device; the NCCL INFO lines before 'NET/Socket' say which",
-         "warn", "transport", needs_fabric=True),
-    _sig("nccl_ib_no_device", r"NET/IB\s*:\s*No device found",
-         "NCCL found no usable RDMA device although this node has a fabric",
-         "check that the job can open /dev/infiniband/uverbs* and load libibverbs (rdma-core in the job's "
-         "container), that the ports are ACTIVE (ibstat), and that NCCL_IB_HCA matches the devices",
-         "warn", "transport", needs_fabric=True),
-    # "NET/IB : Got completion from peer 10.0.0.1<42133> with error 12, opcode 32753, len 0, vendor err 129"
-    _sig("nccl_ib_error_12", r"Got completion from peer .* error 12\b",
-         "InfiniBand transport retries exhausted (IBV_WC_RETRY_EXC_ERR, error 12): the peer's port cannot be "
-         "reached over the fabric - the two ports are not in the same partition (P_Key) or subnet, a port or "
-         "cable is down or flapping, or the peer process is gone",
-         "check both ends with ibstat / ibv_devinfo (ACTIVE, same subnet prefix), the partition membership of "
-         "both ports on the subnet manager (smpquery pkeys / the SM's partitions.conf), NCCL_IB_PKEY, and the "
-         "cables (ibdiagnet); for RoCE, NCCL_IB_GID_INDEX and the VLAN", "fail", "fabric"),
-    # "NCCL error in: .../ProcessGroupNCCL.cpp:1191, unhandled system error (run with NCCL_DEBUG=INFO ...)"
-    _sig("nccl_system_error", r"unhandled system error|ncclSystemError",
-         "NCCL hit a failing system call or library call (socket, shared memory, IB verbs): the NCCL WARN "
-         "line just before it names the call",
-         "read the 'NCCL WARN' lines of this rank log; common causes: /dev/shm too small in a container "
-         "(give it --shm-size or --ipc=host), NCCL_SOCKET_IFNAME naming an interface without an address, "
-         "RDMA devices not visible in the container, a peer that died", "fail", "nccl"),
-    _sig("nccl_cuda_error", r"unhandled cuda error|ncclUnhandledCudaError",
-         "NCCL got an error from the CUDA runtime (driver, device or peer-to-peer access)",
-         "run nvidia-smi and read dmesg for Xid errors on this node; check the driver matches the CUDA "
-         "runtime of torch; NCCL_P2P_DISABLE=1 tells a P2P/ACS problem apart", "fail", "nccl"),
-    _sig("nccl_watchdog_timeout", r"Watchdog caught collective operation timeout",
-         "an NCCL collective did not finish within the timeout: a rank on some node is hung, dead or much "
-         "slower (the rank that did not reach the collective is the cause, not this one)",
-         "read the stacks (<node>.stacks.txt) of every node; the node whose rank is not in the collective is "
-         "the suspect", "warn", "collective"),
-    # Sockets: torch c10d ("(errno: 111 - Connection refused)"), NCCL ("Connect to ... failed : Connection
-    # refused"), gloo and python ("[Errno 111] Connection refused").
-    _sig("connection_refused", r"Connection refused|errno:? 111\b|ECONNREFUSED",
-         "a connection was refused: the host answered but nothing listens on that port (the master's store or "
-         "the peer's process is not up yet, or died), or a firewall REJECTs it with a TCP reset",
-         "check that the master's torchrun is running and listens on the rendezvous port (ss -ltnp on the "
-         "master; see port_mesh.reach), that no other job holds the port, and the firewall's REJECT rules "
-         "(%s)" % _FIREWALL, "fail", "network"),
-    _sig("connection_timed_out", r"Connection timed out|errno:? 110\b|ETIMEDOUT",
-         "a connection attempt got no answer at all: a firewall DROPs the packets, or the host is down or "
-         "unreachable on that address",
-         "check the firewall's DROP rules on both ends (%s), that the peer is up and answers on the chosen "
-         "interface (ping its address from this node), and security groups between the nodes" % _FIREWALL,
-         "fail", "network"),
-    _sig("no_route_to_host", r"No route to host|errno:? 113\b|EHOSTUNREACH",
-         "no route to the peer's address from the interface used: the wrong interface (or address family) "
-         "was chosen, the route is missing, the host is down on the local segment, or a firewall rejects "
-         "with icmp-host-prohibited",
-         "check `ip route get <peer address>` on this node, that NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME name "
-         "the inter-node interface (see nic_discovery.common_interface), and the firewall's REJECT rules "
-         "(firewalld rejects with icmp-host-prohibited)", "fail", "network"),
-    _sig("network_unreachable", r"Network is unreachable|errno:? 101\b|ENETUNREACH",
-         "the peer's network is not reachable from this node at all: no route to that subnet (wrong "
-         "interface, or an IPv6 address without IPv6 routing)",
-         "check `ip route get <peer address>`; set preflight_socket_ifname to the interface every node "
-         "shares, or give that interface its address and route", "fail", "network"),
-    # gloo: "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:37574. This is
-    # typically caused by a remote worker crashing."  "Connection reset by peer" from the socket layer.
-    _sig("gloo_peer_closed", r"Connection (reset|closed) by peer",
-         "the peer closed the connection in the middle of a collective: its process crashed, was killed or "
-         "its node went away (a symptom here, the cause is on the peer)",
-         "look at the peer named in the line: its rank log, its <node>.stacks.txt and dmesg (OOM kills)",
-         "warn", "collective"),
-    # gloo: "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete"
-    _sig("gloo_timeout", r"Timed out waiting \d+ ?ms for (recv|send) operation",
-         "a gloo send/receive did not complete within the timeout: the peer is hung, dead, or too slow "
-         "(a symptom here, the cause is the rank that did not send or receive)",
-         "read the stacks of the other nodes' ranks (<node>.stacks.txt); the rank stuck before the "
-         "collective is the suspect; a slow or lossy link shows in port_mesh and the bandwidth check",
-         "warn", "collective"),
-    # TCPStore client: "The client socket has timed out after 3000ms while trying to connect to (127.0.0.1, 29981)."
-    # (torch retries a refused connection until then, so the line alone cannot tell the causes apart.)
-    _sig("store_connect_timeout", r"client socket has timed out after",
-         "this node could not reach the rendezvous store on the master in time: the master's torchrun was not "
-         "listening yet or at all (a refused connection is retried until this timeout), or a firewall DROPs "
-         "the rendezvous port, or the master address is wrong for this node",
-         "check the master's torchrun started (its log), that the rendezvous port is open from this node "
-         "(port_mesh.reach; nc -vz <master> <port>), and the firewall on the master (%s)" % _FIREWALL,
-         "fail", "rendezvous"),
-    # TCPStore server: "Timed out after 4 seconds waiting for clients. 1/2 clients joined."
-    _sig("store_wait_timeout", r"Timed out after \d+ seconds waiting for clients",
-         "the master's rendezvous store waited in vain: not every node joined (a node did not start its "
-         "torchrun or cannot reach the master)",
-         "find the node(s) that did not join: their torchrun logs and port_mesh.reach toward the master",
-         "fail", "rendezvous"),
-    # TCPStore server on a taken port.  torch >= 2.4: "torch.distributed.DistNetworkError: The server socket has
-    # failed to listen on any local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE,
-    # message: address already in use" (recorded here, 2.13); torch 2.0-2.3: "[W socket.cpp:426] [c10d] The server
-    # socket has failed to bind to [::]:29500 (errno: 98 - Address already in use)." then "[E socket.cpp:462]
-    # [c10d] The server socket has failed to listen on any local network address."
-    _sig("store_port_in_use", r"server socket has failed to (listen on any local network address|bind to)|"
-                              r"EADDRINUSE|[Aa]ddress already in use|errno:? 98\b",
-         "the master's rendezvous store could not listen: another process already holds the master port on this "
-         "node (EADDRINUSE) - another preflight run, a training job's torchrun, or a store left behind by an "
-         "earlier run that did not exit",
-         "see which process holds it on this node: ss -ltnp 'sport = :PORT' (PORT is the port in the line, "
-         "preflight_master_port); wait for that job or run to end, stop a leftover process, or choose another "
-         "preflight_master_port (allreduce.master_port says whether it was free when the run was planned; "
-         "if it was, it was taken between the plan and the launch)", "fail", "rendezvous"),
-    _sig("rendezvous_timeout", r"RendezvousTimeoutError|Timed out waiting for (the )?rendezvous",
-         "the elastic rendezvous timed out: not every node joined in time",
-         "find the node(s) that did not join: their torchrun logs and port_mesh.reach toward the rendezvous "
-         "endpoint", "fail", "rendezvous"),
-    # "RuntimeError: CUDA error: an illegal memory access was encountered" ... "consider passing CUDA_LAUNCH_BLOCKING=1"
-    _sig("cuda_error", r"CUDA error:|CUDA_LAUNCH_BLOCKING=1",
-         "a CUDA error: kernels run asynchronously, so the traceback may point at a later call than the one "
-         "that failed",
-         "re-run the failing job with CUDA_LAUNCH_BLOCKING=1 to get the failing call (not with torch < 2.1 / "
-         "NCCL < 2.17: that combination hangs, NVIDIA/nccl issue 750); check nvidia-smi and dmesg for Xid "
-         "errors", "fail", "cuda"),
-)
+LEVELS = ("cause", "symptom", "info")
+SIGNATURES = ROWS
 BY_ID = {signature.id: signature for signature in SIGNATURES}
 TRANSPORTS = {"nccl_net_ib": "NET/IB", "nccl_net_ofi": "NET/OFI", "nccl_net_socket": "NET/Socket"}
-# torchrun's --tee prefix "[node1:0]:" and glog's "[E1123 15:44:16.477 socket.cpp:1028] " carry no meaning here.
-_PREFIX_RE = re.compile(r"^\[[^\]\s]+:\d+\]:")
+
+# Prefixes that carry a rank but no meaning for the rows: torchrun's --tee "[node1:0]:" (local rank), torch's
+# "[rank3]:", mpirun's "[1,3]<stdout>:"; glog's "[E1123 15:44:16.477 socket.cpp:1028] " stays (rows read past it).
+_TEE_RE = re.compile(r"^\[(?P<role>[^\]\s]+):(?P<local>\d+)\]:")
+_RANK_RE = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?")
+_MPI_RE = re.compile(r"^\[\d+,(?P<rank>\d+)\]<std(?:out|err)>:")
+
+# Facts of the whole log: the job's settings and NCCL's choices as its INFO lines print them.
+_CONTEXT = (
+    re.compile(r"NCCL_SOCKET_IFNAME set (?:by environment )?to (?P<socket_ifname>[^\s.]+(?:\.\d+)?)"),
+    re.compile(r"Bootstrap\s*:\s*Using\s+(?:\[\d+\])?(?P<bootstrap_if>[^\s:\[\]]+):(?P<bootstrap_addr>[^<\s]+)<"),
+    re.compile(r"NCCL_IB_GID_INDEX set by environment to (?P<gid_index>\d+)"),
+    re.compile(r"NET/IB\s*:\s*Using\s+\[\d+\]\S+?/(?P<ib_link>RoCE|IB)\b"),
+    re.compile(r"NCCL version (?P<nccl_version>\d+\.\d+\.\d+)"),
+)
+# Generic facts of one line, read for every row: the errno the socket layer printed, and the peer's address in the
+# shapes gloo ("[10.0.0.2]:43110"), NCCL ("10.0.0.2<43110>"), c10d ("(node2, 29500)") and others ("10.0.0.2:29500")
+# print it.
+_ERRNO_RE = re.compile(r"errno:?\s*(?P<errno>\d+)|\((?P<errno_paren>\d+)\)\s*$")
+_ADDR_RES = (
+    re.compile(r"\[(?P<addr>[0-9a-fA-F:.]+|[\w.-]+)\]:(?P<port>\d+)"),
+    re.compile(r"(?P<addr>\d{1,3}(?:\.\d{1,3}){3}|[0-9a-fA-F]*:[0-9a-fA-F:.]+(?:%\w+)?)<(?P<port>\d+)>"),
+    re.compile(r"\((?P<addr>[^,()\s]+), (?P<port>\d+)\)"),
+    re.compile(r"(?P<addr>\d{1,3}(?:\.\d{1,3}){3}):(?P<port>\d+)"),
+)
 
 
 def _lines(lines_or_text):
+    """``[(rank or None, line)]`` from a text, a list of texts, or a list of ``(rank, text)`` pairs."""
     if isinstance(lines_or_text, str):
-        return lines_or_text.splitlines()
+        return [(None, line) for line in lines_or_text.splitlines()]
     lines = []
     for item in lines_or_text or ():
-        lines.extend(str(item or "").splitlines())
+        rank, text = item if isinstance(item, tuple) else (None, item)
+        lines.extend((rank, line) for line in str(text or "").splitlines())
     return lines
 
 
-def match(lines_or_text, fabric=None, categories=None, signatures=SIGNATURES):
-    """The signatures found in ``lines_or_text`` (a text, or a list of lines or texts).
+def _strip_prefix(raw):
+    """``(line, rank, local rank)``: the line without the launchers' prefixes, and the rank they name."""
+    line, rank, local = raw.strip(), None, None
+    if not line.startswith("["):
+        return line, rank, local
+    for regex in (_TEE_RE, _RANK_RE, _MPI_RE):
+        found = regex.match(line)
+        if found:
+            groups = found.groupdict()
+            if groups.get("local") is not None:
+                local = int(groups["local"])
+            if groups.get("rank") is not None:
+                rank = int(groups["rank"])
+            line = line[found.end():].strip()
+    return line, rank, local
 
-    One finding per signature (the first line that matched, ``count`` lines in
-    all), in table order: ``{id, line, cause, fix, status, category, count}``.
-    ``fabric``: whether the node has a fabric; a ``needs_fabric`` row gives its
-    status only when true, else it is information (``pass``).  ``categories``
-    limits the rows (for example ``("transport",)`` on a healthy run).
-    """
-    rows = [sig for sig in signatures if categories is None or sig.category in categories]
-    found = {}
-    for raw in _lines(lines_or_text):
-        line = _PREFIX_RE.sub("", raw.strip()).strip()
+
+def _read_context(line, context):
+    for regex in _CONTEXT:
+        found = regex.search(line)
+        if found:
+            context.update({key: value for key, value in found.groupdict().items() if value is not None})
+
+
+def _line_facts(line, found, nodes):
+    facts = {key: value for key, value in found.groupdict().items() if value is not None}
+    errno = _ERRNO_RE.search(line)
+    if errno and "errno" not in facts:
+        value = errno.group("errno") or errno.group("errno_paren")
+        facts["errno"] = value
+    if "addr" not in facts:
+        for regex in _ADDR_RES:
+            peer = regex.search(line)
+            if peer:
+                facts.setdefault("addr", peer.group("addr"))
+                facts.setdefault("port", peer.group("port"))
+                break
+    facts["nodes"] = nodes
+    return facts
+
+
+def _row_facts(sig, shapes, line, nodes):
+    """The line's facts for the first of the row's shapes that matches and satisfies its ``when``; else None.
+    ``shapes``: ``[(regex, keys)]``; a shape is searched only in a line holding one of its keys."""
+    for regex, keys in shapes:
+        if keys is not None:
+            for key in keys:
+                if key in line:
+                    break
+            else:
+                continue
+        hit = regex.search(line)
+        if hit:
+            facts = _line_facts(line, hit, nodes)
+            if sig.when is None or sig.when(facts):
+                return facts
+    return None
+
+
+def _needs_failure(sig, facts):
+    return sig.on_failure(facts) if callable(sig.on_failure) else bool(sig.on_failure)
+
+
+def _text(value, facts):
+    return value(facts) if callable(value) else value
+
+
+def _has_fabric(need, fabric):
+    """Whether the node has the fabric a ``needs_fabric`` row asks for (``True``: any fabric; a kind: that one)."""
+    if need is True:
+        return bool(fabric)
+    return isinstance(fabric, (list, tuple, set)) and need in fabric
+
+
+_QUANTIFIERS = "?*{+"
+_META = ".^$*+?{}[]()|"
+_LITERAL_ESCAPES = ".()[]{}?*+|^$\\/-'\" <>=:,"
+
+
+def _branches(pattern):
+    """The top-level alternatives of a regular expression (``|`` outside groups and character classes)."""
+    parts, depth, start, index, in_class = [], 0, 0, 0, False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "|" and depth == 0:
+            parts.append(pattern[start:index])
+            start = index + 1
+        index += 1
+    return parts + [pattern[start:]]
+
+
+def _required(branch):
+    """The longest run of literal characters a match of ``branch`` must contain (outside groups, classes and
+    optional characters), or ``""``."""
+    runs, run, index, depth, in_class = [], [], 0, 0, False
+    while index < len(branch):
+        char, literal = branch[index], None
+        if char == "\\" and index + 1 < len(branch):
+            if depth == 0 and not in_class and branch[index + 1] in _LITERAL_ESCAPES:
+                literal = branch[index + 1]
+            width = 2
+        else:
+            width = 1
+            if in_class:
+                in_class = char != "]"
+            elif char == "[":
+                in_class = True
+            elif char == "(":
+                depth += 1
+            elif char == ")":
+                depth -= 1
+            elif depth == 0 and char not in _META:
+                literal = char
+        following = branch[index + width:index + width + 1]
+        if literal is not None and following and following in _QUANTIFIERS:
+            literal = None
+        if literal is None:
+            if char == "(" or char == "[" or depth or in_class or char in _META or char == "\\":
+                runs.append("".join(run))
+                run = []
+        else:
+            run.append(literal)
+        index += width
+    runs.append("".join(run))
+    return max(runs, key=len)
+
+
+def _keys(regex):
+    """Literals of which a line the shape matches contains at least one (one per top-level alternative); None when
+    an alternative requires none of 3 characters or more (the shape is then tried on every line)."""
+    if regex.flags & re.IGNORECASE:
+        return None
+    keys = [_required(branch) for branch in _branches(regex.pattern)]
+    return tuple(keys) if all(len(key) >= 3 for key in keys) else None
+
+
+_PLANS = {}
+
+
+def _plan(rows):
+    """``[(row, [(regex, keys)])]`` in the order rows are tried on a line: cause rows first, so the line's own facts
+    win over a generic reading (computed once per set of rows)."""
+    key = tuple(row.id for row in rows)
+    if key not in _PLANS:
+        ordered = [row for row in rows if row.level == "cause"] + [row for row in rows if row.level != "cause"]
+        _PLANS[key] = [(row, [(regex, _keys(regex)) for regex in row.regex]) for row in ordered]
+    return _PLANS[key]
+
+
+def _scan(lines, rows, nodes):
+    """``(found, context)``: per row id, the first line it took (``line``, ``facts``, ``count``, ranks)."""
+    found, context = {}, {}
+    plan = _plan(rows)
+    # Only rows that write their text from facts read the log's context (a healthy run's transport rows do not).
+    with_context = any(callable(row.cause) or callable(row.fix) for row in rows)
+    for source_rank, raw in lines:
+        line, rank, local = _strip_prefix(raw)
         if not line:
             continue
-        for sig in rows:
-            if sig.regex.search(line):
-                if sig.id in found:
-                    found[sig.id]["count"] += 1
-                else:
-                    found[sig.id] = {"line": line[:LINE_MAX], "count": 1}
+        if with_context:
+            _read_context(line, context)
+        claimed = False
+        for sig, shapes in plan:
+            if claimed and sig.level == "symptom":
+                continue
+            facts = _row_facts(sig, shapes, line, nodes)
+            if facts is None:
+                continue
+            claimed = claimed or sig.level == "cause"
+            entry = found.setdefault(sig.id, {"line": line[:LINE_MAX], "facts": facts, "count": 0,
+                                              "ranks": set(), "local_ranks": set()})
+            entry["count"] += 1
+            if rank is not None or source_rank is not None:
+                entry["ranks"].add(rank if rank is not None else source_rank)
+            elif local is not None:
+                entry["local_ranks"].add(local)
+    return found, context
+
+
+def _status(sig, fabric):
+    if sig.needs_fabric and not _has_fabric(sig.needs_fabric, fabric):
+        return "pass"
+    return sig.status
+
+
+def match(lines_or_text, fabric=None, categories=None, signatures=SIGNATURES, nodes=None):
+    """The signatures found in ``lines_or_text`` (a text, a list of lines or texts, or of ``(rank, text)``).
+
+    One finding per signature (the first line that took it, ``count`` lines in all), in table order:
+    ``{id, line, cause, fix, status, category, level, explains, checks, count, ranks, local_ranks, facts}``
+    (``explains``: the row only explains another failure of the log).
+    ``fabric``: whether the node has a fabric (``True``) or its kinds (``["infiniband"]``); a ``needs_fabric`` row
+    gives its status only there, else it is information (NCCL on sockets is right on an Ethernet-only cluster).
+    ``nodes``: how many nodes the job spans (``None``: unknown); a loopback address is a fault only across nodes.
+    ``categories`` limits the rows (for example ``("transport",)`` on a healthy run).
+    """
+    rows = [sig for sig in signatures if categories is None or sig.category in categories]
+    found, context = _scan(_lines(lines_or_text), rows, nodes)
     if "nccl_net_ib" in found or "nccl_net_ofi" in found:
         # NCCL took the fabric: socket lines then come from a transport it did not use.
-        found.pop("nccl_net_socket", None)
-        found.pop("nccl_ib_no_device", None)
+        for sig_id in ("nccl_net_socket", "nccl_ib_no_device", "ibverbs_missing"):
+            found.pop(sig_id, None)
+    # A row that only explains a failure (the interface NCCL bootstrapped on) needs another failing row.
+    failing = any(_status(sig, fabric) in ("warn", "fail") for sig in rows
+                  if sig.id in found and not _needs_failure(sig, found[sig.id]["facts"]))
     findings = []
     for sig in rows:
-        if sig.id not in found:
+        entry = found.get(sig.id)
+        if entry is None or (_needs_failure(sig, entry["facts"]) and not failing):
             continue
-        status, cause, fix = sig.status, sig.cause, sig.fix
-        if sig.needs_fabric and not fabric:
-            status, fix = "pass", ""
-            cause = cause.split(" although")[0] + " (no fabric on this node: expected)"
-        findings.append(dict(found[sig.id], id=sig.id, cause=cause, fix=fix, status=status, category=sig.category))
+        facts = dict(context, **entry["facts"])
+        status, cause, fix = _status(sig, fabric), _text(sig.cause, facts), _text(sig.fix, facts)
+        if status == "pass" and sig.needs_fabric:
+            cause, fix = cause.split(" although")[0] + " (no such fabric on this node: expected)", ""
+        findings.append({
+            "id": sig.id, "line": entry["line"], "cause": cause, "fix": fix, "status": status,
+            "category": sig.category, "level": sig.level, "count": entry["count"],
+            "explains": _needs_failure(sig, entry["facts"]),
+            "checks": list(sig.checks if sig.checks is not None else CATEGORIES[sig.category]["checks"]),
+            "ranks": sorted(entry["ranks"]), "local_ranks": sorted(entry["local_ranks"]),
+            "facts": {key: str(value) for key, value in sorted(facts.items())
+                      if value is not None and key != "nodes"},
+        })
     return findings
+
+
+def primary(findings):
+    """The one cause the findings name: the first ``cause`` that warns or fails (one that is a failure itself before
+    one that only explains another, such as the interface NCCL used), else the first such ``symptom``."""
+    for level, explains in (("cause", False), ("cause", True), ("symptom", False), ("symptom", True)):
+        for finding in findings:
+            if finding.get("level", "symptom") == level and bool(finding.get("explains")) == explains and \
+                    finding["status"] in ("warn", "fail"):
+                return finding
+    return None
+
+
+def expected(finding):
+    """What a healthy node shows instead, in the words of the finding's category."""
+    return CATEGORIES[finding["category"]]["expected"]
 
 
 def transport(findings):
@@ -228,3 +339,15 @@ def transport(findings):
         if finding["id"] in TRANSPORTS:
             return TRANSPORTS[finding["id"]]
     return None
+
+
+def table_summary():
+    """``{category: [ids]}``: the rows by category, in table order (for docs and tests)."""
+    out = collections.OrderedDict()
+    for sig in SIGNATURES:
+        out.setdefault(sig.category, []).append(sig.id)
+    return out
+
+
+__all__ = ["BY_ID", "CATEGORIES", "LEVELS", "LINE_MAX", "SIGNATURES", "Signature", "TRANSPORTS", "expected",
+           "match", "primary", "table_summary", "transport"]
