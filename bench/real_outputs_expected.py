@@ -28,6 +28,13 @@ REFERENCE = "reference"
 ECC, MEMORY, PCIE, PERSISTENCE = "gpu_health.ecc", "gpu_health.memory", "gpu_health.pcie", "gpu_health.persistence"
 COUNT, NVLINK, XID, DCGM = "gpu_health.count", "gpu_health.nvlink", "gpu_health.xid", "gpu_health.dcgm"
 PORTS, RATE, COUNTERS = "fabric.ports", "fabric.rate", "fabric.counters"
+RESET, GPU_FABRIC, GPU_LOST = "gpu_health.reset_required", "gpu_health.gpu_fabric", "gpu_health.gpu_lost"
+ROCE_GID = "fabric.roce_gid"
+# The samples whose nvidia-smi predates the reset status (gpu_reset_status, gpu_recovery_action): not observed.
+NO_RESET_STATUS = ("datakit_v100-pcie_460.39.xml", "netdata_a100-sxm4-mig.xml", "netdata_rtx-2080-win.xml",
+                   "netdata_tesla-p100.xml", "pai_2xgtx1070_link-x1.xml", "pai_2xrtx2080ti.xml",
+                   "pai_4xk80_ecc-retired.xml", "telegraf_quadro-p2000-v12.xml", "telegraf_quadro-p400.xml",
+                   "telegraf_tesla-t4.xml", "telegraf_tesla_t4.xml")
 
 
 def healthy(note, unobserved=(), mentions=None, parsed=None):
@@ -105,7 +112,8 @@ KERNEL_LOG = {
         "a double-bit error, a row remap waiting for a reset and contained ECC errors", {XID: FAIL},
         mentions={XID: "48"}),
     "kmsg-xid/gpud_sxid-readme_xid79-sxid20034_h100-nvswitch.log": fault(
-        "a GPU fallen off the bus and fatal NVSwitch link errors", {XID: FAIL}, mentions={XID: "79"}),
+        "a GPU fallen off the bus (the Xid line and the driver's own line) and fatal NVSwitch link errors",
+        {XID: FAIL, GPU_LOST: FAIL}, mentions={XID: "79", GPU_LOST: "fell off the bus"}),
     "kmsg-xid/mleng_xid63_a100_EXCERPT.log": fault(
         "one row remap waiting for a reset", {XID: FAIL}, mentions={XID: "63"}),
 }
@@ -169,6 +177,21 @@ INFINIBAND = {
     "infiniband/ibstat/gpud_ibstatus.39.0.a100.all.active.0": healthy(
         "every HDR port active; " + NO_COUNTERS, unobserved=[COUNTERS]),
 }
+
+# No GPU of the XML samples sits behind an NVSwitch fabric (PCIe cards, consumer cards, an A100 that predates the
+# field): its fabric state is N/A or absent, never judged; the oldest drivers have no reset status either.
+for _key, _expect in NVIDIA_XML.items():
+    _extra = (GPU_FABRIC,) + ((RESET,) if _key.split("/", 1)[1] in NO_RESET_STATUS else ())
+    NVIDIA_XML[_key] = _expect._replace(unobserved=_expect.unobserved + _extra)
+
+# ibstat / ibstatus carry no GID table: the RoCE ports of those samples are not observed for roce_gid.
+for _key in ("infiniband/ibstat/azhpc-diag_ibstatus.out", "infiniband/ibstat/gpud_ibstat.47.0.a100.all.active.0",
+             "infiniband/ibstat/gpud_ibstat.47.0.h100.all.active.1",
+             "infiniband/ibstat/gpud_ibstat.47.0.h100.all.active.2",
+             "infiniband/ibstat/gpud_ibstat.47.0.h100.some.down.with.polling.1",
+             "infiniband/ibstat/gpud_ibstat.47.0.some.down.0", "infiniband/ibstat/gpud_ibstat.47.0.some.down.1",
+             "infiniband/ibstat/gpud_ibstatus.39.0.a100.all.active.0"):
+    INFINIBAND[_key] = INFINIBAND[_key]._replace(unobserved=INFINIBAND[_key].unobserved + (ROCE_GID,))
 
 EXPECTED = dict(NVIDIA_XML, **NVLINK_TEXT, **KERNEL_LOG, **DCGM_JSON, **AMD, **INFINIBAND)
 # Whole folders of formats the gate does not read (the project reads nvidia-smi's XML, not its text).

@@ -10,7 +10,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: pci_gpus
-short_description: List the GPUs and compute accelerators of a node from sysfs
+short_description: List the GPUs, compute accelerators and NVSwitches of a node from sysfs
 description:
   - Reads C(vendor), C(device) and C(class) of every device under C(<sysfs_root>/bus/pci/devices) and keeps
     the display controllers (PCI class C(0x03xxxx), for example C(0x030000) VGA and C(0x030200) 3D) and the
@@ -21,6 +21,8 @@ description:
   - Changes nothing; runs the same in check mode. A node without a PCI bus in sysfs has no GPU (a note says so);
     a bus that exists but cannot be read fails the task, saying what to check.
   - The scan is the reader the preflight audit's C(iommu) capability runs (C(module_utils/preflight_node/capabilities/iommu.py)).
+  - Also lists the NVSwitches (NVIDIA devices of class C(0x0680xx)) in RV(nvswitches), as the C(gpu_health) reader does
+    (C(module_utils/preflight_node/gpu/nvswitch.py)); a node with NVSwitches needs the NVIDIA fabric manager.
 version_added: "1.0.0"
 extends_documentation_fragment: [preflight, preflight.no_change]
 options:
@@ -107,6 +109,14 @@ intel_gpus:
   description: Number of Intel GPUs.
   returned: always
   type: int
+nvswitches:
+  description: The NVSwitches on the PCI bus, sorted by address.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - address: "0000:05:00.0"
+      device: "0x22a3"
 notes:
   description: Remarks, such as no PCI bus being visible under O(sysfs_root).
   returned: always
@@ -122,6 +132,7 @@ from ansible.module_utils.basic import AnsibleModule
 # The scan is the iommu capability's reader (module_utils/preflight_node/capabilities/iommu.py); this module is its face
 # for roles and ad-hoc use.
 from ansible.module_utils.preflight_node.capabilities.iommu import normalise_id, read_pci, scan  # noqa: F401 (scan: public name)
+from ansible.module_utils.preflight_node.gpu.nvswitch import scan as scan_nvswitches
 
 
 def main():
@@ -144,7 +155,9 @@ def main():
         module.fail_json(msg="%s. Expected: a readable PCI bus in sysfs. Fix: check that sysfs is mounted at %s "
                              "(sysfs_root) and readable" % (found["error"], module.params["sysfs_root"]))
     summary = dict((key, found[key]) for key in ("gpus", "count", "amd_gpus", "nvidia_gpus", "intel_gpus"))
-    module.exit_json(changed=False, notes=found["notes"], ansible_facts={"preflight_pci_gpus": summary}, **summary)
+    switches = scan_nvswitches(module.params["sysfs_root"])
+    module.exit_json(changed=False, notes=found["notes"], ansible_facts={"preflight_pci_gpus": summary},
+                     nvswitches=switches["devices"], **summary)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ to them (``<bin_dir>/.fake_gpu/``), so a node with ``bin_dir`` first on its PATH
 * ``journalctl`` with ``-k`` prints the kernel log.
 * ``amd-smi static ...`` / ``amd-smi metric ...`` print the two JSON files of ``amd=(static, metric)``.
 * ``rocm-smi --showallinfo --json`` prints the JSON file ``rocm_smi``.
+* ``lspci -D -vvv`` prints the text ``lspci`` (``tests/fabric_tree.py``'s ``lspci_text``: the bridges' ACS).
+* ``nv-fabricmanager`` (``fabric_manager=True``): a copy of ``sleep``, so a process started from it shows in the
+  process table as the fabric manager does (``nv-fabricmanage``, its name as the kernel keeps it).
 """
 
 import os
@@ -19,6 +22,7 @@ import xml.etree.ElementTree as ElementTree
 from preflight_node.gpu.nvidia_gpus import QUERY_FIELDS
 
 DATA_DIR = ".fake_gpu"
+FABRIC_MANAGER = "nv-fabricmanager"
 _HEAD = '#!/bin/sh\n# Fake %s written by tests/fake_gpu_tools.py.\nhere=$(dirname "$0")/%s\n'
 _UNKNOWN = '  *) echo "fake %s: unsupported arguments: $*" >&2; exit 2 ;;\nesac\n'
 
@@ -59,8 +63,9 @@ def _copy(source, data_dir, name):
 
 
 def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None, dcgm_rc=0, nvlink_down=None,
-            nvlink_file=None, rocm_smi=None):
-    """Write the fakes of the tools given a fixture path for into ``bin_dir``; returns their paths."""
+            nvlink_file=None, rocm_smi=None, lspci=None, fabric_manager=False):
+    """Write the fakes of the tools given a fixture path (or, for ``lspci``, a text) for into ``bin_dir``; returns their
+    paths."""
     bin_dir = str(bin_dir)
     data_dir = os.path.join(bin_dir, DATA_DIR)
     os.makedirs(data_dir, exist_ok=True)
@@ -97,4 +102,13 @@ def install(bin_dir, nvidia_xml=None, kernel_log=None, dcgm_json=None, amd=None,
     if rocm_smi is not None:
         _copy(rocm_smi, data_dir, "rocm_smi.json")
         written.append(_script(bin_dir, "rocm-smi", '  "--showallinfo --json") cat "$here/rocm_smi.json" ;;\n'))
+    if lspci is not None:
+        with open(os.path.join(data_dir, "lspci.txt"), "w") as handle:
+            handle.write(lspci)
+        written.append(_script(bin_dir, "lspci", '  "-D -vvv") cat "$here/lspci.txt" ;;\n'))
+    if fabric_manager:
+        path = os.path.join(bin_dir, FABRIC_MANAGER)
+        shutil.copyfile(shutil.which("sleep"), path)
+        os.chmod(path, 0o755)
+        written.append(path)
     return written

@@ -18,7 +18,12 @@ MI300X_BUS = ["0000:%s:00.0" % bus for bus in ("0c", "22", "38", "5c", "9f", "af
 H100 = ("0x10de", "0x2330", "0x030200")
 MI300X = ("0x1002", "0x74a1", "0x120000")
 ASPEED = ("0x1a03", "0x2000", "0x030000")  # the BMC's VGA: a display device that is no GPU of ours
-PROGRAMS = {"nvidia-smi": "/usr/bin/nvidia-smi", "amd-smi": "/opt/rocm/bin/amd-smi",
+# An H100 HGX board's NVSwitches (NVIDIA, class "bridge, other") and their PCI addresses.
+NVSWITCH = ("0x10de", "0x22a3", "0x068000")
+NVSWITCH_BUS = ["0000:%s:00.0" % bus for bus in ("05", "06", "07", "08")]
+FABRIC_MANAGER = "nv-fabricmanager"
+PROGRAMS = {"nvidia-smi": "/usr/bin/nvidia-smi", "systemctl": "/usr/bin/systemctl",
+            "nv-fabricmanager": "/usr/bin/nv-fabricmanager", "amd-smi": "/opt/rocm/bin/amd-smi",
             "rocm-smi": "/opt/rocm/bin/rocm-smi",
             "dcgmi": "/usr/bin/dcgmi", "journalctl": "/usr/bin/journalctl", "dmesg": "/usr/bin/dmesg"}
 
@@ -46,8 +51,20 @@ def make_sysfs(tmp_path, devices):
     return sysfs
 
 
-def nvidia_node(count=8):
-    return [("0000:03:00.0", ASPEED)] + [(address, H100) for address in H100_BUS[:count]]
+def nvidia_node(count=8, nvswitches=0):
+    """The PCI devices of an 8 x H100 node: the BMC's VGA, ``count`` GPUs and ``nvswitches`` NVSwitches."""
+    return ([("0000:03:00.0", ASPEED)] + [(address, NVSWITCH) for address in NVSWITCH_BUS[:nvswitches]]
+            + [(address, H100) for address in H100_BUS[:count]])
+
+
+def make_proc(tmp_path, processes=(FABRIC_MANAGER,), init="sshd"):
+    """A ``proc`` sandbox: PID 1 is ``init``, then one pid per program of ``processes`` (its ``comm`` shortened to 15
+    characters, as the kernel keeps it)."""
+    proc = tmp_path / "proc"
+    for pid, program in enumerate((init,) + tuple(processes), 1):
+        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(pid) / "comm").write_text(program[:15] + "\n")
+    return proc
 
 
 DEFAULT_TOOLS = {"xml": "nvidia_smi_h100_healthy.xml", "kernel_log": "kernel_log_clean.txt",
@@ -79,10 +96,13 @@ def commands(xml=None, kernel_log=None, dcgm=None, amd=None, dmesg=None, nvlink=
     return found
 
 
-def read_node(tmp_path, devices=None, programs=None, overrides=None, **tools):
+def read_node(tmp_path, devices=None, programs=None, overrides=None, processes=(FABRIC_MANAGER,), init="sshd",
+              extra=None, **tools):
     """``(facts, settings, ops)``: the node read through FakeOps, arguments and facts through JSON.
 
-    ``programs``: the tools installed (default: those given a fixture, plus dmesg)."""
+    ``devices``: the PCI bus (default: an H100 HGX node, its NVSwitches included); ``programs``: the tools installed
+    (default: those given a fixture, plus dmesg); ``processes``: the programs running (the fabric manager) under
+    ``init``; ``extra``: more FakeOps answers."""
     tools = dict(DEFAULT_TOOLS, **tools)
     answers = commands(**tools)
     if programs is None:
@@ -90,8 +110,10 @@ def read_node(tmp_path, devices=None, programs=None, overrides=None, **tools):
                                                        ("dcgmi", "dcgm"), ("amd-smi", "amd"),
                                                        ("rocm-smi", "rocm"))
                                 if tools[key] is not None]
-    sysfs = make_sysfs(tmp_path, nvidia_node() if devices is None else devices)
-    wanted = settings(gpu_health_sysfs_root=str(sysfs), **(overrides or {}))
+    answers.update(extra or {})
+    sysfs = make_sysfs(tmp_path, nvidia_node(nvswitches=4) if devices is None else devices)
+    proc = make_proc(tmp_path, processes, init)
+    wanted = settings(gpu_health_sysfs_root=str(sysfs), gpu_health_proc_root=str(proc), **(overrides or {}))
     ops = FakeOps(programs={name: PROGRAMS[name] for name in programs}, commands=answers)
     args = json.loads(json.dumps(gpu_health.read_args(wanted, NODE)))
     facts = json.loads(json.dumps(node_half.read(args, ops)))

@@ -64,7 +64,8 @@ RANGES = {
     "diagnose_stack_budget": (0.1, 3600), "diagnose_core_timeout": (0.1, DAY), "diagnose_task_timeout": (1, DAY),
     # fabric
     "fabric_expected_rate_gbps": (0, 1 << 20), "fabric_expected_ports": (0, 1024),
-    "fabric_counter_threshold": (0, 1 << 62),
+    "fabric_counter_threshold": (0, 1 << 62), "fabric_tool_timeout": (1, 3600),
+    "fabric_acs_grub_update_timeout": (1, DAY),
     # gpu_health
     "gpu_health_dcgm_level": (0, 4), "gpu_health_dcgm_timeout": (1, DAY), "gpu_health_tool_timeout": (1, 3600),
     "gpu_health_expected_count": (0, 1024), "gpu_health_pcie_min_width": (0, 32),

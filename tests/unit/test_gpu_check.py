@@ -64,7 +64,8 @@ def test_with_fake_tools_the_readers_run_and_torch_without_cuda_stops_the_run(tm
     checks = json.loads((out_dir / "checks.json").read_text())
     assert checks["gpu_health"]["xid"]["status"] == "fail" and "Xid 79" in checks["gpu_health"]["xid"]["found"]
     assert "gpu_health.xid fail" in (out_dir / "checks.txt").read_text()
-    assert summary["steps"][2]["failed_checks"] == ["xid"]
+    # The log's "fallen off the bus" line beside the Xid: gpu_lost names the same loss.
+    assert summary["steps"][2]["failed_checks"] == ["xid", "gpu_lost"]
 
 
 def _fake_nvidia_smi(tmp_path, body):

@@ -5,6 +5,7 @@ import functools
 import os
 
 import pytest
+import yaml
 
 from preflight_node import checks as preflight_checks
 from preflight_node.capabilities import gpu_health as node_half
@@ -53,7 +54,9 @@ FAULTS = [
     ("ecc", {"xml": "nvidia_smi_h100_ecc.xml"}, {}, "ecc",
      ("fail", "GPU 3 (00000000:5D:00.0) ecc_errors/volatile has 2 uncorrectable errors", "nvidia-smi -r -i 3")),
     ("remap-pending", {"xml": "nvidia_smi_h100_remap_pending.xml"}, {}, "memory",
-     ("fail", "GPU 5 (00000000:AB:00.0) remapped_rows/remapped_row_pending is Yes", "reset the GPU")),
+     ("fail", "GPU 5 (00000000:AB:00.0) remapped_rows/remapped_row_pending is Yes", "reset the GPU"),
+     # The driver says so too: the row remap waits for a reset.
+     {"reset_required": "fail"}),
     ("hw-slowdown", {"xml": "nvidia_smi_h100_hw_slowdown.xml"}, {}, "throttle",
      ("fail", "GPU 6 (00000000:BA:00.0) clocks_event_reasons/clocks_event_reason_hw_slowdown is Active", "cooling")),
     ("pcie-x8", {"xml": "nvidia_smi_h100_pcie_x8.xml"}, {}, "pcie",
@@ -65,9 +68,12 @@ FAULTS = [
      ("fail", "the PCI bus shows 8 NVIDIA GPUs, nvidia-smi 7 (missing from nvidia-smi: 00000000:9A:00.0)",
       "Xid 79")),
     ("7-of-expected-8", {"xml": "nvidia_smi_h100_7gpus.xml", "devices": [("0000:03:00.0", ASPEED)]},
-     {"gpu_health_expected_count": 8}, "count", ("fail", "7 GPUs found, gpu_health_expected_count is 8", "")),
+     {"gpu_health_expected_count": 8}, "count", ("fail", "7 GPUs found, gpu_health_expected_count is 8", ""),
+     {"fabric_manager": "not_applicable"}),
     ("xid79", {"kernel_log": "kernel_log_xid79.txt"}, {}, "xid",
-     ("fail", "Xid 79 on GPU 3 (00000000:5D:00.0), 2 lines: GPU has fallen off the bus", "reseat the GPU")),
+     ("fail", "Xid 79 on GPU 3 (00000000:5D:00.0), 2 lines: GPU has fallen off the bus", "reseat the GPU"),
+     # The driver's own line next to the Xid: the same loss, named by gpu_lost as well.
+     {"gpu_lost": "fail"}),
     ("xid48-94", {"kernel_log": "kernel_log_xid48_94.txt"}, {}, "xid",
      ("fail", "Xid 48 on GPU 1 (00000000:2A:00.0), 1 line: double bit", "nvidia-smi -r")),
     ("sxid", {"kernel_log": "kernel_log_sxid.txt"}, {}, "xid",
@@ -80,9 +86,10 @@ FAULTS = [
 
 @pytest.mark.parametrize("case", FAULTS, ids=[case[0] for case in FAULTS])
 def test_each_fault_fails_exactly_its_check(tmp_path, case):
-    _name, kwargs, overrides, check, (status, found, fix) = case
+    _name, kwargs, overrides, check, (status, found, fix) = case[:5]
+    also = case[5] if len(case) > 5 else {}
     checks = audit(tmp_path, overrides=overrides, **kwargs)
-    assert statuses(checks) == dict(ALL_PASS, **{check: status}), checks
+    assert statuses(checks) == dict(ALL_PASS, **dict(also, **{check: status})), checks
     assert found in checks[check]["found"] and HOST in checks[check]["found"], checks[check]
     assert fix in checks[check]["fix"], checks[check]
 
@@ -248,7 +255,8 @@ def test_amd_node_reads_amd_smi(tmp_path):
     assert_contract(checks)
     assert statuses(checks) == {"count": "pass", "ecc": "fail", "memory": "not_applicable", "nvlink": "not_applicable",
                                 "throttle": "not_applicable", "pcie": "fail", "persistence": "not_applicable",
-                                "xid": "not_applicable", "dcgm": "not_applicable"}
+                                "xid": "not_applicable", "dcgm": "not_applicable", "reset_required": "not_applicable",
+                                "fabric_manager": "not_applicable", "gpu_fabric": "not_applicable", "gpu_lost": "pass"}
     assert "GPU 2 (00000000:38:00.0) ecc.total_uncorrectable_count is 1" in checks["ecc"]["found"]
     assert "GPU 5 (00000000:AF:00.0) PCIe link trained at x8 of its x16 while another AMD Instinct MI300X" in \
         checks["pcie"]["found"]
@@ -292,7 +300,8 @@ def test_dmesg_refused_without_root_is_blocked_never_failed(tmp_path, monkeypatc
     assert checks["xid"]["status"] == "skipped" and preflight_checks.is_blocked(checks["xid"])
     assert checks["xid"]["found"].startswith("needs root: cannot read the kernel log of %s" % HOST)
     assert "preflight_become" in checks["xid"]["fix"]
-    assert all(check["status"] == "pass" for name, check in checks.items() if name != "xid")
+    assert checks["gpu_lost"]["status"] == "skipped" and preflight_checks.is_blocked(checks["gpu_lost"])
+    assert all(check["status"] == "pass" for name, check in checks.items() if name not in ("xid", "gpu_lost"))
 
 
 def test_dmesg_refused_to_root_is_a_warning(tmp_path, monkeypatch):
@@ -338,7 +347,7 @@ def test_reader_parses_what_the_fake_tools_print(tmp_path, monkeypatch):
     args = gpu_health.read_args(settings(gpu_health_sysfs_root=str(sysfs)), NODE)
     facts = node_half.read(args, ops)
     assert facts["nvidia"]["error"] is None
-    nvlinks = {entry["uuid"]: {key: entry[key] for key in ("active", "inactive", "gbps", "note")}
+    nvlinks = {entry["uuid"]: {key: entry[key] for key in nvlink.FIELDS}
                for entry in nvlink.parse(fixture("nvidia_smi_nvlink_h100.txt"))}
     assert facts["nvidia"]["gpus"] == [dict(gpu, nvlink=nvlinks[gpu["uuid"]]) for gpu in nvidia_smi_xml.parse(
         fixture("nvidia_smi_h100_ecc.xml"))["gpus"]]
@@ -391,8 +400,13 @@ def test_settings_typed_from_the_command_line():
     assert gpu_health.read_args(typed_settings(ROLE_NAME, gpu_health_enabled="false"), NODE) is None
 
 
-def test_the_role_only_holds_settings():
-    assert sorted(os.listdir(role_path(ROLE_NAME))) == ["README.md", "defaults", "meta"]
+def test_the_role_writes_only_the_fabric_manager_in_bring_up():
+    assert sorted(os.listdir(role_path(ROLE_NAME))) == ["README.md", "defaults", "meta", "tasks"]
+    with open(os.path.join(role_path(ROLE_NAME), "tasks", "main.yml")) as handle:
+        tasks = yaml.safe_load(handle)
+    assert [sorted(set(task) & {"pci_gpus", "service_enabled"}) for task in tasks] == [["pci_gpus"],
+                                                                                      ["service_enabled"]]
+    assert tasks[0]["check_mode"] is False and tasks[0]["changed_when"] is False
 
 
 @pytest.mark.parametrize("case", switched_off_cases(ROLE_NAME, HOST), ids=lambda case: case[0])
@@ -448,7 +462,7 @@ def test_nvlink_parser_reads_every_link_of_every_gpu():
     assert [(gpu["index"], gpu["inactive"]) for gpu in down] == [(5, [3, 11])]
     assert nvlink.parse("GPU 0: NVIDIA L40S (UUID: GPU-0a1b2c3d-0000-1111-2222-333344445555)\n") == [
         {"index": 0, "uuid": "GPU-0a1b2c3d-0000-1111-2222-333344445555", "name": "NVIDIA L40S", "active": [],
-         "inactive": [], "gbps": {}, "note": None}]
+         "inactive": [], "gbps": {}, "note": None, "all_inactive": False}]
     with pytest.raises(ValueError, match="line 1"):
         nvlink.parse("NVML: Unable to determine the device handle\n")
 
@@ -481,5 +495,7 @@ def test_an_h200_as_captured_on_a_real_driver_passes(tmp_path):
     h200 = ("0x10de", "0x2335", "0x030200")
     checks = audit(tmp_path, devices=[("0000:00:06.0", h200)], xml="nvidia_smi_h200_580_captured.xml", nvlink=None,
                    dcgm=None)
-    assert statuses(checks) == dict(ALL_PASS, nvlink="not_applicable", dcgm="not_applicable")
+    # A VM given one GPU: no NVSwitch on its bus, and this capture's GPU reports no fabric state.
+    assert statuses(checks) == dict(ALL_PASS, nvlink="not_applicable", dcgm="not_applicable",
+                                    fabric_manager="not_applicable", gpu_fabric="not_applicable")
     assert "1 NVIDIA GPUs on the PCI bus, 1 in nvidia-smi" in checks["count"]["found"]

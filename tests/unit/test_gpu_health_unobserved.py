@@ -53,7 +53,8 @@ def test_a_mig_node_passes_and_says_what_mig_mode_hides(tmp_path):
     assert facts["nvidia"]["gpus"][0]["mig_mode"] == "Enabled"
     assert statuses(checks) == {"count": "pass", "ecc": "pass", "memory": "not_applicable", "throttle": "pass",
                                 "pcie": "pass", "nvlink": "not_applicable", "persistence": "pass", "xid": "pass",
-                                "dcgm": "pass"}
+                                "dcgm": "pass", "reset_required": "pass", "gpu_fabric": "pass", "gpu_lost": "pass",
+                                "fabric_manager": "not_applicable"}
     assert "row remapping and page retirement not reported (N/A in MIG mode)" in checks["memory"]["found"]
     assert "Nvlink queries are not supported for Devices in MIG mode" in checks["nvlink"]["found"]
     # The volatile counts are N/A in MIG mode; the aggregate ones are read, and only they are claimed.
@@ -67,7 +68,9 @@ def test_an_nvlink_less_pair_of_idle_consumer_cards_split_x8_passes(tmp_path):
     assert [gpu["nvlink"]["note"] for gpu in facts["nvidia"]["gpus"]] == ["Device does not have or support Nvlink"] * 2
     assert statuses(checks) == {"count": "pass", "ecc": "not_applicable", "memory": "not_applicable",
                                 "throttle": "pass", "pcie": "pass", "nvlink": "not_applicable", "persistence": "pass",
-                                "xid": "pass", "dcgm": "pass"}
+                                "xid": "pass", "dcgm": "pass", "reset_required": "pass", "gpu_lost": "pass",
+                                "fabric_manager": "not_applicable", "gpu_fabric": "not_applicable"}
+    assert "fabric state not reported (N/A: no NVSwitch fabric behind this GPU)" in checks["gpu_fabric"]["found"]
     pcie = checks["pcie"]["found"]
     assert "x8 of its x16, as every NVIDIA GeForce RTX 4090 of the node" in pcie
     assert "gen 1 of 4 while idle (P8, 0 %)" in pcie and "judged under load only" in pcie
@@ -82,7 +85,9 @@ def test_a_vgpu_guest_names_every_field_the_host_keeps(tmp_path):
     assert facts["nvidia"]["gpus"][0]["virtualization_mode"] == "VGPU"
     assert statuses(checks) == {"count": "pass", "ecc": "not_applicable", "memory": "not_applicable",
                                 "throttle": "not_applicable", "pcie": "not_applicable", "nvlink": "not_applicable",
-                                "persistence": "not_applicable", "xid": "pass", "dcgm": "pass"}
+                                "persistence": "not_applicable", "xid": "pass", "dcgm": "pass",
+                                "reset_required": "pass", "gpu_lost": "pass", "fabric_manager": "not_applicable",
+                                "gpu_fabric": "not_applicable"}
     assert "persistence mode not reported (N/A in a vGPU guest)" in checks["persistence"]["found"]
     assert "PCIe link width, generation and replays not reported" in checks["pcie"]["found"]
     assert "clock event reasons not reported" in checks["throttle"]["found"]

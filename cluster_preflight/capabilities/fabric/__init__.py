@@ -13,11 +13,13 @@ counters (``N/A (no PMA)``), which is said, not judged; and a counter at the max
 ``link_downed`` at 255) can no longer count, so it warns.
 
 * reader (node half, ``module_utils/preflight_node/capabilities/fabric.py``): every port of ``/sys/class/infiniband``
-(state,
-  physical state, rate, link layer) and the configured counters, before the all-reduce;
+  (state, physical state, rate, link layer) and the configured counters, before the all-reduce;
 * probe (``module_utils/preflight_node/capabilities/fabric_probe.py``): the same counters after the all-reduce;
 * here: ``validate``, ``read_args``, ``probe_args``, the decider (``ports``, ``rate``; ``counters`` in
-  ``fabric_counters.py``) and ``profile_fields`` for the known-good profile.  The rate reference of the whole
+  ``counters.py``; ``roce_gid`` in ``roce.py``; ``peer_memory``, ``pcie_acs`` and ``net_plugin`` in
+  ``gpudirect.py``) and ``profile_fields`` for the known-good profile;
+* writer: bring-up may disable the ACS redirect of the bridges between GPUs and NICs at boot, where
+  ``fabric_acs_disable_at_boot`` opts in (``roles/fabric/tasks/main.yml``).  The rate reference of the whole
   cluster is computed once per cluster view (memoised on the facts mapping), so deciding every node stays linear in
   the nodes.
 """
@@ -35,6 +37,8 @@ from preflight_node.checks import failed, not_applicable, passed, skipped, warne
 
 from ..common import Args, Checks, Facts, Node, Problems, Settings, off_or_unread, switched_on
 from .counters import counters_check
+from .gpudirect import net_plugin, pcie_acs, peer_memory
+from .roce import job_env, roce_gid
 
 CAPABILITY = node_half.CAPABILITY
 
@@ -45,6 +49,9 @@ PHYS_NOT_UP = ("Sleep", "Polling", "Disabled", "PortConfigurationTraining", "Lin
                "Phy Test")
 COUNTER_LISTS = ("fabric_error_counters", "fabric_warn_counters")
 WHOLE_NUMBERS = ("fabric_expected_rate_gbps", "fabric_expected_ports", "fabric_counter_threshold")
+CHECKS = ("ports", "rate", "counters", "roce_gid", "peer_memory", "pcie_acs", "net_plugin")
+# What the node half needs of the job's environment (preflight_job_env).
+JOB_ENV_KEYS = ("LD_LIBRARY_PATH", "NCCL_NET_PLUGIN", "NCCL_NET")
 _MEMO = {}
 
 
@@ -84,10 +91,19 @@ def validate(settings: Settings) -> Problems:
     if not isinstance(ignore, (list, tuple)) or not all(isinstance(entry, str) and entry for entry in ignore):
         problems.append(_problem("fabric_ignore_devices", repr(ignore), "a list of RDMA device names such as mlx5_4",
                                  "set fabric_ignore_devices: [] or the names ls /sys/class/infiniband shows"))
-    root = settings.get("fabric_sysfs_root")
-    if not isinstance(root, str) or not os.path.isabs(root):
-        problems.append(_problem("fabric_sysfs_root", repr(root), "an absolute path",
-                                 "set fabric_sysfs_root to /sys on a real node"))
+    for name, real in (("fabric_sysfs_root", "/sys"), ("fabric_root", "/")):
+        root = settings.get(name)
+        if not isinstance(root, str) or not os.path.isabs(root):
+            problems.append(_problem(name, repr(root), "an absolute path", "set %s to %s on a real node" % (name, real)))
+    program = settings.get("fabric_lspci")
+    if not isinstance(program, str) or not program.strip() or any(char.isspace() for char in program):
+        problems.append(_problem("fabric_lspci", repr(program), "a program name or absolute path, without spaces",
+                                 "set fabric_lspci: lspci"))
+    for name in ("fabric_tool_timeout", "fabric_acs_grub_update_timeout"):
+        value = settings.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(_problem(name, repr(value), "a whole number of seconds above 0",
+                                     "set %s to a positive number of seconds (roles/fabric/defaults)" % name))
     return problems
 
 
@@ -101,15 +117,21 @@ def _counter_args(settings):
 
 
 def read_args(settings: Settings, node: Node) -> Args:
-    """What ``read`` needs on ``node``: sysfs and the configured counters; None when ``fabric_enabled`` is off."""
+    """What ``read`` needs on ``node``: sysfs, the configured counters, lspci and the parts of the job's environment
+    that say where NCCL's network plugin is; None when ``fabric_enabled`` is off."""
     if not switched_on(settings["fabric_enabled"]):
         return None
-    return _counter_args(settings)
+    env = job_env(settings)
+    return dict(_counter_args(settings), lspci=settings["fabric_lspci"],
+                tool_timeout=int(settings["fabric_tool_timeout"]), root=settings["fabric_root"],
+                job_env={key: str(env[key]) for key in JOB_ENV_KEYS if key in env})
 
 
 def probe_args(settings: Settings, node: Node, plan: Optional[dict] = None) -> Args:
     """The same counters again, for the read after the all-reduce; None when ``fabric_enabled`` is off."""
-    return read_args(settings, node)
+    if not switched_on(settings["fabric_enabled"]):
+        return None
+    return _counter_args(settings)
 
 
 # --- the ports the checks look at -----------------------------------------------------------------------
@@ -149,8 +171,8 @@ def _nothing_to_check(host, facts, settings):
             host, ", ".join(sorted(facts["devices"])))
     else:
         reason = "%s has only RoCE ports (or ignored devices) and fabric_check_ethernet is false" % host
-    applies = "an RDMA device (InfiniBand or RoCE), for the port checks to apply"
-    checks = {name: not_applicable(reason, applies) for name in ("ports", "rate", "counters")}
+    applies = "an RDMA device (InfiniBand, RoCE or EFA), for the fabric checks to apply"
+    checks = {name: not_applicable(reason, applies) for name in CHECKS}
     wanted = settings.get("fabric_expected_ports") or 0
     if wanted:
         checks["ports"] = failed(
@@ -300,7 +322,8 @@ def rate_check(host, ports, settings, facts, cluster):
 
 def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
            cluster: Optional[dict] = None) -> Checks:
-    """``{ports, rate, counters}`` checks for ``host``; ``{enabled}`` skipped when switched off."""
+    """``{ports, rate, counters, roce_gid, peer_memory, pcie_acs, net_plugin}`` checks for ``host``; ``{enabled}``
+    skipped when switched off."""
     first = off_or_unread(CAPABILITY, host, settings["fabric_enabled"], facts,
                           "the RDMA ports and their counters", "the ports of /sys/class/infiniband read on the node")
     if first is not None:
@@ -309,13 +332,17 @@ def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = 
         found = "cannot tell which RDMA ports %s has: %s" % (host, facts["error"])
         fix = "on %s: check that sysfs is mounted at %s and readable, then re-run" % (
             host, settings["fabric_sysfs_root"])
-        return {name: warned(found, "the RDMA ports read", fix) for name in ("ports", "rate", "counters")}
+        return {name: warned(found, "the RDMA ports read", fix) for name in CHECKS}
     ports = checked_ports(facts, settings)
     if not ports:
         return _nothing_to_check(host, facts, settings)
     return {"ports": ports_check(host, ports, settings),
             "rate": rate_check(host, ports, settings, facts, cluster),
-            "counters": counters_check(host, ports, settings, facts, probe)}
+            "counters": counters_check(host, ports, settings, facts, probe),
+            "roce_gid": roce_gid(host, ports, settings),
+            "peer_memory": peer_memory(host, facts, settings, ports),
+            "pcie_acs": pcie_acs(host, facts, settings, ports),
+            "net_plugin": net_plugin(host, facts, settings, ports)}
 
 
 def profile_fields(facts: Facts) -> Dict[str, Any]:

@@ -3,12 +3,13 @@
 
 * reader (node half, ``module_utils/preflight_node/capabilities/gpu_health.py``): ``nvidia-smi -q -x``, amd-smi, the
   kernel log's Xid/SXid lines, ``dcgmi diag`` and the GPUs on the PCI bus;
-* here: ``validate``, ``read_args``, the decider (checks ``count``, ``ecc``, ``memory``, ``throttle``,
-  ``pcie``, ``nvlink``, ``persistence``, ``xid``, ``dcgm``; the per-GPU ones are in ``gpu_health_checks.py``
-  and ``gpu_health_links.py``, the Xid codes in ``cluster_preflight/capabilities/gpu_health/xid.py``) and
+* here: ``validate``, ``read_args``, the decider (checks ``count``, ``reset_required``, ``ecc``, ``memory``,
+  ``throttle``, ``pcie``, ``nvlink``, ``fabric_manager``, ``gpu_fabric``, ``persistence``, ``xid``, ``gpu_lost``,
+  ``dcgm``; the per-GPU ones are in ``checks.py``, ``links.py`` and ``fabric.py``, the Xid codes in ``xid.py``) and
   ``profile_fields`` for the
   known-good profile comparison;
-* no writer: the role only holds settings.
+* writer: bring-up enables the NVSwitch fabric manager where it is installed (``library/service_enabled.py``,
+  ``roles/gpu_health/tasks/main.yml``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from preflight_node.privilege import needs_root
 from cluster_preflight.capabilities.gpu_health import xid as xid_table
 
 from . import checks as per_check
+from . import fabric as fabric_checks
 from . import links
 from ..common import Args, Checks, Facts, Node, Problems, Settings, off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
-CHECKS = ("count", "ecc", "memory", "throttle", "pcie", "nvlink", "persistence", "xid", "dcgm")
+CHECKS = ("count", "reset_required", "ecc", "memory", "throttle", "pcie", "nvlink", "fabric_manager", "gpu_fabric",
+          "persistence", "xid", "gpu_lost", "dcgm")
 PCIE_WIDTHS = (0, 1, 2, 4, 8, 16, 32)
 PROGRAMS = ("gpu_health_nvidia_smi", "gpu_health_amd_smi", "gpu_health_dcgmi")
 
@@ -56,7 +59,8 @@ def validate(settings: Settings) -> Problems:
     if not _whole(settings.get("gpu_health_dcgm_level"), 0, 3):
         problems.append(_problem("gpu_health_dcgm_level", settings.get("gpu_health_dcgm_level"), "0, 1, 2 or 3",
                                  "set gpu_health_dcgm_level to 0 (off), 1 (seconds), 2 (about 2 minutes) or 3"))
-    for name in ("gpu_health_ecc_required", "gpu_health_persistence_required"):
+    for name in ("gpu_health_ecc_required", "gpu_health_persistence_required", "gpu_health_multinode_nvlink",
+                 "gpu_health_fabric_manager_enable"):
         if not isinstance(settings.get(name, False), (bool, str)):
             problems.append(_problem(name, settings.get(name), "true or false",
                                      "set %s to true (a GPU without it warns) or false" % name))
@@ -73,10 +77,14 @@ def validate(settings: Settings) -> Problems:
         problems.append(_problem("gpu_health_kernel_log", settings.get("gpu_health_kernel_log"),
                                  "one of %s" % ", ".join(node_half.KERNEL_LOG_SOURCES),
                                  "set gpu_health_kernel_log to auto (journalctl, else dmesg) or none"))
-    root = settings.get("gpu_health_sysfs_root")
-    if not isinstance(root, str) or not os.path.isabs(root):
-        problems.append(_problem("gpu_health_sysfs_root", root, "an absolute path",
-                                 "set gpu_health_sysfs_root to /sys (or a test tree)"))
+    for name, real in (("gpu_health_sysfs_root", "/sys"), ("gpu_health_proc_root", "/proc")):
+        root = settings.get(name)
+        if not isinstance(root, str) or not os.path.isabs(root):
+            problems.append(_problem(name, root, "an absolute path", "set %s to %s (or a test tree)" % (name, real)))
+    unit = settings.get("gpu_health_fabric_manager_unit")
+    if not isinstance(unit, str) or not unit.strip() or any(char.isspace() or char == "/" for char in unit):
+        problems.append(_problem("gpu_health_fabric_manager_unit", unit, "a systemd unit name such as "
+                                 "nvidia-fabricmanager", "set gpu_health_fabric_manager_unit: nvidia-fabricmanager"))
     if not _whole(settings.get("gpu_health_expected_count"), 0):
         problems.append(_problem("gpu_health_expected_count", settings.get("gpu_health_expected_count"),
                                  "a whole number, 0 for no fixed count",
@@ -108,6 +116,8 @@ def read_args(settings: Settings, node: Node) -> Args:
         "kernel_log": settings["gpu_health_kernel_log"],
         "tool_timeout": int(settings["gpu_health_tool_timeout"]),
         "sysfs_root": settings["gpu_health_sysfs_root"],
+        "proc_root": settings["gpu_health_proc_root"],
+        "fabric_manager_unit": settings["gpu_health_fabric_manager_unit"],
     }
 
 
@@ -202,7 +212,7 @@ def _no_gpu(facts):
 
 def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
            cluster: Optional[dict] = None) -> Checks:
-    """``{count, ecc, memory, throttle, pcie, nvlink, persistence, xid, dcgm}`` for ``host``."""
+    """``{count, reset_required, ecc, ..., gpu_lost, dcgm}`` (:data:`CHECKS`) for ``host``."""
     first = off_or_unread(CAPABILITY, host, settings["gpu_health_enabled"], facts,
                           "the GPUs' health", "nvidia-smi / amd-smi, the kernel log, dcgmi and the PCI bus of the node")
     if first is not None:
@@ -211,6 +221,11 @@ def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = 
     if reason is not None:
         checks = {name: not_applicable("%s on %s" % (reason, host), "a GPU, for the GPU health checks to apply")
                   for name in CHECKS}
+        # What needs no GPU to be seen: the kernel's word that one left the bus, switches without a fabric manager.
+        if (facts.get("xid") or {}).get("lost"):
+            checks["gpu_lost"] = fabric_checks.gpu_lost(host, facts, settings)
+        if (facts.get("nvswitch") or {}).get("devices"):
+            checks["fabric_manager"] = fabric_checks.fabric_manager(host, facts, settings)
         wanted = int(settings.get("gpu_health_expected_count") or 0)
         if wanted:
             checks["count"] = failed("%s: %s, gpu_health_expected_count is %d" % (host, reason, wanted),
@@ -219,13 +234,17 @@ def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = 
         return checks
     return {
         "count": per_check.count(host, facts, settings),
+        "reset_required": fabric_checks.reset_required(host, facts, settings),
         "ecc": per_check.ecc(host, facts, settings),
         "memory": per_check.memory(host, facts),
         "throttle": per_check.throttle(host, facts),
         "pcie": links.pcie(host, facts, settings),
         "nvlink": links.nvlink(host, facts),
+        "fabric_manager": fabric_checks.fabric_manager(host, facts, settings),
+        "gpu_fabric": fabric_checks.gpu_fabric(host, facts, settings),
         "persistence": per_check.persistence(host, facts, settings),
         "xid": xid(host, facts, settings),
+        "gpu_lost": fabric_checks.gpu_lost(host, facts, settings),
         "dcgm": dcgm(host, facts, settings),
     }
 

@@ -7,7 +7,9 @@ What real machines print shaped these rules: an idle GPU lowers its PCIe generat
 :data:`LOADED_UTIL` % or more); a link at half its maximum width on every GPU of a model alike is how the slot is
 wired or split (two consumer cards at x8 of x16, a cloud T4), while a GPU narrower than a sibling of its model, or at
 a quarter of its width or less, trained down.  ``nvidia-smi nvlink -s`` answers a GPU in MIG mode or without NVLink
-with a sentence instead of links: that GPU's NVLink is not observed, never a failure.
+with a sentence instead of links: that GPU's NVLink is not observed, never a failure.  One sentence is an
+observation: "all links are inactive" is a GPU with NVLinks and none up, a failure beside siblings whose links are up
+(a node whose GPUs all say it runs without NVLink).
 """
 
 from __future__ import annotations
@@ -109,8 +111,11 @@ def pcie(host, facts, settings):
 
 
 def active_links(gpu):
-    """How many NVLinks of ``gpu`` are active (None when nvidia-smi nvlink -s listed none of its links)."""
+    """How many NVLinks of ``gpu`` are active (None when nvidia-smi nvlink -s listed none of its links and did not
+    say all of them are inactive)."""
     links = gpu.get("nvlink")
+    if links and links.get("all_inactive"):
+        return 0
     if not links or not (links.get("active") or links.get("inactive")):
         return None
     return len(links.get("active") or [])
@@ -140,6 +145,10 @@ def nvlink(host, facts):
     unobserved = [(label(gpu), _unobserved_reason(gpu)) for gpu in listed if active_links(gpu) is None]
     best = max([active_links(gpu) or 0 for gpu in gpus] or [0])
     if not best:
+        quiet = [label(gpu) for gpu in listed if (gpu.get("nvlink") or {}).get("all_inactive")]
+        if quiet and len(quiet) == len(listed):
+            return not_applicable("every GPU of %s says all its NVLinks are inactive: a node without NVLink in use"
+                                  % host, expected)
         return not_applicable("no active NVLink observed on %s: %s" % (host, "; ".join(
             "%s: %s" % pair for pair in unobserved) or "nvidia-smi nvlink -s listed no GPU"), expected)
     items = []
@@ -149,8 +158,10 @@ def nvlink(host, facts):
             items.append(("fail", "%s is missing from nvidia-smi nvlink -s while its peers have %d active links" % (
                 label(gpu), best), "run nvidia-smi nvlink -s -i %s on %s" % (gpu.get("index"), host)))
         elif count is not None and count < best:
+            down = (", ".join("link %d" % link for link in gpu["nvlink"].get("inactive") or [])
+                    or "all, nvidia-smi nvlink -s says %r" % gpu["nvlink"].get("note"))
             items.append(("fail", "%s has %d active NVLinks, its peers %d (inactive: %s)" % (
-                label(gpu), count, best, ", ".join("link %d" % link for link in gpu["nvlink"].get("inactive") or [])),
+                label(gpu), count, best, down),
                 "drain %s: check the NVLink/NVSwitch tray and nvidia-fabricmanager's log, reset the GPUs (reboot); "
                 "if the link stays down, open an RMA for the baseboard" % host))
     judged = len(gpus) - len(unobserved)

@@ -13,7 +13,10 @@ A counter file that cannot be read (missing, EINVAL on some devices and link lay
 adapter without a performance management agent such as Intel's iWARP ``i40iw``) is a fact in ``counter_errors``,
 never an exception; ``counters_present`` says whether the port has counter folders at all.  Each device's
 ``hca_type`` and ``board_id`` name its adapter type, so the controller compares a port's rate with ports of the
-same kind.  What the controller decides from these facts is in
+same kind.  A RoCE port (link layer Ethernet) also gets its GID table (``net/roce_gid.py``).  On a node with RDMA
+devices the reader adds what GPUDirect RDMA needs (``net/gpudirect.py``: the peer-memory module or DMA-BUF, ACS on
+the bridges between GPUs and NICs) and, with EFA devices, where NCCL would find its network plugin
+(``net/nccl_plugin.py``).  What the controller decides from these facts is in
 ``cluster_preflight/capabilities/fabric/``.
 """
 
@@ -22,7 +25,9 @@ from __future__ import annotations
 import os
 import time
 
+from ..net import gpudirect, nccl_plugin as net_plugin, roce_gid
 from ..net.interfaces import gather_rdma
+from .iommu import read_pci
 
 CAPABILITY = "fabric"
 
@@ -113,9 +118,10 @@ def _listing_error(base):
 
 
 def read(args, ops):
-    """``{present, devices: {name: {kind, driver, pci, ports: [...]}}, error, read_at}``.
+    """``{present, devices: {name: {kind, driver, pci, ports: [...]}}, error, read_at, gpudirect, net_plugin}``.
 
-    ``args``: ``{sysfs_root, counters: [names], hw_counters: [names]}``.  File reads only (``ops`` unused)."""
+    ``args``: ``{sysfs_root, counters: [names], hw_counters: [names], lspci, tool_timeout, job_env}``.  File reads,
+    and on a node with GPUs and RDMA devices ``modinfo`` and ``lspci`` through ``ops``."""
     sysfs_root = args.get("sysfs_root") or "/sys"
     base = rdma_base(sysfs_root)
     counters, hw_counters = args.get("counters"), args.get("hw_counters")
@@ -130,14 +136,26 @@ def read(args, ops):
                 "rate": port["rate"], "rate_gbps": port["rate_gbps"], "link_layer": port["link_layer"],
                 "counters": values, "counter_errors": errors,
                 "counters_present": any(os.path.isdir(os.path.join(folder, sub)) for sub in COUNTER_DIRS),
+                "gids": (roce_gid.read_gids(folder) if (port["link_layer"] or "").lower() == "ethernet" else None),
             })
         devices[name] = {"kind": device["kind"], "driver": device["driver"], "pci": device["pci"], "ports": ports,
+                         "netdevs": device["netdevs"],
                          "hca_type": _read_line(os.path.join(base, name, "hca_type")),
                          "board_id": _read_line(os.path.join(base, name, "board_id"))}
-    return {
+    facts = {
         "present": bool(devices),
         "root": base,
         "devices": devices,
         "error": _listing_error(base),
         "read_at": time.time(),
+        "gpudirect": None,
+        "net_plugin": None,
     }
+    if devices:
+        facts["gpudirect"] = gpudirect.read_acs(args, ops, read_pci(sysfs_root),
+                                                [device["pci"] for device in devices.values()])
+        if facts["gpudirect"]["gpus"]["nvidia"]:
+            facts["gpudirect"]["peer_memory"] = gpudirect.read_peer_memory(args, ops)
+    if any(device["kind"] == "efa" for device in devices.values()):
+        facts["net_plugin"] = net_plugin.read(args)
+    return facts

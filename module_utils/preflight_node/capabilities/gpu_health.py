@@ -2,17 +2,18 @@
 """Capability ``gpu_health``, the node half: what the GPUs of a node say about their own health.
 
 ``read`` runs, each once and bounded: ``nvidia-smi -q -x`` (ECC, row remapping, clock event reasons,
-PCIe link), ``amd-smi static`` + ``amd-smi metric`` (or rocm-smi), the kernel log since boot (Xid and
-SXid lines only) and, when asked, ``dcgmi diag``; it also counts the GPUs on the PCI bus (sysfs, the
-scan of ``iommu``) so the controller can tell a GPU the driver lost.  A missing tool is a fact
-(``present: False``); a tool that fails, times out or prints what cannot be parsed is an ``error``
-text naming the command; nothing raises.  The parsers are ``nvidia_smi_xml``, ``amd_smi``,
-``kernel_log`` and ``dcgm``; the decisions are in ``cluster_preflight/capabilities/gpu_health/``.
+PCIe link, the NVSwitch fabric state, the reset status; and the GPUs it says it cannot reach), ``amd-smi static`` +
+``amd-smi metric`` (or rocm-smi), the kernel log since boot (Xid and SXid lines, and the messages of a GPU lost
+without one) and, when asked, ``dcgmi diag``; it also counts the GPUs on the PCI bus (sysfs, the scan of ``iommu``)
+so the controller can tell a GPU the driver lost, and lists the NVSwitches there with the fabric manager's state
+(``gpu/nvswitch.py``).  A missing tool is a fact (``present: False``); a tool that fails, times out or prints what
+cannot be parsed is an ``error`` text naming the command; nothing raises.  The parsers are ``nvidia_smi_xml``,
+``amd_smi``, ``xid_log`` and ``dcgm``; the decisions are in ``cluster_preflight/capabilities/gpu_health/``.
 """
 
 from __future__ import annotations
 
-from ..gpu import amd_smi, dcgm, xid_log as kernel_log, nvidia_smi_xml, nvlink
+from ..gpu import amd_smi, dcgm, xid_log as kernel_log, nvidia_smi_xml, nvlink, nvswitch
 from .iommu import read_pci
 from ..privilege import denied, privileged
 
@@ -44,18 +45,23 @@ def run_tool(ops, argv, timeout):
 
 
 def read_nvidia(args, ops):
-    """``{present, program, error, driver_version, cuda_version, gpus}`` from one ``nvidia-smi -q -x``."""
+    """``{present, program, error, driver_version, cuda_version, gpus, unavailable}`` from one ``nvidia-smi -q -x``;
+    ``unavailable``: the GPUs nvidia-smi could not reach, with its reason (lost, needs a reset)."""
     facts = {"present": False, "program": None, "error": None, "driver_version": None, "cuda_version": None,
-             "gpus": []}
+             "gpus": [], "unavailable": []}
     program = ops.which(args.get("nvidia_smi") or "nvidia-smi")
     if not program:
         return facts
     facts.update(present=True, program=program)
     argv = [program, "-q", "-x"]
     rc, out, err, error = run_tool(ops, argv, args["tool_timeout"])
+    out, facts["unavailable"] = nvidia_smi_xml.unavailable_gpus(out)
+    err, more = nvidia_smi_xml.unavailable_gpus(err)
+    facts["unavailable"] += [entry for entry in more if entry not in facts["unavailable"]]
     if error and NO_DEVICES in (out + err).lower():
         return facts  # the driver runs and sees no GPU: the count check compares with the PCI bus
-    if error:
+    # A GPU nvidia-smi cannot reach makes it exit non-zero after the document of the others: they still count.
+    if error and not (facts["unavailable"] and rc != 124 and "<nvidia_smi_log" in out):
         facts["error"] = error
         return facts
     try:
@@ -84,7 +90,7 @@ def read_nvlink(program, gpus, ops, timeout):
     found = nvlink.match(gpus, listed)
     for gpu in gpus:
         entry = found.get(gpu.get("index"))
-        gpu["nvlink"] = None if entry is None else {key: entry[key] for key in ("active", "inactive", "gbps", "note")}
+        gpu["nvlink"] = None if entry is None else {key: entry[key] for key in nvlink.FIELDS}
     return None
 
 
@@ -126,7 +132,7 @@ def _journal(ops, program, timeout):
 def read_kernel_log(args, ops, is_privileged):
     """``{source, error, needs_root, events}``: the Xid/SXid events of the kernel log since boot."""
     wanted = args.get("kernel_log") or "auto"
-    facts = {"source": None, "error": None, "needs_root": False, "events": []}
+    facts = {"source": None, "error": None, "needs_root": False, "events": [], "lost": []}
     if wanted == "none":
         facts["source"] = "none"
         return facts
@@ -143,7 +149,7 @@ def read_kernel_log(args, ops, is_privileged):
         else:
             _rc, text, _err, error = run_tool(ops, [program] + argv[1:], args["tool_timeout"])
         if error is None:
-            facts.update(source=name, events=kernel_log.events(text))
+            facts.update(source=name, events=kernel_log.events(text), lost=kernel_log.lost(text))
             return facts
         errors.append(error)
     facts["error"] = "; ".join(errors) or "no kernel log source"
@@ -181,15 +187,16 @@ def any_gpu(facts):
 
 
 def read(args, ops):
-    """``{nvidia, amd, pci, xid, dcgm, privileged, needs_root}`` (see the module docstring)."""
+    """``{nvidia, amd, pci, nvswitch, xid, dcgm, privileged, needs_root}`` (see the module docstring)."""
     root = privileged()
     facts = {"pci": read_pci(args.get("sysfs_root") or "/sys"), "nvidia": read_nvidia(args, ops),
-             "amd": read_amd(args, ops), "privileged": root}
+             "amd": read_amd(args, ops), "privileged": root, "nvswitch": nvswitch.read(args, ops)}
     if any_gpu(facts):
         facts["xid"], facts["dcgm"] = read_kernel_log(args, ops, root), read_dcgm(args, ops)
     else:
         # A node with no GPU and no GPU tool: no Xid to look for, nothing for DCGM (a big journal costs seconds).
-        facts["xid"] = {"source": None, "error": None, "needs_root": False, "events": [], "skipped": "no GPU"}
+        facts["xid"] = {"source": None, "error": None, "needs_root": False, "events": [], "lost": [],
+                        "skipped": "no GPU"}
         facts["dcgm"] = {"present": False, "level": int(args.get("dcgm_level") or 0), "error": None, "results": []}
     # What a reader without root was refused (see privilege.py): here the kernel log, not a file.
     facts["needs_root"] = ([{"path": "kernel log", "error": facts["xid"]["error"]}]

@@ -11,6 +11,7 @@ GPU in MIG mode its row remapping.  A document that is not XML raises ValueError
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ElementTree
 
 from .nvidia_gpus import normalize_bus_id
@@ -21,6 +22,8 @@ THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdo
 _UNAVAILABLE = ("n/a", "[n/a]", "not supported", "[not supported]", "not found", "[not found]", "not available",
                 "[not available]", "unknown error", "[unknown error]", "insufficient permissions",
                 "[insufficient permissions]", "")
+_NO_HANDLE_RE = re.compile(r"Unable to determine the device handle for (?:GPU|gpu)\s*([0-9A-Fa-f]{0,8}:?[0-9A-Fa-f]{2}:"
+                           r"[0-9A-Fa-f]{2}\.[0-7])\s*:\s*(.+?)\s*$")
 
 
 def _text(element, path):
@@ -131,7 +134,38 @@ def parse_gpu(gpu, position):
         "pcie_width_current": _int(link, "link_widths/current_link_width"),
         "pcie_width_max": _int(link, "link_widths/max_link_width"),
         "pcie_replays": _int(gpu, "pci/replay_counter"),
+        # The NVSwitch fabric (Hopper and later behind NVSwitches; N/A elsewhere): State Not Started / In Progress /
+        # Completed, Status Success or an error; on multi-node NVLink the clique and cluster the GPU joined.
+        "fabric_state": _text(gpu, "fabric/state"),
+        "fabric_status": _text(gpu, "fabric/status"),
+        "fabric_clique_id": _text(gpu, "fabric/cliqueId"),
+        "fabric_cluster_uuid": _text(gpu, "fabric/clusterUuid"),
+        "fabric_bandwidth": _text(gpu, "fabric/health/bandwidth"),
+        # What the driver says the GPU needs before it takes work again (r470+; gpu_recovery_action r570+).
+        "reset_required": _yes_no(gpu, "gpu_reset_status/reset_required"),
+        "drain_and_reset": _yes_no(gpu, "gpu_reset_status/drain_and_reset_recommended"),
+        "recovery_action": _text(gpu, "gpu_recovery_action"),
     }
+
+
+def unavailable_gpus(text):
+    """``(rest, [{bus_id, reason}])``: the lines of ``text`` in which nvidia-smi says it cannot reach a GPU (``Unable to
+    determine the device handle for GPU 0000:3A:00.0: GPU is lost.  Reboot the system to recover this GPU``, ``...: GPU
+    requires reset``, ``...: Unknown Error``) taken out of it, and what they say; nvidia-smi prints them before the
+    document of the GPUs it could reach and exits non-zero."""
+    kept, lost = [], []
+    for line in str(text or "").splitlines(True):
+        match = _NO_HANDLE_RE.search(line)
+        if not match:
+            kept.append(line)
+            continue
+        try:
+            bus_id = normalize_bus_id(match.group(1))
+        except ValueError:
+            bus_id = match.group(1)
+        if all(entry["bus_id"] != bus_id for entry in lost):
+            lost.append({"bus_id": bus_id, "reason": " ".join(match.group(2).split())[:200]})
+    return "".join(kept), lost
 
 
 def parse(text):

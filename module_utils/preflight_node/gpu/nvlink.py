@@ -12,7 +12,9 @@ its speed when active and ``<inactive>`` when it is down (it has no XML or JSON 
 Where a GPU's links cannot be listed, current drivers print a sentence under its GPU line instead: a GPU in MIG
 mode ("Nvlink queries are not supported for Devices in MIG mode"), a PCIe card without NVLink ("Device does not
 have or support Nvlink").  Such a sentence is a fact about that GPU (its ``note``), not a parse error; older
-drivers print the GPU line alone.
+drivers print the GPU line alone.  One sentence is an observation, not a gap: NVML's "Unable to retrieve NVLink
+information as all links are inActive" says the GPU has NVLinks and none is up (``all_inactive``): on a node whose
+other GPUs have theirs up, that GPU lost its NVLink; on every GPU alike, the node has no NVLink in use.
 """
 
 from __future__ import annotations
@@ -23,13 +25,17 @@ ARGV = ["nvlink", "-s"]
 _GPU = re.compile(r"^GPU (\d+): (.*?) \(UUID: ([^)\s]+)\)\s*$")
 _LINK = re.compile(r"^Link (\d+): (.+?)\s*$")
 _SPEED = re.compile(r"^([0-9.]+) GB/s$")
+_ALL_INACTIVE = re.compile(r"all links are inactive", re.IGNORECASE)
 NOTE_LIMIT = 200
+# What the reader keeps of each GPU's entry.
+FIELDS = ("active", "inactive", "gbps", "note", "all_inactive")
 
 
 def parse(text):
-    """``[{index, uuid, name, active: [link], inactive: [link], gbps: {link: speed}, note}]`` in the order printed;
-    ``note`` is what the driver said instead of links (None when it listed links or said nothing).  ValueError
-    naming the line for text before the first GPU line."""
+    """``[{index, uuid, name, active: [link], inactive: [link], gbps: {link: speed}, note, all_inactive}]`` in the
+    order printed; ``note`` is what the driver said instead of links (None when it listed links or said nothing),
+    ``all_inactive`` whether that sentence says every link of the GPU is down.  ValueError naming the line for text
+    before the first GPU line."""
     gpus, current = [], None
     for number, raw in enumerate(str(text or "").splitlines(), 1):
         line = raw.strip()
@@ -38,7 +44,7 @@ def parse(text):
         gpu = _GPU.match(line)
         if gpu:
             current = {"index": int(gpu.group(1)), "uuid": gpu.group(3), "name": gpu.group(2), "active": [],
-                       "inactive": [], "gbps": {}, "note": None}
+                       "inactive": [], "gbps": {}, "note": None, "all_inactive": False}
             gpus.append(current)
             continue
         if current is None:
@@ -47,6 +53,7 @@ def parse(text):
         if not link:
             note = line if current["note"] is None else "%s %s" % (current["note"], line)
             current["note"] = note[:NOTE_LIMIT]
+            current["all_inactive"] = current["all_inactive"] or bool(_ALL_INACTIVE.search(line))
             continue
         index, state = int(link.group(1)), link.group(2)
         speed = _SPEED.match(state)
