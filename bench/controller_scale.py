@@ -31,6 +31,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "unit", "fixtures", "nic"))
 import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import (the node layer under both names)
 from cluster_preflight import capabilities  # noqa: E402
 from cluster_preflight.plays import stage_results  # noqa: E402
+from cluster_preflight.outputs import finish  # noqa: E402
+from cluster_preflight.stages import decisions, localization  # noqa: E402
 from preflight_node import probes as node_probes  # noqa: E402
 from preflight_node import readers as node_halves  # noqa: E402
 from cluster_preflight.capabilities.port_mesh.peers import peers_by_host  # noqa: E402
@@ -45,18 +47,14 @@ from fake_ops import LocalOps  # noqa: E402
 from fake_sysfs import cluster_node  # noqa: E402
 
 
-
 def plugin(directory, name):
-    """An action or callback plugin's module, loaded from its file as Ansible does."""
+    """A callback plugin's module, loaded from its file as Ansible does."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, directory, name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-decide_plugin = plugin("action_plugins", "preflight_decide")
-localize_plugin = plugin("action_plugins", "preflight_localize")
-verdict_plugin = plugin("action_plugins", "preflight_verdict")
 summary_plugin = plugin("callback_plugins", "preflight_summary")
 
 
@@ -157,7 +155,7 @@ def run_size(count, settings, template, core_probe, workdir):
 
     def stage(name, register):
         started = CLOCK[0]()
-        result = decide_plugin.decide(name, task_vars)
+        result = decisions.decide(name, task_vars)
         times[name] = CLOCK[0]() - started
         for host in hosts:
             hostvars[host][register] = result
@@ -174,7 +172,7 @@ def run_size(count, settings, template, core_probe, workdir):
     assert final["allreduce"]["status"] == "pass", final["allreduce"]
     started = CLOCK[0]()
     with without_gc():  # as the localisation action runs it: the all-node run passed, nothing to localise
-        localized = localize_plugin.start(ClusterView(task_vars))
+        localized = localization.start(ClusterView(task_vars))
     times["localize"] = CLOCK[0]() - started
     assert not localized["needed"], localized
     for host in hosts:
@@ -219,7 +217,7 @@ def verdict_of(hosts, task_vars, workdir, count, times):
     Prometheus and the host lists (``outputs``), the run history and report.html (``report``); then what the
     summary callback prints from the file (``summary``)."""
     kind = "preflight"
-    decision_names, stages, applying, filename = verdict_plugin.KINDS[kind]
+    decision_names, stages, applying, filename = finish.KINDS[kind]
     results_dir = os.path.join(workdir, "results-%d" % count)
     started = CLOCK[0]()
     with without_gc():

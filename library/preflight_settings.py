@@ -46,6 +46,18 @@ options:
         (C(cluster_preflight/engine)). The srun engine's runs do, where nothing else runs per node.
     type: bool
     default: false
+  engine:
+    description:
+      - The engine of the run's node stages, as the O(engine_only) task chose it; each node's C(preflight_engine)
+        must agree with it (one engine for the whole run). Empty reads the run's first node's.
+    type: str
+  engine_only:
+    description:
+      - Return only the engine of the run's node stages (RV(engine)), read once from the run's first node's
+        C(preflight_engine) or the role's default and checked against its choices, before any node's settings
+        (C(preflight.yml) shapes its later tasks by it). Run it once.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -59,6 +71,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+engine:
+  description: With O(engine_only), the engine of the run's node stages (C(ssh) or C(srun)).
+  returned: with engine_only
+  type: str
+valid:
+  description: With O(engine_only), whether C(preflight_engine) is one of its choices (when not, every node's settings
+    say so and the run stops at its inputs).
+  returned: with engine_only
+  type: bool
 ok:
   description: True when every setting of the node is valid.
   returned: always

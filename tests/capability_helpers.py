@@ -9,6 +9,7 @@ import yaml
 from preflight_node import checks as preflight_checks
 from preflight_node import readers as node_halves
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from cluster_preflight.settings import role_files
 from fake_ops import FakeOps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -19,19 +20,29 @@ def role_yaml(role, *parts):
         return yaml.safe_load(handle)
 
 
+def role_inputs(role):
+    """``(defaults, options)`` of ``role`` as the settings pipeline reads them (cluster_preflight/settings/role_files.py:
+    ``defaults/main.yml``, or the defaults its argument specs hold)."""
+    def load(path, _templated):
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    defaults, options, _main = role_files.role_inputs(role_path(role), load)
+    return dict(defaults), options
+
+
 def role_settings(role, **overrides):
     """The role's defaults with ``overrides``: what preflight_settings hands a capability."""
-    values = role_yaml(role, "defaults", "main.yml")
+    values = role_inputs(role)[0]
     values.update(overrides)
     return values
 
 
 def typed_settings(role, **overrides):
     """The defaults with ``overrides`` as ``-e`` passes them (text), typed by the role's argument specs."""
-    options = role_yaml(role, "meta", "argument_specs.yml")["argument_specs"]["main"]["options"]
+    defaults, options = role_inputs(role)
     spec = {name: {key: value for key, value in option.items() if key != "description"}
             for name, option in options.items()}
-    checked = ArgumentSpecValidator(spec).validate(dict(role_yaml(role, "defaults", "main.yml"), **overrides))
+    checked = ArgumentSpecValidator(spec).validate(dict(defaults, **overrides))
     assert not checked.error_messages, checked.error_messages
     return checked.validated_parameters
 
@@ -63,13 +74,27 @@ def assert_contract(capability, checks, host):
 def read_as_the_node_does(capability, settings, node):
     """``capability``'s reader on ``settings`` the way the node call runs it: arguments and facts
     through JSON, file reads only (no command).  None when the capability is switched off."""
+    facts, calls = read_with_commands(capability, settings, node)
+    assert calls == [], "the reader ran commands: use read_with_commands and answer them"
+    return facts
+
+
+def read_with_commands(capability, settings, node, programs=None, commands=None):
+    """``capability``'s reader on ``settings`` the way the node call runs it (arguments and facts through JSON),
+    every command it runs answered by a fake of the node's ``ops`` (preflight_node.host.ops.Ops): ``programs`` maps
+    a program's name to its path (``ops.which``), ``commands`` an argv prefix (a tuple) to ``(rc, stdout, stderr)``
+    or to a function of the argv (the longest prefix wins; anything else is rc 127, a missing program).  Returns
+    ``(facts, calls)``: the facts (None when the capability is switched off) and each argv it ran, in order.
+
+        facts, calls = read_with_commands(clock, role_settings("clock"), NODE, programs={"chronyc": "/usr/bin/chronyc"},
+                                          commands={("/usr/bin/chronyc", "-c", "tracking"): (0, TRACKING, "")})
+    """
     args = capability.read_args(settings, node)
     if args is None:  # switched off: the node is not read at all
-        return None
-    ops = FakeOps()
+        return None, []
+    ops = FakeOps(programs=programs, commands=commands)
     facts = node_halves.get(capability.CAPABILITY).read(json.loads(json.dumps(args)), ops)
-    assert ops.calls == []
-    return json.loads(json.dumps(facts))
+    return json.loads(json.dumps(facts)), ops.calls
 
 
 def role_path(role):

@@ -1,4 +1,5 @@
-"""A stand-in for module_utils/preflight_node.NodeOps in reader and probe unit tests.
+"""Stand-ins for the node's ``ops`` (the Protocol ``Ops`` of module_utils/preflight_node/host/ops.py, which NodeOps
+implements on a node) in reader and probe unit tests.
 
     ops = FakeOps(programs={"ssh-keygen": "/usr/bin/ssh-keygen"},
                   commands={("/usr/bin/ssh-keygen", "-y"): (0, "ssh-ed25519 AAAA...\n", "")})

@@ -3,14 +3,14 @@ tests/unit/test_localize_action.py): a fake cluster that answers every planned l
 cluster_preflight/capabilities/allreduce/localize.py from a fault model, and the rounds driven to their end.
 Test-side, not shipped."""
 
-import importlib.util
-import os
-
 from cluster_preflight.capabilities.allreduce import localize as loc
+from cluster_preflight.stages import localization
 from preflight_node.checks import node_status
 
 GOOD_BW, SLOW_BW, LOOP_BW = 0.1, 0.002, 0.5
 PORT = 6000
+# The floor the launch plan carries for the all-node run (capabilities/allreduce floor()) with those settings.
+RUN_FLOOR = {"absolute": 0.01, "relative": 0.7, "grace": 10.0}
 
 
 def hosts(count):
@@ -86,19 +86,17 @@ def status(checks, host):
 
 
 def action_module():
-    """action_plugins/preflight_localize.py, loaded as Ansible loads it."""
-    path = os.path.join(os.path.dirname(__file__), "..", "action_plugins", "preflight_localize.py")
-    spec = importlib.util.spec_from_file_location("preflight_localize_action", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The localisation's state machine (cluster_preflight/stages/localization.py), which the action
+    preflight_localize steps."""
+    return localization
 
 
 def task_vars(names, jobs):
     """What the nodes registered up to the all-node run's collection (``jobs``: each node's result)."""
     settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
                 "allreduce_master_port": PORT, "allreduce_localize": True}
-    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
+    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names),
+            "floor": RUN_FLOOR}
     hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings},
                                               "node": {"name": host, "node_addr": "198.18.200.%d" % index}},
                        "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},

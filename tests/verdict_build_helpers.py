@@ -1,13 +1,10 @@
 """Shared helpers of the verdict unit tests (tests/unit/test_verdict.py,
 tests/unit/test_verdict_run_dir.py, tests/unit/test_verdict_history.py): a node's registered stage results,
-the gate decision, verdicts built by cluster_preflight/verdict/accounting.py, and the verdict action run over
-hostvars.  Test-side, not shipped."""
-
-import importlib.util
-import os
-from unittest import mock
+the gate decision, verdicts built by cluster_preflight/verdict/accounting.py, and the verdict step
+(cluster_preflight/outputs/finish.py) run over hostvars.  Test-side, not shipped."""
 
 from cluster_preflight import capabilities
+from cluster_preflight.outputs.finish import finish
 from cluster_preflight.plays import stage_results
 from cluster_preflight.verdict import accounting as pv
 from preflight_node.checks import passed
@@ -45,19 +42,10 @@ def passing_verdict(run_dir):
                  [{"checks_by_host": every_capability_passes(["n1", "n2"])}, gate()])
 
 
-ACTION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "action_plugins",
-                      "preflight_verdict.py")
-
-
 def run_action(args, hostvars, check_mode=False, **task_vars):
-    """``action_plugins/preflight_verdict.py`` run with ``args`` over ``hostvars`` (every host targeted);
-    ``check_mode`` as ``--check``; ``task_vars`` more variables of the task (``ansible_inventory_sources``)."""
-    spec = importlib.util.spec_from_file_location("preflight_verdict_action", ACTION)
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
-    task = mock.MagicMock(args=args, async_val=0, check_mode=check_mode, diff=False)
-    action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), mock.MagicMock(), mock.MagicMock(),
-                                 mock.MagicMock())
+    """The verdict step (cluster_preflight/outputs/finish.py, what the task preflight_verdict runs) with ``args``
+    over ``hostvars`` (every host targeted); ``check_mode`` as ``--check``; ``task_vars`` more variables of the
+    task (``ansible_inventory_sources``)."""
     hosts = sorted(hostvars)
-    return action.run(task_vars=dict(task_vars, ansible_play_hosts_all=hosts, groups={"cluster": hosts},
-                                     hostvars=hostvars))
+    return finish(dict(task_vars, ansible_play_hosts_all=hosts, groups={"cluster": hosts}, hostvars=hostvars), args,
+                  check_mode=check_mode)

@@ -52,10 +52,29 @@ also expose ``plan``/``report`` functions used by ``action_plugins/preflight_dec
 from __future__ import annotations
 
 import importlib
+from typing import Optional, Protocol
 
 from preflight_node import registry as declared
 
-from .common import port_problems
+from .common import Args, Checks, Facts, Node, Problems, Settings, port_problems
+
+
+class ControllerHalf(Protocol):
+    """The interface of a capability's controller half, as this module loads it (typed; ``probe_args``,
+    ``profile_fields`` and the cluster-wide ``plan``/``report`` are optional: defining one declares it)."""
+
+    CAPABILITY: str
+
+    def validate(self, settings: Settings) -> Problems:
+        ...
+
+    def read_args(self, settings: Settings, node: Node) -> Args:
+        ...
+
+    def decide(self, host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+               cluster: Optional[dict] = None) -> Checks:
+        ...
+
 
 # The order of the verdict and of the audit (the gate's inputs first): the registry's, one controller half each.
 ORDER = tuple(importlib.import_module("%s.%s" % (__name__, name)) for name in declared.NAMES)
@@ -74,7 +93,7 @@ probes_for = declared.probes_for
 bringup_steps = declared.bringup_steps
 
 
-def get(name):
+def get(name: str) -> ControllerHalf:
     """The capability module called ``name``; KeyError names the known ones."""
     try:
         return BY_NAME[name]
@@ -82,7 +101,7 @@ def get(name):
         raise KeyError("unknown capability %r; known: %s" % (name, ", ".join(NAMES)))
 
 
-def node_info(inventory_hostname, host_vars):
+def node_info(inventory_hostname: str, host_vars: dict) -> Node:
     """What the controller knows of a node from the inventory alone."""
     address = host_vars.get("ansible_host") or inventory_hostname
     return {
@@ -94,7 +113,7 @@ def node_info(inventory_hostname, host_vars):
     }
 
 
-def job_user_wanted(run_settings, node, python=""):
+def job_user_wanted(run_settings: Settings, node: Node, python: str = "") -> dict:
     """The ``job`` argument of the node calls: the job user wanted on ``node`` (preflight_job_user, else
     the connecting user unless root, else "" for the node to choose), whether it was named, and the
     training Python the node checks an automatic choice against."""
@@ -116,27 +135,27 @@ def shared(run_settings):
     return {name: run_settings.get(name) or {} for name in SHARED_SETTINGS}
 
 
-def validate_run(settings):
+def validate_run(settings: Settings) -> Problems:
     """Problems in the run-wide settings (role ``preflight``)."""
     problems = port_problems("preflight_master_port", settings.get("preflight_master_port"),
                              "set preflight_master_port to a free port (the seeds use 6000)")
-    if settings.get("preflight_nproc_per_node", 0) < 0:
+    if settings["preflight_nproc_per_node"] < 0:
         problems.append({"name": "preflight_nproc_per_node", "found": settings.get("preflight_nproc_per_node"),
                          "expected": "0 (one rank per accelerator, 2 on CPU) or more",
                          "fix": "set preflight_nproc_per_node to 0 or a number of ranks"})
-    if settings.get("preflight_mesh_degree", 2) < 2 or settings.get("preflight_mesh_full_max", 2) < 2:
+    if settings["preflight_mesh_degree"] < 2 or settings["preflight_mesh_full_max"] < 2:
         problems.append({"name": "preflight_mesh_degree", "found": "preflight_mesh_degree=%s, preflight_mesh_full_max=%s"
                          % (settings.get("preflight_mesh_degree"), settings.get("preflight_mesh_full_max")),
                          "expected": "2 or more for both (a ring successor and at least one chord)",
                          "fix": "leave them at 4 and 32, or raise them"})
-    if not 5 <= settings.get("preflight_healthcheck_budget", 30) <= 3600:
+    if not 5 <= settings["preflight_healthcheck_budget"] <= 3600:
         problems.append({"name": "preflight_healthcheck_budget", "found": settings.get("preflight_healthcheck_budget"),
                          "expected": "5 to 3600 seconds", "fix": "leave it at 30 (NHC's budget; Slurm kills at 60)"})
     for name in ("preflight_facts_timeout", "preflight_probes_timeout"):
         if settings.get(name, 1) < 1:
             problems.append({"name": name, "found": settings.get(name), "expected": "1 second or more",
                              "fix": "leave %s at its default or raise it" % name})
-    if not 0 <= settings.get("preflight_lock_grace", 120) <= 3600:
+    if not 0 <= settings["preflight_lock_grace"] <= 3600:
         problems.append({"name": "preflight_lock_grace", "found": settings.get("preflight_lock_grace"),
                          "expected": "0 to 3600 seconds", "fix": "leave preflight_lock_grace at 120"})
     if not str(settings.get("preflight_lock_dir") or "/").startswith("/"):

@@ -4,9 +4,26 @@ answers of a decider (switched off, or nothing read on the node)."""
 
 from __future__ import annotations
 
+from typing import Any, Dict, List, Optional
+
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from preflight_node.checks import failed, skipped
+
+# The shapes the controller halves exchange (capabilities/__init__.py: the interface each implements).
+# A role's settings as the settings pipeline typed them: variable name -> value.
+Settings = Dict[str, Any]
+# A reader's result on one node (JSON-safe), None when it did not read.
+Facts = Optional[Dict[str, Any]]
+# An inventory node as the controller knows it (capabilities.node_info): name, ansible_host, node_addr, user, ssh_port.
+Node = Dict[str, Any]
+# A node call's arguments for one capability (JSON-safe), None when it is switched off.
+Args = Optional[Dict[str, Any]]
+# An input problem: {name, found, expected, fix}.
+Problem = Dict[str, Any]
+# A decider's findings on one node: check name -> {status, found, expected, fix, details}.
+Checks = Dict[str, Dict[str, Any]]
+Problems = List[Problem]
 
 
 def switched_on(value):

@@ -30,7 +30,6 @@ from collections import namedtuple
 from cluster_preflight.plays import stage_results
 
 ENGINES = ("ssh", "srun")
-DEFAULT = "ssh"
 SETTING = "preflight_engine"
 # A register holding every node's result of one call (the srun engine's): {BY_NODE: {node: result}, "call": name}.
 BY_NODE = "preflight_by_node"
@@ -63,8 +62,8 @@ BY_NAME = {call.name: call for call in NODE_CALLS}
 
 
 def engine_of(run_settings):
-    """The engine a node's run-wide settings (role ``preflight``) name."""
-    return str((run_settings or {}).get(SETTING) or DEFAULT)
+    """The engine a node's run-wide settings (role ``preflight``) name (its default: the role's defaults)."""
+    return str((run_settings or {}).get(SETTING))
 
 
 def by_node(call, results):

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Which cluster an inventory is (controller layer): the name the run history, ``history``, the report's recent runs
 and ``baseline`` file its runs under, worked out from the command line the same way the verdict action works it
-out inside a run (``action_plugins/preflight_verdict.py``): ``preflight_cluster`` when the inventory (or ``-e``)
+out inside a run (``cluster_preflight/outputs/finish.py``): ``preflight_cluster`` when the inventory (or ``-e``)
 sets it, else the inventory's absolute path(s)."""
 
 from __future__ import annotations

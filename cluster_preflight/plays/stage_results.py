@@ -10,6 +10,7 @@ roles. A register renamed on one side only fails a test, not a run.
 
 from __future__ import annotations
 
+RUN_ENGINE = "preflight_run_engine"
 SETTINGS = "preflight_settings"
 INPUTS = "preflight_inputs"
 FACTS = "preflight_facts"
@@ -37,6 +38,7 @@ DIAGNOSE_STACKS = "diagnose_stacks"
 
 # name -> (who registers it, what it holds)
 REGISTERS = {
+    RUN_ENGINE: ("preflight_settings engine_only (controller, once)", "the engine of the node stages, checked"),
     SETTINGS: ("preflight_settings (controller, per node)", "typed, validated settings and reader arguments"),
     INPUTS: ("preflight_decide stage=inputs", "invalid settings stop the run; the run lock's id"),
     FACTS: ("preflight_facts (node)", "every capability's reader result, the job user, the run lock"),

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 """The checks of a node's settings that hold for every capability alike (controller layer), run once by
-``action_plugins/preflight_settings.py`` before anything runs on a node:
+the settings pipeline (``pipeline.py``) before anything runs on a node:
 
 * **unknown variables**: a variable whose name starts with a role's prefix (``allreduce_``, ``preflight_``, ...)
   that no file of the project reads is a typo until shown otherwise (``-e allreduce_floor_busbw_gbps_ncll=300``
@@ -22,6 +22,7 @@ import math
 import os
 import re
 
+from cluster_preflight import capabilities
 from cluster_preflight.plays import stage_results
 from cluster_preflight.verdict.accounting import node_name_problem
 
@@ -41,8 +42,9 @@ PROJECT_YAML = ("playbooks/*.yml", "*.yml", "roles/*/defaults/*.yml", "roles/*/v
 _COMMENT = re.compile(r"(?:^|\s)#.*$", re.MULTILINE)
 
 # Inclusive bounds of every int and float setting (of a list's elements for a list of numbers).  A setting of a
-# kind the bounds cannot cover is rejected by its capability's validate; a new numeric setting needs a line here
-# (tests/unit/test_settings_inputs.py keeps this table and the argument specs in step).
+# kind the bounds cannot cover is rejected by its capability's validate; a new numeric setting needs a line here,
+# or in its capability's controller half (a ``RANGES`` of its own, :func:`ranges_of`; tests/unit/test_settings_inputs.py
+# keeps the tables and the argument specs in step).
 DAY = 86400
 RANGES = {
     # allreduce
@@ -96,14 +98,21 @@ def is_numeric(option):
     return option.get("type") in NUMBER_TYPES or (option.get("type") == "list" and option.get("elements") in NUMBER_TYPES)
 
 
-def number_problems(options, values):
+def ranges_of(role):
+    """The bounds of ``role``'s numeric settings: :data:`RANGES`, and the ``RANGES`` its capability's controller half
+    declares (a new capability keeps its thresholds' bounds beside the check that reads them)."""
+    own = getattr(capabilities.BY_NAME.get(role), "RANGES", None) or {}
+    return dict(RANGES, **own) if own else RANGES
+
+
+def number_problems(options, values, ranges=RANGES):
     """Problems of the numeric settings among ``values`` (typed), ``options`` being their argument specs: not
-    finite (nan, inf), or outside :data:`RANGES`."""
+    finite (nan, inf), or outside ``ranges`` (:func:`ranges_of` the role)."""
     problems = []
     for name, option in options.items():
         if name not in values or values[name] is None or not is_numeric(option):
             continue
-        low, high = RANGES.get(name, (-math.inf, math.inf))
+        low, high = ranges.get(name, (-math.inf, math.inf))
         items = values[name] if isinstance(values[name], list) else [values[name]]
         bad = [item for item in items if isinstance(item, (int, float)) and not isinstance(item, bool)
                and (not math.isfinite(item) or not low <= item <= high)]

@@ -1,9 +1,13 @@
 # -*- coding: utf-8 -*-
-"""The variable reference, ``docs/variables.md``, generated from every role's ``meta/argument_specs.yml``.
+"""The reference of the capabilities and their variables, ``docs/variables.md``, generated from the capability
+registry and every role's argument specs.
 
-Each role's entry point ``main`` lists its options with type, choices and description; the default
-is the option's ``default`` when the spec has one, else the value in the role's ``defaults/main.yml``
-(which the spec mirrors). One section per role, ``preflight`` first, then the others by name.
+First the capabilities, one row each in verdict order, from the registry (``module_utils/preflight_node/registry.py``:
+what each reads, probes, is judged by and writes) and its role's ``short_description``: the one table of
+capabilities the README, ``docs/architecture.md`` and ``docs/gate.md`` point to.  Then one section per role,
+``preflight`` first, then the others by name: each role's entry point ``main`` lists its options with type,
+choices and description; the default is the option's ``default`` when the spec has one, else the value in the
+role's ``defaults/main.yml`` (``role_files.py``).
 
     python -m cluster_preflight.settings.variables_doc            # print the Markdown
     python -m cluster_preflight.settings.variables_doc --write    # regenerate docs/variables.md
@@ -19,6 +23,9 @@ import re
 import sys
 
 import yaml
+
+from cluster_preflight.settings.role_files import defaults_path, role_inputs, specs_path
+from preflight_node import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUTPUT = os.path.join("docs", "variables.md")
@@ -36,11 +43,46 @@ def _load(path):
 
 
 def roles(root):
-    """Role names that have ``meta/argument_specs.yml``, ``preflight`` first, then by name."""
+    """Role names that declare argument specs, ``preflight`` first, then by name."""
     base = os.path.join(root, "roles")
-    names = sorted(name for name in os.listdir(base)
-                   if os.path.isfile(os.path.join(base, name, "meta", "argument_specs.yml")))
+    names = sorted(name for name in os.listdir(base) if specs_path(os.path.join(base, name)))
     return sorted(names, key=lambda name: (name != FIRST, name))
+
+
+def _relative(root, path):
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def _yes(flag, text="yes"):
+    return text if flag else "–"
+
+
+def capabilities_table(root):
+    """The capabilities in verdict order: what each is, whether it reads, probes, is judged by the health check and
+    writes in bring-up, the stages its outcome comes from, and where its checks and variables are."""
+    lines = ["## Capabilities", "",
+             "Every capability, in verdict order, as the registry (`module_utils/preflight_node/registry.py`) declares "
+             "it: its checks are named `<capability>.<check>` in the verdict, its variables carry `<capability>_` as "
+             "prefix (its section below). How to add one: [adding-a-capability.md](adding-a-capability.md).", "",
+             "| capability | what it checks | reads the node | probe | health check | writes in bring-up | "
+             "outcome also from |", "|---|---|---|---|---|---|---|"]
+    for item in registry.CAPABILITIES:
+        role = os.path.join(root, "roles", item.name)
+        main = role_inputs(role, _load_templated)[2] if specs_path(role) else {}
+        readme = os.path.join(role, "README.md")
+        name = "[`%s`](#%s)" % (item.name, item.name)
+        if os.path.isfile(readme):
+            name += " ([README](%s))" % _relative(os.path.join(root, "docs"), readme)
+        probe = _yes(item.probe, "after the all-reduce" if item.after_job else "yes")
+        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            name, _cell(_markup(" ".join(str(main.get("short_description") or "").split()))), _yes(item.reader),
+            probe, _yes(item.local), _cell(item.bringup[0]) if item.bringup else "–",
+            _cell(", ".join(item.stages)) or "–"))
+    return "\n".join(lines) + "\n"
+
+
+def _load_templated(path, _templated):
+    return _load(path)
 
 
 def _markup(text):
@@ -126,20 +168,19 @@ def _rows(options, defaults, prefix=""):
 
 def section(root, role):
     """The Markdown section of one role."""
-    specs = _load(os.path.join(root, "roles", role, "meta", "argument_specs.yml")) or {}
-    main = ((specs.get("argument_specs") or {}).get("main")) or {}
-    defaults_path = os.path.join(root, "roles", role, "defaults", "main.yml")
-    defaults = (_load(defaults_path) or {}) if os.path.isfile(defaults_path) else {}
+    base = os.path.join(root, "roles", role)
+    defaults, _options, main = role_inputs(base, _load_templated)
     lines = ["## %s" % role, ""]
     if main.get("short_description"):
         lines += [_markup(" ".join(str(main["short_description"]).split())), ""]
     for paragraph in _paragraphs(main.get("description")):
         lines += [paragraph, ""]
-    sources = "Spec: [`roles/%s/meta/argument_specs.yml`](../roles/%s/meta/argument_specs.yml)" % (role, role)
-    if os.path.isfile(defaults_path):
+    spec = _relative(root, specs_path(base))
+    sources = "Spec: [`%s`](../%s)" % (spec, spec)
+    if defaults_path(base):
         sources += "; defaults: [`roles/%s/defaults/main.yml`](../roles/%s/defaults/main.yml)" % (role, role)
     lines += [sources + ".", ""]
-    rows = _rows(main.get("options"), defaults)
+    rows = _rows(main.get("options"), defaults if defaults_path(base) else {})
     if rows:
         lines += ["| variable | type | default | choices | description |", "|---|---|---|---|---|"] + rows
     else:
@@ -151,25 +192,27 @@ def render(root=ROOT):
     """``docs/variables.md`` as it should read for the checkout at ``root``."""
     names = roles(root)
     head = [
-        "# Variables",
+        "# Capabilities and variables",
         "",
-        "<!-- Generated from roles/*/meta/argument_specs.yml by `%s`. Do not edit by hand. -->" % COMMAND,
+        "<!-- Generated from module_utils/preflight_node/registry.py and roles/*/meta by `%s`. Do not edit by "
+        "hand. -->" % COMMAND,
         "",
-        "Every variable of every role, as its `meta/argument_specs.yml` types it. Settings of the run as a whole "
-        "are in `preflight`; each capability's variables carry its role's name as prefix. All of them are loaded, "
-        "typed and validated on the controller before anything runs on a node. A default of – means the role "
-        "sets none. Set them per node or group in the inventory, or with `-e`.",
+        "Every capability, then every variable of every role, as its argument specs type it. Settings of the run as "
+        "a whole are in `preflight`; each capability's variables carry its role's name as prefix. All of them are "
+        "loaded, typed and validated on the controller before anything runs on a node. A default of – means the "
+        "role sets none. Set them per node or group in the inventory, or with `-e`.",
         "",
-        "Regenerate this page after changing a spec: `%s`." % COMMAND,
+        "Regenerate this page after changing the registry or a spec: `%s`." % COMMAND,
         "",
     ]
-    head += ["- [%s](#%s)" % (name, name) for name in names] + [""]
-    return "\n".join(head) + "\n" + "\n".join(section(root, name) for name in names)
+    head += ["- [Capabilities](#capabilities)"] + ["- [%s](#%s)" % (name, name) for name in names] + [""]
+    return "\n".join(head) + "\n" + capabilities_table(root) + "\n" + "\n".join(section(root, name) for name in names)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m cluster_preflight.settings.variables_doc",
-                                     description="Generate docs/variables.md from roles/*/meta/argument_specs.yml.")
+                                     description="Generate docs/variables.md from the capability registry and the roles' "
+                                                 "argument specs.")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--write", action="store_true", help="regenerate docs/variables.md")
     group.add_argument("--check", action="store_true", help="exit 1 when docs/variables.md is stale")

@@ -4,7 +4,7 @@ which one is odd.
 
 Each node's result comes from ``library/diagnose_stacks.py`` (the node half,
 ``module_utils/preflight_node/diagnose.py``: processes, stacks, the newest core).  Here, for
-``action_plugins/preflight_diagnose.py``: :func:`diagnose` groups the ranks of every node by the
+``cluster_preflight/outputs/diagnosis_report.py`` (the task ``preflight_diagnose``): :func:`diagnose` groups the ranks of every node by the
 innermost frame of their main thread and names the suspects: a rank stopped (state T), in
 uninterruptible sleep (D) or exited (Z), a rank whose stack could not be taken, a rank stuck somewhere
 else than the majority, a node that did not answer; :func:`summary_lines` is what the operator reads.

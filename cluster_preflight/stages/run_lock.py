@@ -23,19 +23,13 @@ import os
 
 from cluster_preflight import capabilities
 from cluster_preflight.plays import stage_results
+from cluster_preflight.stages.bounds import CONNECT_BOUND, launch_bound
 from cluster_preflight.stages.view import live_runs, run_identity
 from cluster_preflight.engine import engine_of
 from preflight_node.checks import RUN, blocked, passed, warned
 from preflight_node.host.lock import LOCK_DIR, when
 
-# Seconds to open (or find dead) one SSH connection: ansible.cfg timeout plus ServerAlive 5 s x 3.
-CONNECT_BOUND = 25
 DEFAULT_GRACE = 120
-
-
-def _launch_bound(gate):
-    """One all-reduce launch on a node: its hard timeout, the stack dump, start-up and collection."""
-    return float(gate.get("allreduce_hard_timeout") or 120) + float(gate.get("allreduce_stack_budget") or 20) + 60
 
 
 def lock_args(view):
@@ -46,7 +40,7 @@ def lock_args(view):
         return {}
     gate = (view.settings.get(first) or {}).get("allreduce") or {}
     facts = float(run.get("preflight_facts_timeout") or 60)
-    longest = max(facts, float(run.get("preflight_probes_timeout") or 120) + _launch_bound(gate)) + CONNECT_BOUND
+    longest = max(facts, float(run.get("preflight_probes_timeout") or 120) + launch_bound(gate)) + CONNECT_BOUND
     # The srun engine reaches every node in one Slurm step: no fork batches.
     forks = len(view.hosts) if engine_of(run) == "srun" else view.forks
     batches = int(math.ceil(len(view.hosts) / float(max(1, forks))))

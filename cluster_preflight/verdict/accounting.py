@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """The verdict: every targeted node accounted for, every capability's outcome aggregated.
 
-Controller-side (used by ``action_plugins/preflight_verdict.py``); pure
+Controller-side (used by ``cluster_preflight/outputs/finish.py``, the verdict task); pure
 functions of what the nodes registered and what the decisions returned, so
 they are unit-tested without Ansible.
 

@@ -251,3 +251,16 @@ def test_a_hung_training_python_is_one_failure_naming_it_and_the_fix(tmp_path, r
     assert not ready and checks["python"]["status"] == "fail" and "torch" not in checks
     assert "/venv/bin/python on n1 hung: no answer in %g s" % seconds in checks["python"]["found"]
     assert "py-spy dump" in checks["python"]["fix"]
+
+
+def test_the_launch_carries_one_floor_its_arguments_and_the_localisation_use():
+    """The floor is built once, from the master's settings: the launch plan carries it (the localisation rounds read
+    it from there), every node's bandwidth deadline and grace come from it."""
+    from localize_helpers import RUN_FLOOR  # pylint: disable=import-outside-toplevel
+    hosts = ["n1", "n2"]
+    plan = plan_for(hosts, settings_by_host={"n1": settings(allreduce_slow_grace=4),
+                                             "n2": settings(allreduce_slow_grace=99)})
+    assert plan["floor"] == {"absolute": 0.01, "relative": 0.7, "grace": 4.0} == dict(RUN_FLOOR, grace=4.0)
+    assert {args["bandwidth_grace"] for args in plan["args_by_host"].values()} == {4.0}
+    deadlines = {args["bandwidth_deadline"] for args in plan["args_by_host"].values()}
+    assert deadlines == {ar.run_deadline(plan["args_by_host"]["n1"], plan["floor"], plan["world_size"])}

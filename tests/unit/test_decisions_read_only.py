@@ -62,19 +62,19 @@ def test_no_decision_localisation_or_verdict_writes_into_the_registered_results(
     template = bench.template_facts(str(tmp_path), settings)
     hosts, hostvars, task_vars, _probe = bench.build_cluster(COUNT, settings, template, CORE_PROBE)
     step = Steps(hostvars)
-    step("inputs", lambda: bench.decide_plugin.decide("inputs", task_vars), "preflight_inputs")
+    step("inputs", lambda: bench.decisions.decide("inputs", task_vars), "preflight_inputs")
     # A reader that raised (n0001).
     hostvars[hosts[1]]["preflight_facts"]["errors"] = {"iommu": {"found": "OSError: boom", "traceback": "t"}}
-    plan = step("plan", lambda: bench.decide_plugin.decide("plan", task_vars), "preflight_plan")
+    plan = step("plan", lambda: bench.decisions.decide("plan", task_vars), "preflight_plan")
     assert plan["ok"], plan["blockers"]
     bench.register_mesh(hosts, hostvars, plan)
-    launch = step("launch", lambda: bench.decide_plugin.decide("launch", task_vars), "preflight_launch")
+    launch = step("launch", lambda: bench.decisions.decide("launch", task_vars), "preflight_launch")
     assert launch["ok"], launch["blockers"]
     bench.register_probes(hosts, hostvars, settings, CORE_PROBE)
     probe_faults(hosts, hostvars)
-    final = step("final", lambda: bench.decide_plugin.decide("final", task_vars), "preflight_final")
+    final = step("final", lambda: bench.decisions.decide("final", task_vars), "preflight_final")
     assert final["allreduce"]["status"] == "fail", final["allreduce"]
-    localized = step("localize", lambda: bench.localize_plugin.start(ClusterView(task_vars)), "allreduce_localize")
+    localized = step("localize", lambda: bench.localization.start(ClusterView(task_vars)), "allreduce_localize")
     assert localized["needed"], localized
     result = step("verdict", lambda: run_action({"results_dir": str(tmp_path / "results"), "run_id": "run"},
                                                 hostvars))

@@ -481,3 +481,28 @@ def test_diagnose_writes_no_file_outside_its_run_directory_whatever_a_node_is_na
     assert "../../escaped" not in report["stacks_files"]
     assert any("../../escaped" in line and "not usable as a file name" in line for line in result["lines"]), \
         result["lines"]
+
+
+def test_the_diagnosis_is_written_with_a_stacks_file_per_node_and_fails_on_a_suspect_when_asked(tmp_path):
+    """What the task preflight_diagnose runs (cluster_preflight/outputs/diagnosis_report.py): every node's
+    registered stacks grouped, diagnose.json and one stacks file per node with ranks, the suspects named."""
+    from cluster_preflight.outputs.diagnosis_report import REPORT_FILE, write_diagnosis
+    a = [dict(rank(1, 0), stack="Thread 1\n  all_reduce\n", cmdline="python job.py"), rank(2, 1)]
+    b = [rank(1, 2), dict(rank(2, 3, LOOP, "T"), stack="Thread 9\n  main\n")]
+    task_vars = {"ansible_play_hosts_all": ["a", "b", "c"], "hostvars": {
+        "a": {"diagnose_stacks": {"processes": a}}, "b": {"diagnose_stacks": {"processes": b}},
+        "c": {"diagnose_stacks": {"unreachable": True, "msg": "ssh: connect to host c port 22: No route to host"}}}}
+    args = {"results_dir": str(tmp_path), "run_id": "d1"}
+    result = write_diagnosis(task_vars, args)
+    # The stopped rank, and the node that did not answer.
+    assert not result.get("failed") and result["status"] == "suspect" and result["suspects"] == ["b:2", "c"]
+    report = json.loads((tmp_path / "d1" / REPORT_FILE).read_text())
+    assert report["failed_hosts"] == ["c"] and any("No route to host" in line for line in report["lines"])
+    assert report["stacks_files"] == {host: str(tmp_path / "d1" / ("%s.stacks.txt" % host)) for host in "ab"}
+    stacks = (tmp_path / "d1" / "b.stacks.txt").read_text()
+    assert "state T" in stacks and "Thread 9" in stacks
+    assert "stack" not in report["ranks"][0], "the stack texts live in the per-node files"
+    failed = write_diagnosis(task_vars, dict(args, run_id="d2", fail_on_suspect=True))
+    assert failed["failed"] and failed["msg"].startswith("DIAGNOSIS names suspects")
+    refused = write_diagnosis(task_vars, dict(args, run_id="latest"))
+    assert refused["failed"] and "Found run_id 'latest'" in refused["msg"]

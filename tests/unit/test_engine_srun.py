@@ -7,6 +7,7 @@ test_srun_engine_multinode.py runs them on the bed's real Slurm."""
 import glob
 import json
 import os
+import sys
 import zlib
 
 import pytest
@@ -311,20 +312,13 @@ def test_a_node_slurm_could_not_reach_is_accounted_as_one_ssh_could_not_reach_in
     assert by_ssh["found"].startswith("n3 stopped answering over SSH") and "sshd" in by_ssh["fix"]
 
 
-def _settings_action(args):
-    import importlib.util
-    import sys
-    from unittest import mock
+def _settings_of_every_node(task_vars):
+    """The settings pipeline (cluster_preflight/settings/pipeline.py) over every targeted node in one task."""
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar
-    spec = importlib.util.spec_from_file_location("preflight_settings_action",
-                                                  os.path.join(ROOT, "action_plugins", "preflight_settings.py"))
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
+    from cluster_preflight.settings import pipeline
     loader = DataLoader()
-    task = mock.MagicMock(args=args, async_val=0, check_mode=False, diff=False)
-    return plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), loader, Templar(loader), mock.MagicMock()), \
-        sys.executable
+    return pipeline.load(loader, Templar(loader), task_vars, {}, all_nodes=True)
 
 
 class HostVars(dict):
@@ -338,13 +332,13 @@ def test_settings_of_every_node_in_one_task_are_each_node_s_own(monkeypatch):
     """The srun engine loads every node's settings in one task: each node's own variables (not the first node's),
     one register for all, read per node; the same refusal per node as one task per node gives."""
     monkeypatch.setattr(os, "environ", dict(os.environ, **ALLOC))
-    action, python = _settings_action({"all_nodes": True})
+    python = sys.executable
     own = {host: {"inventory_hostname": host, "preflight_engine": "srun", "preflight_training_python": python}
            for host in ("gpu01", "gpu02", "gpu07")}
     own["gpu02"]["allreduce_timeout"] = 45
     play = {"ansible_play_hosts_all": list(own), "groups": {"all": list(own), "cluster": list(own)},
             "hostvars": HostVars(own)}
-    result = action.run(task_vars=dict(play, **own["gpu01"]))
+    result = _settings_of_every_node(dict(play, **own["gpu01"]))
     view = ClusterView({"ansible_play_hosts_all": list(own), "hostvars": {host: {stage_results.SETTINGS: result}
                                                                             for host in own}})
     timeouts = {host: view.settings[host]["allreduce"]["allreduce_timeout"] for host in own}
@@ -381,14 +375,14 @@ def test_settings_of_every_node_are_rendered_and_checked_per_node_though_most_va
     """Plain values are taken as they are and each distinct set of values is checked once, yet a template renders
     with each node's own variables and a bad value is only its node's error."""
     monkeypatch.setattr(os, "environ", dict(os.environ, **ALLOC))
-    action, python = _settings_action({"all_nodes": True})
+    python = sys.executable
     own = {host: {"inventory_hostname": host, "preflight_engine": "srun", "preflight_training_python": python}
            for host in ("gpu01", "gpu02", "gpu03")}
     own["gpu01"]["preflight_master_port"] = 29611
     own["gpu03"]["allreduce_iters"] = "many"
     play = {"ansible_play_hosts_all": list(own), "groups": {"all": list(own), "cluster": list(own)},
             "hostvars": HostVars(own)}
-    result = action.run(task_vars=dict(play, **own["gpu01"]))
+    result = _settings_of_every_node(dict(play, **own["gpu01"]))
     view = ClusterView({"ansible_play_hosts_all": list(own), "hostvars": {host: {stage_results.SETTINGS: result}
                                                                             for host in own}})
     ports = {host: view.settings[host]["port_mesh"]["port_mesh_port"] for host in ("gpu01", "gpu02")}
@@ -399,8 +393,11 @@ def test_settings_of_every_node_are_rendered_and_checked_per_node_though_most_va
 
 
 def test_a_template_is_rendered_once_where_nodes_share_what_it_reads_and_again_where_they_differ():
-    from ansible.template import trust_as_template
-    action, _python = _settings_action({})
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    from cluster_preflight.settings.pipeline import SettingsPipeline
+    loader = DataLoader()
+    action = SettingsPipeline(loader, Templar(loader))
     shared = {"groups": {"all": ["gpu01", "gpu02"]}, "names": [trust_as_template("{{ inventory_hostname }}")],
               "port": 6000, "port_text": trust_as_template("{{ port + 1 }}")}
     rendered = {}
@@ -412,3 +409,21 @@ def test_a_template_is_rendered_once_where_nodes_share_what_it_reads_and_again_w
     assert rendered == {"gpu01": [2, 6001, "gpu01", ["gpu01"]], "gpu02": [2, 6001, "gpu02", ["gpu02"]]}
     # The first two once for both nodes; the host's name once per node; a list that holds a template never kept.
     assert len(action._rendered_memo) == 4
+
+
+@pytest.mark.parametrize("first, own, chosen, valid", [
+    ({}, {}, "ssh", True),                                   # the role's default
+    ({"preflight_engine": "srun"}, {}, "srun", True),       # the run's first node's, whichever node runs the task
+    ({"preflight_engine": "slurm"}, {}, "ssh", False),      # refused: the run stops at its inputs
+])
+def test_the_engine_is_read_once_from_the_first_node_or_the_role_s_default(first, own, chosen, valid):
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from cluster_preflight.settings import pipeline
+    loader = DataLoader()
+    hosts = {"gpu01": dict(first, inventory_hostname="gpu01"), "gpu02": dict(own, inventory_hostname="gpu02")}
+    for host in hosts:
+        task_vars = dict(hosts[host], ansible_play_hosts_all=list(hosts), hostvars=HostVars(hosts))
+        result = pipeline.load(loader, Templar(loader), task_vars, {}, engine_only=True)
+        assert (result["engine"], result["valid"]) == (chosen, valid)
+    assert engine.engine_of({"preflight_engine": "srun"}) == "srun"

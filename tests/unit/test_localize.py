@@ -2,7 +2,7 @@
 
 A fake cluster answers every planned launch from a fault model (a node fault fails every run of the node,
 a network fault fails its pairs but not its run alone over lo, a slow link completes at a low busbw, a lost
-node gives no result); the rounds are driven the way action_plugins/preflight_localize.py drives them.
+node gives no result); the rounds are driven the way cluster_preflight/stages/localization.py drives them.
 The action's glue, its GPU rounds and the confirmation run are in test_localize_action.py."""
 
 import pytest
@@ -113,12 +113,16 @@ def test_all_node_trigger(outcome, floor, needed):
     assert loc.all_node_trigger(outcome, {"absolute": floor, "relative": 0.7})[0] is needed
 
 
-def test_floors_per_backend():
-    settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_busbw_gbps_nccl": 1.0,
-                "allreduce_floor_relative": 0.7}
-    assert loc.floors(settings, "nccl") == {"absolute": 1.0, "relative": 0.7, "grace": 10.0}
-    assert loc.floors(settings, "gloo")["absolute"] == 0.01
-    assert loc.floors(dict(settings, allreduce_slow_grace=3), "gloo")["grace"] == 3.0
+def test_the_floor_is_built_once_per_backend_from_the_role_s_settings():
+    from capability_helpers import role_settings  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.capabilities import allreduce  # pylint: disable=import-outside-toplevel
+    settings = role_settings("allreduce", allreduce_floor_busbw_gbps_gloo=0.01, allreduce_floor_busbw_gbps_nccl=1.0,
+                             allreduce_floor_relative=0.7)
+    assert allreduce.floor(settings, "nccl") == {"absolute": 1.0, "relative": 0.7, "grace": 10.0}
+    assert allreduce.floor(settings, "gloo")["absolute"] == 0.01
+    assert allreduce.floor(dict(settings, allreduce_slow_grace=3), "gloo")["grace"] == 3.0
+    single = allreduce.floor(dict(settings, allreduce_floor_single_busbw_gbps_nccl=50), "nccl", single=True)
+    assert single == {"absolute": 50.0, "relative": 0.0, "grace": 10.0}
 
 
 def test_the_bandwidth_deadline_is_the_sweep_at_the_floor_plus_start_up():

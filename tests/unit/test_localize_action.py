@@ -1,5 +1,5 @@
 """Localisation of a failed or slow all-reduce (cluster_preflight/capabilities/allreduce/localize.py), continued from
-test_localize.py: the action's glue (action_plugins/preflight_localize.py: registered results in,
+test_localize.py: the action's glue (cluster_preflight/stages/localization.py: registered results in,
 rounds planned, a healthy run skipped), its GPU pair rounds, and the confirmation run over the
 nodes left, reconciled with the all-node run."""
 
@@ -310,3 +310,19 @@ def test_the_rounds_end_at_their_steps_max_whatever_the_plan():
     assert action.counted({"steps": 7, "steps_max": 8}, {"done": True})["steps"] == 8
     with pytest.raises(RuntimeError, match="more than its 8 steps"):
         action.counted({"steps": 7, "steps_max": 8}, {"done": False})
+
+
+def test_a_defect_of_the_rounds_is_an_error_on_every_node_and_the_run_goes_on(monkeypatch):
+    from cluster_preflight.stages import localization  # pylint: disable=import-outside-toplevel
+
+    def broken(view):
+        raise ZeroDivisionError("division by zero")
+
+    names = hosts(2)
+    monkeypatch.setattr(localization, "start", broken)
+    outcome = localization.step(_task_vars(names, {host: {"ranks": ranks()} for host in names}), start_round=True)
+    assert outcome["done"] and not outcome["needed"]
+    for host in names:
+        check = outcome["checks_by_host"][host]["allreduce"]["localize_error"]
+        assert check["status"] == "fail" and "ZeroDivisionError: division by zero" in check["found"]
+        assert "ZeroDivisionError" in check["details"]["traceback"]

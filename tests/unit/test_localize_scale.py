@@ -1,7 +1,7 @@
 """Localisation at scale: the rounds stay bounded at 1,000 and 4,000 nodes.
 
 A failed all-node run over a large synthetic cluster is localised through the action's own state machine
-(action_plugins/preflight_localize.py: start, then advance after every step, the retest before blame included)
+(cluster_preflight/stages/localization.py: start, then advance after every step, the retest before blame included)
 and cluster_preflight/capabilities/allreduce/localize.py's round planner, a fake cluster answering every planned launch
 from a fault
 model (tests/localize_helpers.py: a node fault fails every run of the node, alone over lo too; a network fault

@@ -305,17 +305,14 @@ def test_a_node_lost_to_another_run_mid_run_is_unverified_never_failed():
 
 
 def test_every_node_the_run_holds_renews_for_each_localisation_round():
-    import importlib.util  # pylint: disable=import-outside-toplevel
+    from cluster_preflight.stages import localization as action  # pylint: disable=import-outside-toplevel
     from cluster_preflight.stages.view import ClusterView  # pylint: disable=import-outside-toplevel
-    from localize_helpers import SLOW_BW, base_args, ranks  # pylint: disable=import-outside-toplevel
+    from localize_helpers import RUN_FLOOR, SLOW_BW, base_args, ranks  # pylint: disable=import-outside-toplevel
 
-    spec = importlib.util.spec_from_file_location("preflight_localize_lock", os.path.join(
-        os.path.dirname(__file__), "..", "..", "action_plugins", "preflight_localize.py"))
-    action = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(action)
     names = ["n0", "n1", "n2", "n3"]
     held = {"dir": "/run/cluster-preflight", "run_id": "ctl:1:1", "lease_seconds": 205, "slack": 120}
-    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": 29500, "args_by_host": base_args(names)}
+    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": 29500, "args_by_host": base_args(names),
+            "floor": RUN_FLOOR}
     hostvars = {host: {"preflight_settings": {"settings": {"allreduce": {
         "allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7, "allreduce_localize": True}},
         "node": {"name": host, "node_addr": "198.18.200.%d" % index}}, "preflight_inputs": {"lock": held},

@@ -14,6 +14,7 @@ import yaml
 
 from cluster_preflight import capabilities as controller
 from cluster_preflight.plays import stage_results
+from cluster_preflight.settings import role_files
 from preflight_node import probes, readers, registry
 from test_settings_inputs import _settings
 
@@ -112,8 +113,12 @@ def test_every_trait_is_implemented_where_it_is_declared(name):
     assert os.path.isfile(tasks) == bool(declared.bringup), \
         "%s: bringup=%r in the registry, roles/%s/tasks/main.yml exists: %s" % (
             name, declared.bringup, name, os.path.isfile(tasks))
-    for part in (("defaults", "main.yml"), ("meta", "argument_specs.yml"), ("README.md",)):
-        assert os.path.isfile(os.path.join(ROOT, "roles", name, *part)), "roles/%s/%s" % (name, "/".join(part))
+    role = os.path.join(ROOT, "roles", name)
+    assert role_files.specs_path(role), "roles/%s declares its inputs: meta/main.yml's argument_specs" % name
+    # A role that writes in bring-up is run as a role: Ansible needs its defaults file then, and it says how.
+    if declared.bringup:
+        for part in (("defaults", "main.yml"), ("README.md",)):
+            assert os.path.isfile(os.path.join(role, *part)), "roles/%s/%s" % (name, "/".join(part))
     assert os.path.isfile(os.path.join(ROOT, "tests", "unit", "test_%s.py" % name))
 
 
@@ -333,15 +338,16 @@ def test_a_capability_the_run_does_not_apply_stops_it_with_found_expected_fix():
 # --- the documentation ---------------------------------------------------------------------------------------
 
 
-def test_the_architecture_table_has_every_capability_with_its_traits():
-    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as handle:
-        rows = [line.split("|")[1:-1] for line in handle if line.startswith("| `")]
-    rows = [[cell.strip() for cell in row] for row in rows if len(row) == 5]
-    assert [row[0].strip("`") for row in rows] == list(registry.NAMES)
-    for name, reads, acts, local, writes in rows:
-        declared = registry.get(name.strip("`"))
-        assert reads.startswith("–") != declared.reader, name
-        assert declared.probe <= (acts != "–"), name
-        assert ("after_job" in acts) == declared.after_job, name
-        assert local.startswith("yes") == declared.local, name
-        assert (writes != "–") == bool(declared.bringup), name
+def test_no_page_keeps_a_list_of_capabilities_of_its_own():
+    """The capabilities are one table generated from the registry (docs/variables.md); the README, the architecture
+    and the gate's page point to it instead of keeping lists that drift."""
+    from cluster_preflight.settings import variables_doc  # pylint: disable=import-outside-toplevel
+    table = variables_doc.capabilities_table(ROOT)
+    assert [line.split("`")[1] for line in table.splitlines() if line.startswith("| [`")] == list(registry.NAMES)
+    for page in ("README.md", os.path.join("docs", "architecture.md"), os.path.join("docs", "gate.md")):
+        with open(os.path.join(ROOT, page), encoding="utf-8") as handle:
+            text = handle.read()
+        assert "variables.md" in text, page
+        rows = [line for line in text.splitlines() if line.startswith("| `") and line.split("`")[1] in registry.NAMES
+                + tuple("%s_" % name for name in registry.NAMES)]
+        assert len(rows) < 3, (page, rows)

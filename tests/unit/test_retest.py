@@ -1,38 +1,27 @@
 """Retest before blame (cluster_preflight/capabilities/allreduce/retest.py and its glue in
-action_plugins/preflight_localize.py): a node
+cluster_preflight/stages/localization.py): a node
 the localisation rounds name for a slow or failed run is retested once (a pair with a node proven good, then
 alone over lo) before it is named; a pass makes it a warn with both measurements, a second failure keeps it
 failed with the retest in its details; wrong data and lost nodes are never retested; the bound counts it."""
 
-import importlib.util
-import os
-
 import pytest
 
 from cluster_preflight.capabilities.allreduce import localize as loc
+from cluster_preflight.stages import bounds, localization
 from cluster_preflight.capabilities.allreduce import retest
 from cluster_preflight.stages.view import ClusterView
 from localize_helpers import GOOD_BW, LOOP_BW, PORT, SLOW_BW, base_args, hosts, ranks
 
 FLOOR = {"absolute": 0.01, "relative": 0.7, "grace": 10}
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-
-
-def _load(name, relative):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relative))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ACTION = _load("preflight_localize_retest", "action_plugins/preflight_localize.py")
+ACTION = localization
 
 
 def _task_vars(names, jobs, retest_on=True):
     settings = {"allreduce_floor_busbw_gbps_gloo": 0.01, "allreduce_floor_relative": 0.7,
                 "allreduce_master_port": PORT, "allreduce_localize": True}
     run = {"preflight_retest_allreduce": retest_on}
-    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names)}
+    gate = {"launch": True, "hosts": names, "backend": "gloo", "master_port": PORT, "args_by_host": base_args(names),
+            "floor": FLOOR}
     hostvars = {host: {"preflight_settings": {"settings": {"allreduce": settings, "preflight": run},
                                               "node": {"name": host, "node_addr": "198.18.200.%d" % index}},
                        "preflight_launch": {"gate": gate}, "preflight_plan": {"nic": {"addr_by_host": {}}},
@@ -221,10 +210,9 @@ def test_after_the_confirmation_the_retested_node_warns_and_its_peers_pass_namin
 
 @pytest.mark.parametrize("enabled, extra", [(True, retest.STEPS), (False, 0)])
 def test_the_bound_counts_the_retest_steps(enabled, extra):
-    plugin = _load("preflight_verdict_retest_bound", "action_plugins/preflight_verdict.py")
     view = ClusterView({"ansible_play_hosts_all": ["n1"], "hostvars": {"n1": {"preflight_settings": {
         "facts_timeout": 60, "probes_timeout": 120}}}})
     launch = {"gate": {"args_by_host": {"n1": {"wait_timeout": 200}}}}
-    without = plugin.bound_seconds(view, {}, launch, {"needed": True, "localize": {}})
-    bound = plugin.bound_seconds(view, {}, launch, {"needed": True, "localize": {"retest": {"enabled": enabled}}})
-    assert bound - without == extra * (200 + plugin.CONNECT_BOUND)
+    without = bounds.run_bound(view, {}, launch, {"needed": True, "localize": {}})
+    bound = bounds.run_bound(view, {}, launch, {"needed": True, "localize": {"retest": {"enabled": enabled}}})
+    assert bound - without == extra * (200 + bounds.CONNECT_BOUND)

@@ -1,18 +1,15 @@
-"""Every input checked once, up front (action_plugins/preflight_settings.py, cluster_preflight/settings/checks.py):
+"""Every input checked once, up front (cluster_preflight/settings/pipeline.py, cluster_preflight/settings/checks.py):
 a variable with a role's prefix that nothing reads, a number that is not finite or out of its range, an inventory
 name that is no file name -- each stops the run with found / expected / fix before any node is touched."""
 
-import glob
-import importlib.util
 import os
 import sys
-from unittest import mock
 
 import pytest
-import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
+from cluster_preflight.settings import pipeline
 from verdict_build_helpers import build, records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,17 +18,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _settings(_args=None, **task_vars):
     """preflight_settings run for one node with ``task_vars`` (as -e or the inventory gives them) and the task's
     arguments ``_args``."""
-    spec = importlib.util.spec_from_file_location("preflight_settings_action",
-                                                  os.path.join(ROOT, "action_plugins", "preflight_settings.py"))
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
     loader = DataLoader()
-    task = mock.MagicMock(args=dict(_args or {}), async_val=0, check_mode=False, diff=False)
-    action = plugin.ActionModule(task, mock.MagicMock(), mock.MagicMock(), loader, Templar(loader), mock.MagicMock())
     host = task_vars.pop("inventory_hostname", "node01")
     base = {"inventory_hostname": host, "groups": {"all": [host], "cluster": [host]},
             "preflight_training_python": sys.executable}
-    return action.run(task_vars=dict(base, **task_vars))
+    return pipeline.load(loader, Templar(loader), dict(base, **task_vars), dict(_args or {}))
 
 
 def _errors(result):
@@ -111,21 +102,24 @@ def test_usual_host_names_and_addresses_are_file_names(host):
 def test_every_numeric_setting_has_a_range_and_every_range_a_setting():
     from cluster_preflight.settings import checks as settings_check
 
-    numeric = set()
-    for path in glob.glob(os.path.join(ROOT, "roles", "*", "meta", "argument_specs.yml")):
-        with open(path, encoding="utf-8") as handle:
-            options = yaml.safe_load(handle)["argument_specs"]["main"]["options"]
+    from capability_helpers import role_inputs  # pylint: disable=import-outside-toplevel
+
+    numeric, ranged = set(), set()
+    for role in sorted(os.listdir(os.path.join(ROOT, "roles"))):
+        options = role_inputs(role)[1]
         numeric |= {name for name, option in options.items() if settings_check.is_numeric(option)}
-    assert numeric == set(settings_check.RANGES)
+        ranged |= {name for name in settings_check.ranges_of(role) if name.startswith(role + "_")}
+    assert numeric == ranged
 
 
 def test_every_default_is_within_its_range():
     from cluster_preflight.settings import checks as settings_check
 
-    for path in glob.glob(os.path.join(ROOT, "roles", "*", "defaults", "main.yml")):
-        with open(path, encoding="utf-8") as handle:
-            defaults = yaml.safe_load(handle) or {}
-        for name, (low, high) in settings_check.RANGES.items():
+    from capability_helpers import role_inputs  # pylint: disable=import-outside-toplevel
+
+    for role in sorted(os.listdir(os.path.join(ROOT, "roles"))):
+        defaults = role_inputs(role)[0]
+        for name, (low, high) in settings_check.ranges_of(role).items():
             value = defaults.get(name)
             if isinstance(value, (int, float)):
                 assert low <= value <= high, (name, value)

@@ -1,4 +1,4 @@
-"""The verdict action's run history and report.html (action_plugins/preflight_verdict.py): every run is
+"""The verdict action's run history and report.html (cluster_preflight/outputs/finish.py): every run is
 recorded and gets its page; a database that cannot take it is a warning in the result and the message, and
 the verdict's status stays what the nodes made it."""
 

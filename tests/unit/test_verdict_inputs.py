@@ -13,6 +13,7 @@ import types
 
 import pytest
 
+from cluster_preflight.outputs import finish
 from cluster_preflight.verdict import accounting as pv
 from cluster_preflight.cli import main as cli
 from cluster_preflight.outputs import history
@@ -268,7 +269,7 @@ def test_the_verdict_action_writes_no_control_code_into_the_verdict_and_its_outp
 
 def test_two_runs_ending_in_the_same_second_keep_two_directories_and_two_history_rows(tmp_path, monkeypatch):
     results = tmp_path / "results"
-    monkeypatch.setattr(pv, "run_place", lambda args: (str(results), "20260101T000000Z"))
+    monkeypatch.setattr(finish, "run_place", lambda args: (str(results), "20260101T000000Z"))
     first = run_action({"kind": "preflight", "results_dir": str(results), "fail": False},
                        {"n1": records(), "n2": records()})
     second = run_action({"kind": "preflight", "results_dir": str(results), "fail": False},

@@ -1,7 +1,7 @@
 """The verdict, continued from test_verdict.py: what the run directory may show and to whom,
 task errors reduced to their message, the preflight_verdict action end to end, a results
 directory that cannot take the run, and a node module that could not even start
-(cluster_preflight/verdict/accounting.py, cluster_preflight/verdict/file.py, action_plugins/preflight_verdict.py)."""
+(cluster_preflight/verdict/accounting.py, cluster_preflight/verdict/file.py, cluster_preflight/outputs/finish.py)."""
 
 import errno
 import json
@@ -15,7 +15,7 @@ from cluster_preflight import capabilities
 from cluster_preflight.plays import stage_results
 from cluster_preflight.verdict import accounting as pv
 from capability_helpers import saved_umask
-from verdict_build_helpers import ACTION, UNREACHABLE, build, gate, passing_verdict, records, run_action
+from verdict_build_helpers import UNREACHABLE, build, gate, passing_verdict, records, run_action
 
 # -- what the run directory may show, and to whom ------------------------------------------------------
 
@@ -207,25 +207,22 @@ def test_cli_says_why_a_private_verdict_cannot_be_read(tmp_path, monkeypatch):
 
 
 def test_the_bound_counts_the_localisation_rounds_the_confirmation_run_and_every_gpu_pair_launch():
-    import importlib.util
+    from cluster_preflight.stages import bounds
     from cluster_preflight.stages.view import ClusterView
-    spec = importlib.util.spec_from_file_location("preflight_verdict_action_bound", ACTION)
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
     view = ClusterView({"ansible_play_hosts_all": ["n1"], "hostvars": {"n1": {"preflight_settings": {
         "facts_timeout": 60, "probes_timeout": 120}}}})
     launch = {"gate": {"args_by_host": {"n1": {"wait_timeout": 200}}}}
-    plain = plugin.bound_seconds(view, {}, launch)
-    rounds = plugin.bound_seconds(view, {}, launch, {"needed": True, "localize": {}})
-    per_launch = 200 + plugin.CONNECT_BOUND
+    plain = bounds.run_bound(view, {}, launch)
+    rounds = bounds.run_bound(view, {}, launch, {"needed": True, "localize": {}})
+    per_launch = 200 + bounds.CONNECT_BOUND
     # Three rounds of two steps, and the confirmation run over the nodes left.
-    assert rounds - plain == (plugin.MAX_ROUNDS * 2 + 1) * per_launch
+    assert rounds - plain == (bounds.MAX_ROUNDS * 2 + 1) * per_launch
     gpus = {"needed": True, "localize": {"gpus": {"n1": {"rounds": [{"launches": [{}] * 4}, {"launches": [{}] * 3}]},
                                                   "n2": {"rounds": [{"launches": [{}] * 2}]}}}}
-    assert plugin.bound_seconds(view, {}, launch, gpus) - rounds == 7 * per_launch
+    assert bounds.run_bound(view, {}, launch, gpus) - rounds == 7 * per_launch
     # The single-node runs before the all-node run: every node's at once, the longest counts.
     single = {"single": {"args_by_host": {"n1": {"wait_timeout": 90}, "n2": {"wait_timeout": 150}}}}
-    assert plugin.bound_seconds(view, single, launch) - plain == 150 + plugin.CONNECT_BOUND
+    assert bounds.run_bound(view, single, launch) - plain == 150 + bounds.CONNECT_BOUND
 
 
 # -- a results directory that cannot take the run: the reason, and nothing half-written -----------------

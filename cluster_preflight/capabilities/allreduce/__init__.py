@@ -28,13 +28,14 @@ from preflight_node.privilege import needs_root
 
 from cluster_preflight.capabilities.allreduce.versions import torch_lt_2_1
 from cluster_preflight.capabilities.allreduce.localize import bandwidth_deadline
+from ..common import Args, Node, Problems, Settings
 
 
 # --------------------------------------------------------------------------
 # Settings
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     problems = []
 
     def bad(name, found, expected, fix):
@@ -45,11 +46,11 @@ def validate(settings):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             bad(name, value, "0 (off) or a busbw in GB/s", "set %s to 0 or a floor such as 0.01 (gloo) / 1.0 (nccl)"
                 % name)
-    relative = settings.get("allreduce_floor_relative", 0.7)
+    relative = settings.get("allreduce_floor_relative")
     if not isinstance(relative, (int, float)) or isinstance(relative, bool) or not 0 <= relative <= 1:
         bad("allreduce_floor_relative", relative, "a fraction of the median pair's busbw, 0 (off) to 1",
             "leave allreduce_floor_relative at 0.7, or set 0 to switch the relative floor off")
-    grace = settings.get("allreduce_slow_grace", 10)
+    grace = settings.get("allreduce_slow_grace")
     if not isinstance(grace, (int, float)) or isinstance(grace, bool) or grace < 0:
         bad("allreduce_slow_grace", grace, "0 or more seconds of start-up on top of the time at the floor",
             "leave allreduce_slow_grace at 10")
@@ -57,18 +58,18 @@ def validate(settings):
     if not isinstance(port, int) or not 1 <= port <= 65535:
         bad("allreduce_master_port", port, "a TCP port 1-65535",
             "set preflight_master_port (or allreduce_master_port) to a free port, the seeds use 6000")
-    if settings.get("allreduce_nproc_per_node", 0) < 0:
+    if settings["allreduce_nproc_per_node"] < 0:
         bad("allreduce_nproc_per_node", settings.get("allreduce_nproc_per_node"),
             "0 (one rank per accelerator, or allreduce_cpu_nproc on CPU) or more",
             "set preflight_nproc_per_node to 0 or a positive number of ranks")
-    if settings.get("allreduce_cpu_nproc", 1) < 1:
+    if settings["allreduce_cpu_nproc"] < 1:
         bad("allreduce_cpu_nproc", settings.get("allreduce_cpu_nproc"), "1 or more", "set allreduce_cpu_nproc: 2")
-    timeout, hard = settings.get("allreduce_timeout", 30), settings.get("allreduce_hard_timeout", 120)
+    timeout, hard = settings["allreduce_timeout"], settings["allreduce_hard_timeout"]
     if not 0 < timeout < hard:
         bad("allreduce_timeout", "allreduce_timeout=%s, allreduce_hard_timeout=%s" % (timeout, hard),
             "0 < allreduce_timeout < allreduce_hard_timeout",
             "the hard timeout bounds the whole launch: make it larger than the per-collective timeout")
-    if settings.get("allreduce_stack_budget", 20) <= 0:
+    if settings["allreduce_stack_budget"] <= 0:
         bad("allreduce_stack_budget", settings.get("allreduce_stack_budget"), "more than 0 seconds",
             "set allreduce_stack_budget: 20")
     for name, example in (("allreduce_sizes", "[1048576, 4194304, 16777216]"),
@@ -76,14 +77,14 @@ def validate(settings):
         sizes = settings.get(name) or []
         if not sizes or any(size < 1 for size in sizes):
             bad(name, sizes, "at least one size, each 1 byte or more", "set %s, e.g. %s" % (name, example))
-    if settings.get("allreduce_iters", 1) < 1:
+    if settings["allreduce_iters"] < 1:
         bad("allreduce_iters", settings.get("allreduce_iters"), "1 or more", "set allreduce_iters: 5")
-    if settings.get("allreduce_warmup", 0) < 0:
+    if settings["allreduce_warmup"] < 0:
         bad("allreduce_warmup", settings.get("allreduce_warmup"), "0 or more", "set allreduce_warmup: 2")
-    if settings.get("allreduce_min_busbw_gbps", 0) < 0:
+    if settings["allreduce_min_busbw_gbps"] < 0:
         bad("allreduce_min_busbw_gbps", settings.get("allreduce_min_busbw_gbps"), "0 (report only) or more",
             "set allreduce_min_busbw_gbps to a floor in GB/s, or 0")
-    if settings.get("allreduce_poll_interval", 0.1) <= 0:
+    if settings["allreduce_poll_interval"] <= 0:
         bad("allreduce_poll_interval", settings.get("allreduce_poll_interval"), "more than 0 seconds",
             "set allreduce_poll_interval: 0.1")
     if not str(settings.get("allreduce_python") or "").strip():
@@ -99,7 +100,7 @@ def validate(settings):
 # Reader (node)
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     return {
         "python": settings["allreduce_python"],
         "backend": settings["allreduce_backend"],
@@ -341,11 +342,26 @@ def candidates(hosts, facts_by_host, settings_by_host):
     return {"checks_by_host": checks_by_host, "ready": ready}
 
 
-def run_deadline(args, settings, world_size):
-    """:func:`bandwidth_deadline` of one launch's ``args`` (a launch plan's shape) at ``world_size`` ranks."""
-    floor = settings.get("allreduce_floor_busbw_gbps_%s" % (args.get("backend") or "gloo"), 0) or 0
-    return bandwidth_deadline(args["sizes"], args["iters"], args["warmup"], world_size, floor,
-                              settings.get("allreduce_slow_grace", 10))
+def floor(settings: dict, backend: str, single: bool = False) -> dict:
+    """The bandwidth floor of a run on ``backend``, built once from the allreduce settings and handed to whatever
+    judges or bounds that run: ``{absolute, relative, grace}`` (GB/s busbw, 0: none; the fraction of the median
+    pair's busbw the localisation rounds hold a launch to; the seconds of start-up a launch's bandwidth deadline adds
+    to its time at the absolute floor).  The launch plan carries the all-node run's (``floor``), which the launch's
+    arguments and the localisation rounds use; ``single``: a node's run alone over its own GPUs
+    (``allreduce_floor_single_busbw_gbps_<backend>``, no relative floor)."""
+    backend = backend or "gloo"
+    if single:
+        return {"absolute": float(settings["allreduce_floor_single_busbw_gbps_%s" % backend]), "relative": 0.0,
+                "grace": float(settings["allreduce_slow_grace"])}
+    return {"absolute": float(settings["allreduce_floor_busbw_gbps_%s" % backend]),
+            "relative": float(settings["allreduce_floor_relative"]), "grace": float(settings["allreduce_slow_grace"])}
+
+
+def run_deadline(args: dict, run_floor: dict, world_size: int) -> float:
+    """:func:`bandwidth_deadline` of one launch's ``args`` (a launch plan's shape) at ``world_size`` ranks, held to
+    ``run_floor`` (:func:`floor`)."""
+    return bandwidth_deadline(args["sizes"], args["iters"], args["warmup"], world_size, run_floor["absolute"],
+                              run_floor["grace"])
 
 
 def _cluster_addr(nic_plan, host, node):
@@ -371,9 +387,10 @@ def _master_port_check(master, facts, settings, checks_by_host, blockers):
         blockers.append("the rendezvous port is taken on the master %s" % master)
 
 
-def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, backend, ifname, token):
-    """The ``allreduce`` module's arguments for ``host``, node rank ``index`` of ``gate_hosts``; ``token``: the
-    launch's secret for the rendezvous store's keys."""
+def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, backend, ifname, run_floor, token):
+    """The ``allreduce`` module's arguments for ``host``, node rank ``index`` of ``gate_hosts``, its bandwidth
+    deadline held to the run's ``run_floor`` (:func:`floor`); ``token``: the launch's secret for the rendezvous
+    store's keys."""
     args = {
         "python": settings["allreduce_python"],
         "nnodes": len(gate_hosts),
@@ -406,10 +423,10 @@ def _node_args(host, index, gate_hosts, settings, facts, nproc, master_addr, bac
         "poll": settings["allreduce_poll_interval"],
         "store_token": token,
     }
-    args["bandwidth_deadline"] = run_deadline(args, settings, nproc * len(gate_hosts))
+    args["bandwidth_deadline"] = run_deadline(args, run_floor, nproc * len(gate_hosts))
     # Each collective late against the floor ends the stage at once
     # (module_utils/preflight_node/allreduce_run/gate_run.py).
-    args["bandwidth_grace"] = float(settings.get("allreduce_slow_grace", 10))
+    args["bandwidth_grace"] = run_floor["grace"]
     return args
 
 
@@ -435,7 +452,7 @@ def alone_args(host, facts, settings):
     """The ``allreduce`` module's arguments for ``host`` running its ranks alone over ``lo`` (its single-node run,
     planned before any peer is): the all-node launch's shape, one node."""
     args = _node_args(host, 0, [host], settings, facts, facts["nproc_per_node"], "127.0.0.1", facts["backend"], "lo",
-                      secrets.token_hex(16))
+                      floor(settings, facts["backend"], single=True), secrets.token_hex(16))
     args["env"] = dict(args["env"], **{name: "lo" for name in SOCKET_VARIABLES if name in args["env"]})
     return args
 
@@ -480,11 +497,13 @@ def launch_plan(hosts, ready, excluded, facts_by_host, settings_by_host, nodes, 
     master_addr = _cluster_addr(nic_plan, master, nodes[master])
     nproc = nprocs[master]
     ifname = nic_plan.get("gloo_socket_ifname") or ""
+    # One floor for the one launch (the master's settings), carried by the plan to the localisation rounds.
+    run_floor = floor(settings_by_host[master], backends[master])
     token = secrets.token_hex(16)
     for index, host in enumerate(gate_hosts):
         plan["args_by_host"][host] = _node_args(host, index, gate_hosts, settings_by_host[host], facts_by_host[host],
-                                                nproc, master_addr, backends[host], ifname, token)
+                                                nproc, master_addr, backends[host], ifname, run_floor, token)
     plan.update(master_addr=master_addr, master_port=settings_by_host[master]["allreduce_master_port"],
                 world_size=nproc * len(gate_hosts), nproc_per_node=nproc, backend=backends[master],
-                socket_ifname=ifname or None)
+                socket_ifname=ifname or None, floor=run_floor)
     return dict(plan, ok=True, blockers=[], checks_by_host=checks_by_host)

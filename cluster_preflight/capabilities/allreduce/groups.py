@@ -2,7 +2,7 @@
 """Group rounds: the node whose fault shows only in a large group, when every pair passed.
 
 Controller-side and pure, like ``cluster_preflight/capabilities/allreduce/localize.py``;
-``action_plugins/preflight_localize.py`` runs
+``cluster_preflight/stages/localization.py`` runs
 them after the pair rounds.  A pair cannot show a fault that needs more than one peer: a node that refuses
 connections past a count, an incast its switch port cannot take, a NIC out of queue pairs.  When the pair
 rounds proved every node good but the all-node run failed or was slow, the gate bisects by substitution, one

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """Localisation of a failed or slow all-reduce: which node is bad, and why.
 
-Controller-side and pure (used by ``action_plugins/preflight_localize.py``).
+Controller-side and pure (used by ``cluster_preflight/stages/localization.py``).
 When the all-node all-reduce fails, or its bus bandwidth is below the
 backend's floor, the gate runs up to three rounds of small all-reduces, each
 launch the ``allreduce`` module with its own hard timeout:
@@ -52,14 +52,6 @@ EXPECTED = ("every node completes an all-reduce with a node proven good, and alo
 
 # --------------------------------------------------------------------------
 # Floors and run outcomes
-
-
-def floors(settings, backend):
-    """``{absolute, relative, grace}`` for ``backend`` from the allreduce settings (0 disables either floor;
-    ``grace``: the seconds of start-up a launch's bandwidth deadline adds to its time at the absolute floor)."""
-    absolute = settings.get("allreduce_floor_busbw_gbps_%s" % (backend or "gloo"), 0) or 0
-    return {"absolute": float(absolute), "relative": float(settings.get("allreduce_floor_relative", 0) or 0),
-            "grace": float(settings.get("allreduce_slow_grace", 10) or 0)}
 
 
 def bandwidth_deadline(sizes, iters, warmup, world_size, floor_gbps, grace):

@@ -6,7 +6,7 @@
   compared with the plan, and the known failure signatures found in each
   node's logs (``signatures``, see ``cluster_preflight/capabilities/allreduce/signatures.py``).
 * ``find_suspects``, ``own_faults``: which ranks caused a failed run, and which
-  nodes it names by their own evidence (read by ``action_plugins/preflight_localize.py``).
+  nodes it names by their own evidence (read by ``cluster_preflight/stages/localization.py``).
 * ``rendezvous_fault``: whose fault it is when no node reached the rendezvous store.
 
 The capability's controller half (settings, readiness, the launch plan) is

@@ -2,7 +2,7 @@
 """Retest before blame: a node the all-reduce localisation names for a transient-class reason is retested
 once, in the same run, before it is named.
 
-Controller-side and pure (used by ``action_plugins/preflight_localize.py`` between the node rounds of
+Controller-side and pure (used by ``cluster_preflight/stages/localization.py`` between the node rounds of
 ``cluster_preflight/capabilities/allreduce/localize.py`` and the GPU pairs / confirmation run).  Transient-class: the
 node was
 named because its pairs or its loopback run were slow, below a busbw floor, or failed or timed out.  Not

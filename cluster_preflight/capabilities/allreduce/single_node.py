@@ -18,23 +18,17 @@ from __future__ import annotations
 from preflight_node.checks import failed, passed
 
 from cluster_preflight.capabilities.allreduce import localize
-from cluster_preflight.capabilities.allreduce import alone_args
+from cluster_preflight.capabilities.allreduce import alone_args, floor
 
 EXPECTED = ("%s's all-reduce over its own %d %s alone (no network) completes with exact data and busbw at least "
             "%s GB/s at the largest size")
 
 
 def applies(settings, args):
-    mode = settings.get("allreduce_single_node", "auto")
+    mode = settings["allreduce_single_node"]
     if mode == "always":
         return True
     return mode == "auto" and args.get("backend") == "nccl" and int(args.get("nproc_per_node") or 0) >= 2
-
-
-def floor(settings, backend):
-    """The single-node floor of ``backend`` (GB/s, 0: none) as :func:`localize.floors` shapes one."""
-    return {"absolute": float(settings.get("allreduce_floor_single_busbw_gbps_%s" % (backend or "gloo"), 0) or 0),
-            "relative": 0.0, "grace": float(settings.get("allreduce_slow_grace", 10) or 0)}
 
 
 def plan(hosts, facts_by_host, settings_by_host, run_id=""):
@@ -46,7 +40,7 @@ def plan(hosts, facts_by_host, settings_by_host, run_id=""):
         base = alone_args(host, facts_by_host[host], settings)
         if not applies(settings, base):
             continue
-        node_floor = floor(settings, base.get("backend"))
+        node_floor = floor(settings, base.get("backend"), single=True)
         single = localize.loopback_args(base, base["master_port"], node_floor)
         # The gate's own correctness check (4 MiB), not a localisation round's smaller one.
         single.update(check_elements=0, run_id=run_id)

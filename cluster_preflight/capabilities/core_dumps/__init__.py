@@ -12,6 +12,8 @@ the same deciders the writers use (``module_utils/preflight_node/sysctl/write.py
 
 from __future__ import annotations
 
+from typing import Optional
+
 import os
 import re
 
@@ -26,7 +28,7 @@ from preflight_node.capabilities import core_dumps as node_half
 from preflight_node.capabilities.core_dumps_probe import PROBE
 from preflight_node.privilege import BECOME_FIX, assumed, block_refused, needs_root
 
-from ..common import switched_on
+from ..common import Args, Checks, Facts, Node, Problems, Settings, switched_on
 
 CAPABILITY = node_half.CAPABILITY
 
@@ -58,7 +60,7 @@ def _absolute_path_problem(settings, name):
     return None
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Problems with the core_dumps inputs (beyond types and choices), each
     ``{name, found, expected, fix}``."""
     pattern = str(settings["core_dumps_pattern"])
@@ -190,7 +192,7 @@ def _limit_entries(settings):
                               settings["core_dumps_limits_value"])
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What ``read`` needs on ``node``; None when core_dumps_enabled is false."""
     if not switched_on(settings["core_dumps_enabled"]):
         return None
@@ -206,7 +208,7 @@ def read_args(settings, node):
     }
 
 
-def probe_args(settings, node, plan=None):
+def probe_args(settings: Settings, node: Node, plan: Optional[dict] = None) -> Args:
     """What ``probe`` needs; None when core dumps or the probe are switched off."""
     if not switched_on(settings["core_dumps_enabled"]) or not switched_on(settings["core_dumps_probe_enabled"]):
         return None
@@ -287,7 +289,8 @@ def session_check(session, settings, policy):
     return (failed if policy == "fail" else warned)(found, expected, fix)
 
 
-def decide(host, facts, settings, probe=None, cluster=None):
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:
     """``{name: check}`` for core dumps on ``host``: ``core_pattern``,
     ``core_pattern_persisted``, ``core_pattern_boot``, ``core_pattern_pid``,
     ``core_dir``, ``core_limits``, ``core_limits_conflicts``, ``core_limits_pam``,

@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import os
 import re
 
@@ -23,7 +25,7 @@ from preflight_node.capabilities import debug_tools as node_half
 from preflight_node.checks import check, not_applicable, passed, warned
 from preflight_node.capabilities.debug_tools import FAMILIES, OS_RELEASE, OTHER, PYSPY
 
-from ..common import off_or_unread, switched_on
+from ..common import Args, Checks, Facts, Node, Problems, Settings, off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
 
@@ -57,7 +59,7 @@ def check_name(program):
 
 
 def pyspy_on(settings):
-    return switched_on(settings.get("debug_tools_pyspy", True))
+    return switched_on(settings["debug_tools_pyspy"])
 
 
 def pyspy_venv_program(settings):
@@ -90,7 +92,7 @@ def _source(value):
     return value if isinstance(value, str) and value.strip() else None
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Input problems beyond the types and choices of meta/argument_specs.yml."""
     problems = []
     _package_lists(settings, "debug_tools_packages", problems)
@@ -190,9 +192,9 @@ def wanted_programs(settings):
     return sorted(programs)
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What :func:`read` needs on ``node``; None when ``debug_tools_enabled`` is off."""
-    if not switched_on(settings.get("debug_tools_enabled", True)):
+    if not switched_on(settings["debug_tools_enabled"]):
         return None
     extra = {}
     venv_program = None
@@ -303,13 +305,14 @@ def _pyspy_check(family, facts, settings, host):
     return check(settings["debug_tools_drift_policy"], found, expected, fix)
 
 
-def decide(host, facts, settings, probe=None, cluster=None):
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:
     """``{packages?, tool_<program>..., tool_py_spy?}`` for ``host``.
 
     ``{enabled}`` (skipped) when switched off, ``{tools}`` (not_applicable) when nothing is asked for,
     ``{no_facts}`` (fail) when the node was not read.
     """
-    first = off_or_unread("debug_tools", host, settings.get("debug_tools_enabled", True), facts,
+    first = off_or_unread("debug_tools", host, settings["debug_tools_enabled"], facts,
                           "the debug tools", "the OS family and the programs read on the node")
     if first is not None:
         return first

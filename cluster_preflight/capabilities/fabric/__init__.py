@@ -26,6 +26,8 @@ counters (``N/A (no PMA)``), which is said, not judged; and a counter at the max
 
 from __future__ import annotations
 
+from typing import Any, Dict, Optional
+
 import collections
 import os
 import re
@@ -33,7 +35,7 @@ import re
 from preflight_node.capabilities import fabric as node_half
 from preflight_node.checks import failed, not_applicable, passed, skipped, warned
 
-from ..common import off_or_unread, switched_on
+from ..common import Args, Checks, Facts, Node, Problems, Settings, off_or_unread, switched_on
 from .counters import counters_check
 from .gpudirect import net_plugin, pcie_acs, peer_memory
 from .roce import job_env, roce_gid
@@ -70,7 +72,7 @@ def _names_problems(name, value):
             if not isinstance(entry, str) or not entry or "/" in entry or entry.strip() != entry or " " in entry]
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Input problems beyond the types of meta/argument_specs.yml: ranges, names, overlaps."""
     problems = []
     for name in WHOLE_NUMBERS:
@@ -114,10 +116,10 @@ def _counter_args(settings):
             "hw_counters": [name for name in names if name not in node_half.PORT_COUNTERS]}
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What ``read`` needs on ``node``: sysfs, the configured counters, lspci and the parts of the job's environment
     that say where NCCL's network plugin is; None when ``fabric_enabled`` is off."""
-    if not switched_on(settings.get("fabric_enabled", True)):
+    if not switched_on(settings["fabric_enabled"]):
         return None
     env = job_env(settings)
     return dict(_counter_args(settings), lspci=settings["fabric_lspci"],
@@ -125,9 +127,9 @@ def read_args(settings, node):
                 job_env={key: str(env[key]) for key in JOB_ENV_KEYS if key in env})
 
 
-def probe_args(settings, node, plan=None):
+def probe_args(settings: Settings, node: Node, plan: Optional[dict] = None) -> Args:
     """The same counters again, for the read after the all-reduce; None when ``fabric_enabled`` is off."""
-    if not switched_on(settings.get("fabric_enabled", True)):
+    if not switched_on(settings["fabric_enabled"]):
         return None
     return _counter_args(settings)
 
@@ -142,7 +144,7 @@ def _label(name, device, port):
 def checked_ports(facts, settings):
     """``[(label, device name, device, port)]`` of the ports the checks cover, in device order."""
     ignore = set(settings.get("fabric_ignore_devices") or [])
-    ethernet = switched_on(settings.get("fabric_check_ethernet", True))
+    ethernet = switched_on(settings["fabric_check_ethernet"])
     chosen = []
     for name in sorted((facts or {}).get("devices") or {}):
         if name in ignore:
@@ -164,7 +166,7 @@ def _nothing_to_check(host, facts, settings):
     root = facts.get("root") or os.path.join(settings["fabric_sysfs_root"], "class", "infiniband")
     if not facts.get("devices"):
         reason = "no RDMA device in %s on %s" % (root, host)
-    elif switched_on(settings.get("fabric_check_ethernet", True)):
+    elif switched_on(settings["fabric_check_ethernet"]):
         reason = "every RDMA device of %s is in fabric_ignore_devices (%s)" % (
             host, ", ".join(sorted(facts["devices"])))
     else:
@@ -254,7 +256,7 @@ def cluster_rates(host, facts, settings, cluster):
     all_settings = (cluster or {}).get("settings") or {}
     key = (id((cluster or {}).get("facts")), id(all_settings), len(every),
            tuple(sorted(settings.get("fabric_ignore_devices") or [])),
-           switched_on(settings.get("fabric_check_ethernet", True)))
+           switched_on(settings["fabric_check_ethernet"]))
     hit = _MEMO.get("rates")
     # The memo holds the mapping itself, so its id cannot be reused by another view while it is kept.
     memo = bool(cluster) and host in (cluster.get("facts") or {})
@@ -318,10 +320,11 @@ def rate_check(host, ports, settings, facts, cluster):
     return passed(found, expected, **details)
 
 
-def decide(host, facts, settings, probe=None, cluster=None):
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:
     """``{ports, rate, counters, roce_gid, peer_memory, pcie_acs, net_plugin}`` checks for ``host``; ``{enabled}``
     skipped when switched off."""
-    first = off_or_unread(CAPABILITY, host, settings.get("fabric_enabled", True), facts,
+    first = off_or_unread(CAPABILITY, host, settings["fabric_enabled"], facts,
                           "the RDMA ports and their counters", "the ports of /sys/class/infiniband read on the node")
     if first is not None:
         return first
@@ -342,7 +345,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
             "net_plugin": net_plugin(host, facts, settings, ports)}
 
 
-def profile_fields(facts):
+def profile_fields(facts: Facts) -> Dict[str, Any]:
     """The node's fabric in the known-good profile: ``rdma.active_ports``, ``rdma.rate_gbps`` (lowest active rate),
     ``rdma.link_layer`` (sorted, comma-joined), ``rdma.devices``; every value None when nothing was read."""
     if not facts or not isinstance(facts.get("devices"), dict):

@@ -93,7 +93,7 @@ def peer_memory(host, facts, settings, ports):
     fix = ("on %s: modprobe nvidia-peermem (it ships with the driver, R470+), and have it load at boot (echo "
            "nvidia-peermem > /etc/modules-load.d/nvidia-peermem.conf); or move to the open GPU kernel modules (R%d+) "
            "on Linux %d.%d+ for DMA-BUF" % ((host, DMABUF_DRIVER) + DMABUF_KERNEL))
-    judge = failed if switched_on(settings.get("fabric_peer_memory_required", True)) else warned
+    judge = failed if switched_on(settings["fabric_peer_memory_required"]) else warned
     return judge(found, expected, fix)
 
 

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Dict, Optional
+
 import os
 
 from preflight_node.capabilities import gpu_health as node_half
@@ -25,7 +27,7 @@ from cluster_preflight.capabilities.gpu_health import xid as xid_table
 from . import checks as per_check
 from . import fabric as fabric_checks
 from . import links
-from ..common import off_or_unread, switched_on
+from ..common import Args, Checks, Facts, Node, Problems, Settings, off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
 CHECKS = ("count", "reset_required", "ecc", "memory", "throttle", "pcie", "nvlink", "fabric_manager", "gpu_fabric",
@@ -46,7 +48,7 @@ def _whole(value, low, high=None):
             and (high is None or value <= high))
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Input problems beyond the types and choices of meta/argument_specs.yml."""
     problems = []
     for name in PROGRAMS:
@@ -62,7 +64,7 @@ def validate(settings):
         if not isinstance(settings.get(name, False), (bool, str)):
             problems.append(_problem(name, settings.get(name), "true or false",
                                      "set %s to true (a GPU without it warns) or false" % name))
-    if not _whole(settings.get("gpu_health_pcie_replay_max", 0), 0):
+    if not _whole(settings["gpu_health_pcie_replay_max"], 0):
         problems.append(_problem("gpu_health_pcie_replay_max", settings.get("gpu_health_pcie_replay_max"),
                                  "a whole number, 0 or more",
                                  "set gpu_health_pcie_replay_max to the PCIe replays since boot a GPU may have (0)"))
@@ -100,9 +102,9 @@ def validate(settings):
     return problems
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What :func:`read` needs on ``node``; None when ``gpu_health_enabled`` is off."""
-    if not switched_on(settings.get("gpu_health_enabled", True)):
+    if not switched_on(settings["gpu_health_enabled"]):
         return None
     return {
         "nvidia_smi": settings["gpu_health_nvidia_smi"],
@@ -208,9 +210,10 @@ def _no_gpu(facts):
                                             "%s sees none" % " and ".join(tools))
 
 
-def decide(host, facts, settings, probe=None, cluster=None):
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:
     """``{count, reset_required, ecc, ..., gpu_lost, dcgm}`` (:data:`CHECKS`) for ``host``."""
-    first = off_or_unread(CAPABILITY, host, settings.get("gpu_health_enabled", True), facts,
+    first = off_or_unread(CAPABILITY, host, settings["gpu_health_enabled"], facts,
                           "the GPUs' health", "nvidia-smi / amd-smi, the kernel log, dcgmi and the PCI bus of the node")
     if first is not None:
         return first
@@ -255,7 +258,7 @@ def _same(values):
     return ",".join(str(value) for value in found) if len(found) > 1 else (found[0] if found else None)
 
 
-def profile_fields(facts):
+def profile_fields(facts: Facts) -> Dict[str, Any]:
     """The flat fields a known-good profile compares (None for what was not read)."""
     facts = facts or {}
     vendor = next((name for name in per_check.TOOLS if (facts.get(name) or {}).get("gpus")), None)

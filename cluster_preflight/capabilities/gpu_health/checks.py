@@ -199,7 +199,7 @@ def _ecc_nvidia(gpu, required):
 
 
 def ecc(host, facts, settings):
-    required = switched_on(settings.get("gpu_health_ecc_required", False))
+    required = switched_on(settings["gpu_health_ecc_required"])
 
     def judge(vendor, gpu):
         if vendor == "nvidia":
@@ -268,7 +268,7 @@ def _not_reported(gpu, what):
 
 
 def persistence(host, facts, settings):
-    required = switched_on(settings.get("gpu_health_persistence_required", False))
+    required = switched_on(settings["gpu_health_persistence_required"])
     gpus = (facts.get("nvidia") or {}).get("gpus") or []
 
     def judge(_vendor, gpu):

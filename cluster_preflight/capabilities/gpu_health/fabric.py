@@ -97,7 +97,7 @@ def _zero(value):
 def _multinode(facts, settings):
     """Whether the node's GPUs must be in a multi-node NVLink domain: the setting, or a GPU already in one."""
     gpus = (facts.get("nvidia") or {}).get("gpus") or []
-    return (switched_on(settings.get("gpu_health_multinode_nvlink", False))
+    return (switched_on(settings["gpu_health_multinode_nvlink"])
             or any(not _zero(gpu.get("fabric_cluster_uuid")) for gpu in gpus))
 
 

@@ -18,6 +18,8 @@ in ``GRUB_CMDLINE_LINUX``), and never with the other one.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import os
 import re
 
@@ -29,7 +31,7 @@ from preflight_node.capabilities import iommu as node_half
 from preflight_node.capabilities.iommu import GRUB_DEFAULT, GRUB_DROPIN_DIR, PROC_CMDLINE
 from preflight_node.privilege import block_refused
 
-from ..common import off_or_unread, switched_on
+from ..common import Args, Checks, Facts, Node, Problems, Settings, off_or_unread, switched_on
 
 CAPABILITY = node_half.CAPABILITY
 
@@ -59,7 +61,7 @@ def _problem(name, found, expected, fix):
     return {"name": name, "found": found, "expected": expected, "fix": fix}
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Input problems beyond the types and choices of meta/argument_specs.yml."""
     problems = []
     ids = settings.get("iommu_amd_device_ids") or []
@@ -104,7 +106,7 @@ def validate(settings):
             problems.append(_problem(name, repr(value), "an absolute path",
                                      "set %s to an absolute path (%s on a real node)"
                                      % (name, "/" if name == "iommu_root" else "/sys")))
-    if switched_on(settings.get("iommu_reboot", False)) and settings.get("iommu_root") not in ("/", "", None):
+    if switched_on(settings["iommu_reboot"]) and settings.get("iommu_root") not in ("/", "", None):
         problems.append(_problem(
             "iommu_reboot", "iommu_reboot is true while iommu_root is %s" % settings.get("iommu_root"),
             "a reboot only for the node's real grub defaults (iommu_root /)",
@@ -112,9 +114,9 @@ def validate(settings):
     return problems
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What :func:`read` needs on ``node``; None when ``iommu_enabled`` is off."""
-    if not switched_on(settings.get("iommu_enabled", True)):
+    if not switched_on(settings["iommu_enabled"]):
         return None
     return {
         "sysfs_root": settings["iommu_sysfs_root"],
@@ -129,9 +131,10 @@ def read_args(settings, node):
 # --- decider -------------------------------------------------------------------------------------------
 
 
-def decide(host, facts, settings, probe=None, cluster=None):
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:
     """``{grub, cmdline}`` checks for ``host``; ``{enabled}`` skipped when switched off."""
-    first = off_or_unread("iommu", host, settings.get("iommu_enabled", True), facts,
+    first = off_or_unread("iommu", host, settings["iommu_enabled"], facts,
                           "the IOMMU kernel arguments", "the PCI GPUs, grub defaults and /proc/cmdline read on the node")
     if first is not None:
         return first

@@ -10,6 +10,8 @@ the bring-up writer tasks (``sysctl_setting``), which decide with the same funct
 
 from __future__ import annotations
 
+from typing import Optional
+
 import os
 
 
@@ -19,7 +21,7 @@ from preflight_node.sysctl import write as sysctl_write
 from preflight_node.checks import NAME_RE, blocked, failed, passed, skipped
 from preflight_node.privilege import block_refused, needs_root
 
-from ..common import switched_on
+from ..common import Args, Checks, Facts, Node, Problems, Settings, switched_on
 
 CAPABILITY = node_half.CAPABILITY
 PTRACE = "ptrace_scope"
@@ -59,7 +61,7 @@ def wanted(settings):
     return result
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Problems with the kernel_debug inputs (beyond types and choices), each
     ``{name, found, expected, fix}``."""
     problems = []
@@ -171,7 +173,7 @@ def _extra_problems(item, where, search, search_ok, dropins, taken):
     return problems
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What ``read`` needs on ``node``; None when there is nothing to read
     (ptrace_scope switched off and no extra sysctls)."""
     items = wanted(settings)
@@ -186,7 +188,7 @@ def read_args(settings, node):
     }
 
 
-def probe_args(settings, node, plan=None):
+def probe_args(settings: Settings, node: Node, plan: Optional[dict] = None) -> Args:
     """What ``probe`` needs; None when the ptrace probe is switched off."""
     if not switched_on(settings["kernel_debug_ptrace_probe_enabled"]):
         return None
@@ -243,7 +245,8 @@ def attach_check(host, probe_result):
     return failed(found, expected, "on %s: %s" % (host, fix))
 
 
-def decide(host, facts, settings, probe=None, cluster=None):
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:
     """``{name: check}``: ``ptrace_scope``, ``ptrace_scope_persisted``,
     ``ptrace_scope_boot`` (only ``ptrace_scope``: skipped when switched off,
     not_applicable without Yama) and the same three for each extra sysctl,

@@ -19,11 +19,12 @@ import re
 from preflight_node.capabilities.nic_discovery import CAPABILITY  # noqa: F401  (the registry reads it here)
 
 from cluster_preflight.capabilities.nic_discovery.nic_select import parse_override, select_interface
+from ..common import Args, Node, Problems, Settings
 
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     problems = []
     try:
         names = parse_override(settings.get("nic_discovery_override") or None)
@@ -43,7 +44,7 @@ def validate(settings):
     return problems
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     return {"sysfs_root": settings["nic_discovery_sysfs_root"], "proc_root": settings["nic_discovery_proc_root"],
             "addr_source": "auto", "ip_json_file": None}
 

@@ -26,17 +26,17 @@ from preflight_node.capabilities.port_mesh import CAPABILITY  # noqa: F401  (the
 
 from cluster_preflight.capabilities.port_mesh.mesh import mesh_checks
 
-from ..common import port_problems
+from ..common import Problems, Settings, port_problems
 
 # Seconds between two fork batches starting their background probes.
 BATCH_SPREAD = 2.0
 MAX_WINDOW = 600.0
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     problems = port_problems("port_mesh_port", settings.get("port_mesh_port"),
                              "set preflight_master_port (or port_mesh_port) to the rendezvous port, e.g. 6000")
-    window, connect = settings.get("port_mesh_window", 8), settings.get("port_mesh_connect_timeout", 2)
+    window, connect = settings["port_mesh_window"], settings["port_mesh_connect_timeout"]
     if not 0 < connect < window <= MAX_WINDOW:
         problems.append({"name": "port_mesh_window",
                          "found": "port_mesh_window=%s, port_mesh_connect_timeout=%s" % (window, connect),

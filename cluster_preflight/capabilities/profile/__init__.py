@@ -19,7 +19,7 @@ import os
 from preflight_node.checks import blocked, check, failed, passed, skipped
 
 from cluster_preflight.capabilities.profile import known_good as profiles
-from ..common import switched_on
+from ..common import Args, Node, Problems, Settings, switched_on
 
 CAPABILITY = "profile"
 # Fields whose busbw may be below the profile's by the tolerance; every other ``floor`` field is a count or rate.
@@ -32,7 +32,7 @@ def _problem(name, found, expected, fix):
     return {"name": name, "found": found, "expected": expected, "fix": fix}
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     problems = []
     path = settings.get("profile_file") or ""
     if path and not os.path.isabs(path):
@@ -45,17 +45,17 @@ def validate(settings):
             problems.append(_problem("profile_file", str(exc), "a profile written by python -m cluster_preflight "
                                      "baseline", "record one with python -m cluster_preflight baseline -i INVENTORY, "
                                      "or set profile_file to \"\" to compare the nodes with each other"))
-    tolerance = settings.get("profile_busbw_tolerance", 0.2)
+    tolerance = settings["profile_busbw_tolerance"]
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
         problems.append(_problem("profile_busbw_tolerance", repr(tolerance), "a fraction from 0 to below 1",
                                  "leave it at 0.2 (busbw down to 80% of the profile's passes)"))
-    if settings.get("profile_majority_min_nodes", 3) < 2:
+    if settings["profile_majority_min_nodes"] < 2:
         problems.append(_problem("profile_majority_min_nodes", settings.get("profile_majority_min_nodes"),
                                  "2 or more", "leave it at 3"))
     return problems
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """Nothing is read on the node for the profile: its fields come from the other capabilities."""
     return None
 
@@ -181,7 +181,7 @@ def _with_majority(host, fields, tallies, settings):
     """``host``'s fields against the majority of the nodes without a profile (``tallies``: field -> its
     :func:`_tally` over those nodes, counted once for the run)."""
     checks = {}
-    minimum = settings.get("profile_majority_min_nodes", 3)
+    minimum = settings["profile_majority_min_nodes"]
     for field in profiles.BY_NAME:
         # Bandwidth needs a known-good value: without one the gate's floors and localisation judge it (a
         # median of peers is no known-good value, and run-to-run noise would name healthy nodes).
@@ -190,7 +190,7 @@ def _with_majority(host, fields, tallies, settings):
         expected = _majority_of(tallies[field], minimum)
         if expected is not None:
             checks[profiles.check_name(field)] = compare(
-                host, field, fields[field], expected, settings.get("profile_busbw_tolerance", 0.2),
+                host, field, fields[field], expected, settings["profile_busbw_tolerance"],
                 "the majority of the %d nodes without a profile" % tallies[field][0])
     return checks
 
@@ -211,7 +211,7 @@ def decide_all(hosts, fields_by_host, settings_by_host, failures_by_host=None):
     tallies = _tallies([fields_by_host.get(peer) or {} for peer in without]) if without else {}
     for host in hosts:
         settings, fields = settings_by_host[host], fields_by_host.get(host) or {}
-        if not switched_on(settings.get("profile_enabled", True)):
+        if not switched_on(settings["profile_enabled"]):
             checks_by_host[host] = {"enabled": skipped("profile_enabled is false on %s" % host,
                                                        "the node compared with its known-good profile")}
             continue
@@ -224,7 +224,7 @@ def decide_all(hosts, fields_by_host, settings_by_host, failures_by_host=None):
                     "the profile of %s cannot be used: %s" % (host, data), "a profile written by baseline",
                     "record it again with python -m cluster_preflight baseline -i INVENTORY")}
                 continue
-            checks = _with_profile(host, fields, data, path, settings.get("profile_busbw_tolerance", 0.2),
+            checks = _with_profile(host, fields, data, path, settings["profile_busbw_tolerance"],
                                    (failures_by_host or {}).get(host) or ())
             against = "the profile %s (%d fields)" % (path, len(data["fields"]))
         else:

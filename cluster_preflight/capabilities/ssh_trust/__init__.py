@@ -21,6 +21,8 @@ The settings and their role defaults are ``ssh_trust_settings.py`` (all beside t
 
 from __future__ import annotations
 
+from typing import Optional
+
 from preflight_node.checks import not_applicable
 from preflight_node.ssh.known_hosts_plan import _NAME
 from preflight_node.ssh.primitives import MARKER
@@ -33,6 +35,7 @@ from .mesh import _inbound_check, _mesh_checks
 from .cluster_plan import _analysis, mesh_peers
 from .settings import (COMMENT, DEFAULTS, DROPIN, KEY_NAME, POLICIES, USER_NAME, _is_int, _port, as_bool, as_list,
                        setting)
+from ..common import Args, Checks, Facts, Node, Problems, Settings
 
 CAPABILITY = node_half.CAPABILITY  # the registry reads it here
 
@@ -41,7 +44,7 @@ CAPABILITY = node_half.CAPABILITY  # the registry reads it here
 # Settings
 
 
-def validate(settings):
+def validate(settings: Settings) -> Problems:
     """Input problems beyond types and choices: ``[{name, found, expected, fix}]``."""
     problems = []
 
@@ -143,7 +146,7 @@ def _validate_choices_and_paths(settings, problem):
 # Reader
 
 
-def read_args(settings, node):
+def read_args(settings: Settings, node: Node) -> Args:
     """What :func:`read` needs on ``node``; ssh_trust is never switched off as a whole."""
     return {
         "node": node["name"],
@@ -209,7 +212,7 @@ def plan(cluster):
 # Probe
 
 
-def probe_args(settings, node, plan):  # pylint: disable=redefined-outer-name
+def probe_args(settings: Settings, node: Node, plan: dict) -> Args:  # pylint: disable=redefined-outer-name
     """ssh from ``node`` to every other targeted node; None when there is no peer.
 
     ``plan`` is ``{hosts, nodes}``; with ``settings`` (host -> settings) as well, each peer's
@@ -250,7 +253,8 @@ def probe_args(settings, node, plan):  # pylint: disable=redefined-outer-name
 # Decider
 
 
-def decide(host, facts, settings, probe=None, cluster=None):  # pylint: disable=redefined-outer-name
+def decide(host: str, facts: Facts, settings: Settings, probe: Optional[dict] = None,
+           cluster: Optional[dict] = None) -> Checks:  # pylint: disable=redefined-outer-name
     """``{name: check}`` for ``host``: host_keys, host_keys_served, names, hostname, known_hosts,
     host_key_unchanged, ssh_dirs, cluster_key, client_dropin, client_config, mesh, login, inbound,
     pdsh; or ``peers``

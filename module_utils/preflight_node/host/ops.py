@@ -13,6 +13,11 @@ from __future__ import annotations
 import os
 import pwd
 
+try:
+    from typing import Protocol
+except ImportError:  # a node's Python before 3.8: the interface is documentation there
+    Protocol = object
+
 from . import reap
 
 from . import ownership as trust
@@ -32,6 +37,18 @@ C_LOCALE = {"LANG": "C", "LC_ALL": "C"}
 # user (everything else of root's environment is left out), so a kill of the whole (the health check's budget,
 # the gate's tree) still finds it: ``reap.COMMAND_MARKER_ENV``, ``proc.MARKER_ENV``.
 KEPT_MARKERS = (reap.COMMAND_MARKER_ENV, "PREFLIGHT_RUN_MARKER")
+
+
+class Ops(Protocol):
+    """What a reader or probe acts through: :class:`NodeOps` on a node, a fake in the tests (``tests/fake_ops.py``,
+    ``tests/capability_helpers.py``'s ``read_with_commands``).  Commands are argv lists, never a shell line."""
+
+    def which(self, name, paths=()):
+        """The path of program ``name`` (searched in ``paths`` first), or None."""
+
+    def run(self, argv, timeout=20.0, env=None, cwd=None, data=None, user=None):
+        """``(rc, stdout, stderr)`` of ``argv`` run within ``timeout`` seconds (rc 124 when it was killed at its bound,
+        127 when the program is missing), as ``user`` when given (job-side code)."""
 
 
 class NodeOps(object):
