@@ -131,7 +131,10 @@ def operator_edit(path, bed, python, interpreter=True):
     example; the rest of it kept (its ``ansible_python_interpreter`` too, unless ``interpreter`` is false: the
     mistake of the first fault run).  A small, quick all-reduce and the bed's own lock directory keep the bed fast
     and apart from other beds; its 20 timed iterations (a few tens of milliseconds) make the bus bandwidth step 5
-    compares with the profile a mean, not the time of one or two collectives on a machine other beds share."""
+    compares with the profile a mean, not the time of one or two collectives on a machine other beds share.  Even a
+    mean of loopback-speed gloo swings by more than the 20% the profile tolerates when the machine's two cores are
+    busy: the bed tolerates 90%, so step 5 shows the comparison, not the machine's load (the tolerance's own
+    judgement is unit-tested, tests/unit/test_profile.py)."""
     with open(path, encoding="utf-8") as handle:
         inventory = yaml.safe_load(handle)
     cluster = inventory["all"]["children"]["cluster"]
@@ -144,7 +147,7 @@ def operator_edit(path, bed, python, interpreter=True):
                         for name, node in zip(NAMES, bed.nodes)}
     cluster["vars"].update(preflight_training_python=python, preflight_job_user="nobody", preflight_nproc_per_node=1,
                            preflight_lock_dir=bed.lock_dir, allreduce_sizes=[65536], allreduce_iters=20,
-                           allreduce_warmup=3)
+                           allreduce_warmup=3, profile_busbw_tolerance=0.9)
     with open(path, "w", encoding="utf-8") as handle:
         yaml.safe_dump(inventory, handle, sort_keys=False)
 
