@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 
-from . import history as history_cli, known_hosts, playbooks
+from . import explain as explain_cli, history as history_cli, known_hosts, playbooks
 from ..outputs import summary
 from ..engine import ENGINES, SETTING as ENGINE_SETTING
 from ..verdict.printable import printable
@@ -122,6 +122,7 @@ def build_parser():
                                                       "units s, m, h, d) as none: exit 3")
     history_cli.add_parser(commands, ROOT)
     known_hosts.add_parser(commands)
+    explain_cli.add_parser(commands)
     return parser
 
 
@@ -161,7 +162,7 @@ def version_text():
 def parse_args(argv):
     """``(namespace, passthrough)``: our options, and those ansible-playbook gets as they are."""
     args, rest = build_parser().parse_known_args(argv)
-    if args.command in ("verdict", "history", "known-hosts") and rest:
+    if args.command in ("verdict", "history", "known-hosts", "explain") and rest:
         raise UsageError("%s: unrecognized arguments: %s" % (args.command, " ".join(rest)))
     args.extravars, passthrough = {}, list(rest)
     for text in getattr(args, "extra_vars", []):
@@ -402,7 +403,7 @@ def main(argv=None):
     except UsageError as exc:
         _out(str(exc), sys.stderr)
         _out("usage: python -m cluster_preflight {gate,bringup,healthcheck,diagnose,baseline,verdict,history,"
-             "known-hosts} ... (--help)",
+             "known-hosts,explain} ... (--help)",
              sys.stderr)
         return EXIT_USAGE
     except SystemExit as exc:  # --help
@@ -420,4 +421,6 @@ def main(argv=None):
         return history_cli.run(args, lambda text, stream=None: _out(text, sys.stderr if stream else None))
     if args.command == "known-hosts":
         return known_hosts.run(args, lambda text, stream=None: _out(text, sys.stderr if stream else None))
+    if args.command == "explain":
+        return explain_cli.run(args, lambda text, stream=None: _out(text, sys.stderr if stream else None))
     return cmd_run(args, passthrough)
