@@ -290,10 +290,32 @@ def test_loopback_is_right_where_the_gate_itself_runs_over_loopback():
 def test_the_master_name_resolves_to_an_address_the_master_holds(master_answer, status, words):
     cluster = healthy_cluster()
     cluster["facts"][HOST] = node_facts(HOST, master_answer=master_answer)
-    check = decide(HOST, cluster)["master_name"]
+    # The jobs' environment states the name: every fault of it fails.
+    check = decide(HOST, cluster, preflight_job_env={"MASTER_ADDR": "pfn1"})["master_name"]
     assert check["status"] == status and words in check["found"], check
     if status == "fail":
         assert check["fix"].startswith("on pfn2: correct the entry for pfn1")
+
+
+def test_the_default_master_name_that_does_not_resolve_warns_and_says_how_to_state_the_jobs_name():
+    """The first inventory name is a guess at what jobs use: a cluster whose jobs use Slurm's node names or addresses
+    is not failed for it; a loopback or stale answer of it still fails."""
+    cluster = healthy_cluster()
+    cluster["facts"][HOST] = node_facts(HOST, master_answer=answer())
+    check = decide(HOST, cluster)["master_name"]
+    assert check["status"] == "warn" and "job_env_master_name's default" in check["found"], check
+    assert "MASTER_ADDR in preflight_job_env" in check["fix"]
+    cluster["facts"][HOST] = node_facts(HOST, master_answer=answer("127.0.1.1"))
+    assert decide(HOST, cluster)["master_name"]["status"] == "fail"
+    # Stated by the operator under another name than the first node's: fails.
+    cluster["facts"][HOST] = node_facts(HOST, master_answer=answer())
+    assert decide(HOST, dict(cluster, hosts=["pfn3", "pfn1", "pfn2"]))["master_name"]["status"] == "fail"
+
+
+def test_master_addr_of_the_jobs_environment_is_the_name_resolved_on_the_nodes():
+    chosen = settings(preflight_job_env={"MASTER_ADDR": "head-0"})
+    assert controller.read_args(chosen, {"name": HOST})["master_name"] == "head-0"
+    assert controller.read_args(settings(), {"name": HOST})["master_name"] == "pfn1"
 
 
 def test_on_the_master_itself_loopback_reaches_its_own_store():

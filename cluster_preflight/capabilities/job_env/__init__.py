@@ -124,7 +124,8 @@ def read_args(settings, node):
     if not switched_on(settings["job_env_enabled"]):
         return None
     return {
-        "master_name": str(settings["job_env_master_name"] or ""),
+        # MASTER_ADDR of the jobs' environment is the name they use, when the operator states it there.
+        "master_name": str((settings.get(SETTING) or {}).get("MASTER_ADDR") or settings["job_env_master_name"] or ""),
         "shm_path": settings["job_env_shm_path"],
         "proc_root": settings["job_env_proc_root"],
         "sysfs_root": settings["job_env_sysfs_root"],
@@ -334,7 +335,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
     rdma = _rdma(cluster, host, facts)
     return {
         "hostname": names.hostname_check(host, facts, cluster),
-        "master_name": names.master_check(host, facts, cluster),
+        "master_name": names.master_check(host, facts, cluster, env),
         "address_family": names.family_check(host, facts, cluster),
         "socket_ifname": ifaces.socket_check(host, env, _other(cluster, host, "nic_discovery"), cluster,
                                              switched_on(settings["job_env_same_subnet"]), names.loopback_run(node)),

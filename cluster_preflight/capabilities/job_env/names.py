@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from preflight_node.checks import blocked, failed, not_applicable, passed
+from preflight_node.checks import blocked, failed, not_applicable, passed, warned
 
 # The family of the addresses the gate's all-reduce runs over (nic_select.usable_ipv4).
 GATE_FAMILY = "IPv4"
@@ -76,6 +76,13 @@ def master_host(name, cluster):
         hit = (key, facts, {(item or {}).get("hostname"): host for host, item in facts.items() if item})
         _MEMO["hostnames"] = hit
     return hit[2].get(name)
+
+
+def guessed(name, cluster, env):
+    """Whether ``name`` is job_env_master_name's default (the run's first inventory name) rather than a name the
+    operator stated (another name, or MASTER_ADDR in the job environment ``env``)."""
+    hosts = (cluster or {}).get("hosts") or []
+    return bool(hosts) and name == hosts[0] and not (env or {}).get("MASTER_ADDR")
 
 
 def _unanswered(host, name, answer, expected):
@@ -142,9 +149,10 @@ def hostname_check(host, facts, cluster):
         found, host), expected)
 
 
-def master_check(host, facts, cluster):
+def master_check(host, facts, cluster, env=None):
     """``master_name``: the rendezvous name resolves on this node, as the job user, to an address the master holds,
-    not to loopback (on the master itself loopback reaches its own store)."""
+    not to loopback (on the master itself loopback reaches its own store).  ``env``: the job environment (its
+    MASTER_ADDR states the name); a default name that does not resolve only warns."""
     name = facts.get("master_name") or ""
     expected = "the rendezvous name %s resolves on %s, as the job user, to an address the master holds" % (
         name or "(none)", host)
@@ -159,8 +167,16 @@ def master_check(host, facts, cluster):
     if early:
         return early
     if not answer.get("addresses"):
-        return failed("the rendezvous name %s does not resolve on %s as %s (%s): c10d's rendezvous fails there "
-                      "('gai error')" % (name, host, facts.get("job_user"), answer.get("error")), expected, fix)
+        found = "the rendezvous name %s does not resolve on %s as %s (%s): c10d's rendezvous fails there " \
+                "('gai error')" % (name, host, facts.get("job_user"), answer.get("error"))
+        if guessed(name, cluster, env):
+            # The default, not a name the operator stated: jobs that use another name (Slurm's node names, an
+            # address) are not hurt, so the node is not failed for it.
+            return warned("%s, if a job uses it: it is the run's first inventory name, job_env_master_name's "
+                          "default" % found, expected,
+                          "%s; or state the name your jobs use as MASTER_ADDR (job_env_master_name, or MASTER_ADDR "
+                          "in preflight_job_env) to have it checked" % fix)
+        return failed(found, expected, fix)
     first = answer["addresses"][0]
     found = "%s resolves on %s as %s to %s" % (name, host, facts.get("job_user"), ", ".join(answer["addresses"][:4]))
     if is_loopback(first):
