@@ -57,7 +57,7 @@ def test_a_log_larger_than_the_limit_is_read_from_its_end_and_says_so(tmp_path, 
 
 
 def test_the_fabric_option_makes_nccl_on_sockets_a_fault():
-    log = ("node1:12:12 [0] NCCL INFO NET/Socket : Using [0]eth0:10.1.0.5<0>\n"
+    log = ("node1:12:12 [0] NCCL INFO NET/Socket : Using [0]eth0:198.18.4.5<0>\n"
            "node1:12:12 [0] NCCL INFO Using network Socket\n")
     without, _ = explain.explain(log)
     with_ib, findings = explain.explain(log, fabric="infiniband")

@@ -121,9 +121,9 @@ def test_nodes_without_roce_or_without_a_gid_table_have_nothing_to_fail(tmp_path
 
 
 def test_gid_reader_shapes(tmp_path):
-    write_gids(str(tmp_path), gid_table("10.1.2.3"), "eth2")
+    write_gids(str(tmp_path), gid_table("198.19.2.3"), "eth2")
     table = node_gid.read_gids(str(tmp_path))
-    assert table["present"] and [entry["address"] for entry in table["entries"]][2:] == ["10.1.2.3", "10.1.2.3"]
+    assert table["present"] and [entry["address"] for entry in table["entries"]][2:] == ["198.19.2.3", "198.19.2.3"]
     assert node_gid.read_gids(str(tmp_path / "nothing")) == {"present": False, "entries": [], "error": None}
     assert node_gid.address_of("fe80:0000:0000:0000:0000:0000:0000:0001") == ("link-local", "fe80::1")
     assert node_gid.address_of("2001:0db8:0000:0000:0000:0000:0000:0001") == ("ipv6", "2001:db8::1")
