@@ -145,8 +145,8 @@ def test_each_nodes_job_context_fault_is_named_alone_with_its_cause_and_fix(bed,
     healthy = job_env_checks(verdict, "pfn1")
     assert {name: check["status"] for name, check in healthy.items()} == {
         "job_env.hostname": "pass", "job_env.master_name": "pass", "job_env.address_family": "pass",
-        "job_env.socket_ifname": "pass", "job_env.ib_hca": "pass", "job_env.dev_shm": "pass",
-        "job_env.memlock": "pass"}, healthy
+        "job_env.socket_ifname": "pass", "job_env.ib_hca": "pass", "job_env.visible_devices": "not_applicable",
+        "job_env.dev_shm": "pass", "job_env.memlock": "pass"}, healthy
     assert "fab1" in healthy["job_env.socket_ifname"]["found"]
     assert "selects mlx5_0:1 (ACTIVE), mlx5_1:1 (ACTIVE)" in healthy["job_env.ib_hca"]["found"]
     assert "ulimit -l is 8192" in healthy["job_env.memlock"]["found"]

@@ -107,8 +107,8 @@ def test_job_env_is_declared_once_and_read_everywhere():
 def test_a_healthy_node_passes_and_cpu_nodes_judge_no_rdma():
     checks = decide(HOST, healthy_cluster())
     assert statuses(checks) == {"hostname": "pass", "master_name": "pass", "address_family": "pass",
-                                "socket_ifname": "not_applicable", "ib_hca": "not_applicable", "dev_shm": "pass",
-                                "memlock": "not_applicable"}
+                                "socket_ifname": "not_applicable", "ib_hca": "not_applicable",
+                                "visible_devices": "not_applicable", "dev_shm": "pass", "memlock": "not_applicable"}
     assert "198.18.0.2" in checks["hostname"]["found"] and "no room judged" in checks["dev_shm"]["expected"]
 
 
@@ -538,3 +538,40 @@ def test_a_process_another_account_named_slurmd_leads_root_nowhere(tmp_path):
     os.chown(theirs, 65534, 65534)
     write(proc, "/812/cmdline", "slurmd\0-f\0%s\0" % theirs)
     assert "not root" in slurm_limits.read(str(proc), [])["conf_error"]
+
+
+# --- the GPUs the jobs' environment makes visible -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, status, words", [
+    ("0,1,2,3", "pass", "4 distinct GPUs visible to each rank; a job starts at most 4 ranks"),
+    ("GPU-5f1c2e9a-0b7d-4c11-9a2e-1d3f5b7c9e01,1", "pass", "2 distinct GPUs"),
+    ("0,1,1,2", "fail", "GPU 1 is named twice: two ranks on one GPU ('Duplicate GPU detected')"),
+    ("0,1,8", "fail", "GPU 8 does not exist there (indices 0 to 7): CUDA stops reading there, so only 0, 1 are"),
+    ("gpu0,1", "fail", "entry 1, 'gpu0', is neither a GPU index nor a UUID: CUDA stops reading there, so no GPU"),
+    ("", "fail", "no GPU is visible to the job's ranks"),
+])
+def test_cuda_visible_devices_of_the_jobs_environment_names_each_gpu_once_and_only_gpus_the_node_has(
+        value, status, words):
+    cluster = healthy_cluster()
+    cluster["node_facts"][HOST]["gpu_health"] = {"gpus": [{}] * 8}
+    check = decide(HOST, cluster, preflight_job_env={"CUDA_VISIBLE_DEVICES": value})["visible_devices"]
+    assert check["status"] == status and words in check["found"], check
+    if status == "fail":
+        assert "distinct GPU indices below 8" in check["fix"]
+
+
+def test_cuda_visible_devices_is_not_judged_without_the_variable_or_on_a_node_without_gpus():
+    cluster = healthy_cluster()
+    assert decide(HOST, cluster, preflight_job_env={"CUDA_VISIBLE_DEVICES": "0,0"})["visible_devices"]["status"] \
+        == "not_applicable", "a CPU node: nothing to select"
+    cluster["node_facts"][HOST]["gpu_health"] = {"gpus": [{}] * 8}
+    check = decide(HOST, cluster)["visible_devices"]
+    assert check["status"] == "not_applicable" and "takes its own by LOCAL_RANK" in check["found"]
+
+
+def test_the_duplicate_gpu_cause_names_the_check_that_catches_it_before_the_job():
+    from cluster_preflight.capabilities.allreduce import signatures  # pylint: disable=import-outside-toplevel
+    line = "node4:88:88 [3] init.cc:880 NCCL WARN Duplicate GPU detected : rank 3 and rank 7 both on CUDA device 41000"
+    cause = signatures.primary(signatures.match(line))
+    assert cause["id"] == "duplicate_gpu" and cause["checks"] == ["job_env.visible_devices"]

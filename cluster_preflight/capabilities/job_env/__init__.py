@@ -9,7 +9,7 @@ Slurm gives a job) is the node half, ``module_utils/preflight_node/capabilities/
 ``decide`` also reads what other capabilities read on the node (the controller passes every node's facts as
 ``cluster["node_facts"]``): the interfaces (``nic_discovery``), the RDMA devices (``fabric``, else
 ``nic_discovery``) and the GPUs (``gpu_health``, ``allreduce``).  The names are judged in ``names.py``,
-the interfaces in ``interfaces.py``.
+the interfaces in ``interfaces.py``, the GPUs the jobs' environment makes visible in ``devices.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from preflight_node.limits import write as limits_write
 from preflight_node.checks import blocked, failed, not_applicable, passed, skipped, warned
 
 from ..common import switched_on
+from . import devices
 from . import interfaces as ifaces
 from . import names
 
@@ -30,7 +31,8 @@ SETTING = "preflight_job_env"
 MIB = 1 << 20
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEMO = {}
-CHECKS = ("hostname", "master_name", "address_family", "socket_ifname", "ib_hca", "dev_shm", "memlock")
+CHECKS = ("hostname", "master_name", "address_family", "socket_ifname", "ib_hca", "visible_devices", "dev_shm",
+          "memlock")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,7 +324,8 @@ def _rdma(cluster, host, facts):
 
 def decide(host, facts, settings, probe=None, cluster=None):
     """``{name: check}`` for the job's context on ``host``: ``hostname``, ``master_name``, ``address_family``,
-    ``socket_ifname``, ``ib_hca``, ``dev_shm``, ``memlock``; only ``enabled`` (skipped) when switched off."""
+    ``socket_ifname``, ``ib_hca``, ``visible_devices``, ``dev_shm``, ``memlock``; only ``enabled`` (skipped) when
+    switched off."""
     if not switched_on(settings["job_env_enabled"]):
         return {"enabled": skipped("job_env_enabled is false on %s: the job's context is not checked" % host,
                                    "job_env_enabled true to check it")}
@@ -341,6 +344,7 @@ def decide(host, facts, settings, probe=None, cluster=None):
                                              switched_on(settings["job_env_same_subnet"]), names.loopback_run(node)),
         "ib_hca": ifaces.ib_check(host, env, ifaces.rdma_devices(_other(cluster, host, "fabric"),
                                                                 _other(cluster, host, "nic_discovery")), peers_rdma),
+        "visible_devices": devices.visible_check(host, env, gpu_count(cluster, host)),
         "dev_shm": shm_check(host, facts, settings, gpu_count(cluster, host)),
         "memlock": memlock_check(host, facts, settings, rdma),
     }

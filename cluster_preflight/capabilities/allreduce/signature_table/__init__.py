@@ -75,7 +75,7 @@ CATEGORIES = {
         "checks": ("gpu_health.fabric_manager", "gpu_health.gpu_fabric")},
     "duplicate_gpu": {
         "expected": "every rank of a node on its own GPU",
-        "checks": ()},
+        "checks": ("job_env.visible_devices",)},
     "gpu_reset": {
         "expected": "every GPU of the node usable: none in a reset-required or lost state",
         "checks": ("gpu_health.reset_required", "gpu_health.gpu_lost", "gpu_health.xid")},

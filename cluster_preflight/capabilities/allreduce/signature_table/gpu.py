@@ -50,8 +50,9 @@ ROWS = (
         r"(?P<busid>[0-9a-fA-F]+)",
         _dup_cause,
         "fix the job: select the device from LOCAL_RANK in the training script (not a fixed cuda:N), check each rank's "
-        "CUDA_VISIBLE_DEVICES and that ranks per node do not exceed GPUs per node; no node check catches this, it is "
-        "the job's own device selection", "fail", "duplicate_gpu", level="cause"),
+        "CUDA_VISIBLE_DEVICES and that ranks per node do not exceed GPUs per node; job_env.visible_devices checks "
+        "the CUDA_VISIBLE_DEVICES of preflight_job_env before the job, the script's own choice no node check can "
+        "see", "fail", "duplicate_gpu", level="cause"),
     sig("gpu_unavailable", (
         r"(?P<what>busy or unavailable|cudaErrorDevicesUnavailable)",
         # nvidia-smi -q prints the field on every GPU ("Reset Required : No"): only a value other than No / N/A counts.
