@@ -367,9 +367,9 @@ def test_no_name_resolved_has_no_family_to_judge():
 
 
 def test_names_family_helpers():
-    assert names.family("2001:db8::1") == "IPv6" and names.family("10.0.0.1") == "IPv4" and names.family("x") is None
-    assert names.is_loopback("127.0.1.1") and names.is_loopback("::1") and not names.is_loopback("10.0.0.1")
-    assert names.held(nic_facts(eth0=nic("10.0.0.1/24", "fe80::1/64"))) == {"10.0.0.1", "fe80::1"}
+    assert names.family("2001:db8::1") == "IPv6" and names.family("198.19.0.1") == "IPv4" and names.family("x") is None
+    assert names.is_loopback("127.0.1.1") and names.is_loopback("::1") and not names.is_loopback("198.19.0.1")
+    assert names.held(nic_facts(eth0=nic("198.19.0.1/24", "fe80::1/64"))) == {"198.19.0.1", "fe80::1"}
     assert names.held(None) is None
 
 

@@ -98,8 +98,8 @@ def test_interfaces_every_node_has_pass(env):
     ({"NCCL_SOCKET_IFNAME": "fab"}, {"fab1": nic("198.19.71.2/24", up=False)}, "selects fab1, DOWN on pfn2"),
     ({"NCCL_SOCKET_IFNAME": "^docker"}, {}, "selects lo (127.0.0.1/8): loopback"),
     ({"NCCL_SOCKET_IFNAME": "docker0"}, {}, "the same address as pfn1, pfn3"),
-    ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": nic("10.1.1.2/24")},
-     "fab1 on pfn2 is on 10.1.1.0/24, where no other is of the 3 nodes"),
+    ({"GLOO_SOCKET_IFNAME": "fab1"}, {"fab1": nic("198.19.1.2/24")},
+     "fab1 on pfn2 is on 198.19.1.0/24, where no other is of the 3 nodes"),
 ])
 def test_a_node_where_the_named_interfaces_do_not_serve_fails_naming_what_it_has(env, changes, words):
     check = socket(env, three(**changes))
@@ -113,14 +113,14 @@ def test_a_node_where_the_named_interfaces_do_not_serve_fails_naming_what_it_has
 
 
 def test_a_fabric_routed_between_subnets_is_not_held_to_one_subnet():
-    routed = cluster_of({"pfn1": bed_nics(1), "pfn2": bed_nics(2, fab1=nic("10.1.1.2/24")), "pfn3": bed_nics(3)})
+    routed = cluster_of({"pfn1": bed_nics(1), "pfn2": bed_nics(2, fab1=nic("198.19.1.2/24")), "pfn3": bed_nics(3)})
     env = {"GLOO_SOCKET_IFNAME": "fab1"}
     assert socket(env, routed)["status"] == "fail"
     assert socket(env, routed, same_subnet=False)["status"] == "pass"
 
 
 def test_a_node_alone_has_no_peer_to_compare_with():
-    alone = cluster_of({HOST: bed_nics(2, fab1=nic("10.1.1.2/24"))})
+    alone = cluster_of({HOST: bed_nics(2, fab1=nic("198.19.1.2/24"))})
     assert socket({"GLOO_SOCKET_IFNAME": "fab1"}, alone)["status"] == "pass"
 
 

@@ -77,7 +77,7 @@ def test_the_mesh_leaves_a_node_whose_port_another_account_holds_unverified_and_
                 "checks": {"port_listen": port_probe.listen_check(node, "0.0.0.0", 6000, info)}}
 
     def row(src, dst, result):
-        return {"source": src, "destination": dst, "addr": "10.0.0.%s" % dst[-1], "port": 6000, "result": result,
+        return {"source": src, "destination": dst, "addr": "198.19.0.%s" % dst[-1], "port": 6000, "result": result,
                 "detail": "%s to %s: %s" % (src, dst, result), "connected": result != "timeout"}
 
     probes = {"n1": probe("n1", [row("n1", "n2", "error"), row("n1", "n3", "open")]),
