@@ -19,8 +19,7 @@ from typing import Any, Dict, Optional
 import os
 
 from preflight_node.capabilities import gpu_health as node_half
-from preflight_node.checks import failed, not_applicable, warned
-from preflight_node.privilege import needs_root
+from preflight_node.checks import failed, not_applicable
 
 from cluster_preflight.capabilities.gpu_health import xid as xid_table
 
@@ -132,14 +131,9 @@ def _gpu_names(facts):
 def xid(host, facts, settings):
     section = facts.get("xid") or {}
     expected = "no Xid or SXid line in the kernel log since boot (other than gpu_health_xid_ignore)"
-    if section.get("source") == "none":
-        return not_applicable("gpu_health_kernel_log is none on %s: the kernel log is not read" % host, expected)
-    if section.get("needs_root"):
-        return needs_root("cannot read the kernel log of %s without root (%s)" % (host, section.get("error")),
-                          expected)
-    if section.get("error"):
-        return warned("cannot read the kernel log of %s: %s" % (host, section["error"]), expected,
-                      "install journalctl or dmesg on %s, or set gpu_health_kernel_log to the one it has" % host)
+    unread = per_check.kernel_log_unread(host, section, expected)
+    if unread:
+        return unread
     names = _gpu_names(facts)
     ignore = set(settings.get("gpu_health_xid_ignore") or [])
     warn_only = set(settings.get("gpu_health_xid_warn_only") or [])

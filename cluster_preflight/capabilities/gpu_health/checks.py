@@ -17,6 +17,7 @@ import collections
 
 from preflight_node.checks import failed, not_applicable, passed, warned, worst
 from preflight_node.gpu.nvidia_gpus import normalize_bus_id
+from preflight_node.privilege import needs_root
 
 from ..common import switched_on
 
@@ -292,3 +293,17 @@ def persistence(host, facts, settings):
                        ", Enabled (gpu_health_persistence_required)" if required else ""),
                    "persistence mode Enabled on %s GPUs" % (
                        enabled if enabled == reported else "%d of %d" % (enabled, reported)), "persistence mode", extra)
+
+
+def kernel_log_unread(host, section, expected):
+    """The check of a kernel-log reading (``facts["xid"]``) that could not observe: not read by setting, not
+    without root, or an error; None when it was read."""
+    if section.get("source") == "none":
+        return not_applicable("gpu_health_kernel_log is none on %s: the kernel log is not read" % host, expected)
+    if section.get("needs_root"):
+        return needs_root("cannot read the kernel log of %s without root (%s)" % (host, section.get("error")),
+                          expected)
+    if section.get("error"):
+        return warned("cannot read the kernel log of %s: %s" % (host, section["error"]), expected,
+                      "install journalctl or dmesg on %s, or set gpu_health_kernel_log to the one it has" % host)
+    return None

@@ -16,10 +16,9 @@ whose GPUs already report a cluster); the reset status is N/A on consumer cards.
 from __future__ import annotations
 
 from preflight_node.checks import blocked, failed, not_applicable, passed, warned
-from preflight_node.privilege import needs_root
 
 from ..common import switched_on
-from .checks import RESET_FIX, UNOBSERVED, combine, label, per_gpu
+from .checks import RESET_FIX, UNOBSERVED, combine, kernel_log_unread, label, per_gpu
 
 ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 FM_LOG = "journalctl -u nvidia-fabricmanager and /var/log/fabricmanager.log"
@@ -207,14 +206,9 @@ def gpu_lost(host, facts, settings):
     """No kernel message saying a GPU fell off the bus, failed to initialise or failed its probe since boot."""
     section = facts.get("xid") or {}
     expected = "no kernel message of a GPU lost from the bus, failing to initialise or failing its probe since boot"
-    if section.get("source") == "none":
-        return not_applicable("gpu_health_kernel_log is none on %s: the kernel log is not read" % host, expected)
-    if section.get("needs_root"):
-        return needs_root("cannot read the kernel log of %s without root (%s)" % (host, section.get("error")),
-                          expected)
-    if section.get("error"):
-        return warned("cannot read the kernel log of %s: %s" % (host, section["error"]), expected,
-                      "install journalctl or dmesg on %s, or set gpu_health_kernel_log to the one it has" % host)
+    unread = kernel_log_unread(host, section, expected)
+    if unread:
+        return unread
     names = {gpu.get("bus_id"): label(gpu) for gpu in (facts.get("nvidia") or {}).get("gpus") or []}
     xid_buses = {}
     for event in section.get("events") or []:
